@@ -1,0 +1,41 @@
+"""The `crihook` command. Each subcommand lives in the module that owns the work and exposes
+`add_arguments(parser)` and `run(args) -> int`; modules load only when their subcommand runs."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from crihook import __version__
+
+# subcommand -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("crihook.proxy.serve", "run the CRI proxy in front of containerd"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="crihook", description="GPU and RDMA scheduling at the CRI boundary")
+    parser.add_argument("--version", action="version", version=f"crihook {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    argv = sys.argv[1:] if argv is None else argv
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            mod = importlib.import_module(module)
+            mod.add_arguments(p)
+            p.set_defaults(_run=mod.run)
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

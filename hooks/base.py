@@ -1,0 +1,318 @@
+"""The in-process hook contract: what a hook sees at each CRI stage, what it may change, how it says no.
+
+Hooks never touch protobuf messages. They read plain views of the pod and container and return an
+`Edit`; the chain applies edits to the views in order, and the proxy writes only the difference back
+into the request, so everything a hook did not touch (unknown fields included) reaches the runtime as
+kubelet sent it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+import grpc
+
+_T = TypeVar("_T")
+
+
+class Stage(enum.StrEnum):
+    """CRI lifecycle points at which hooks run; names match Koordinator's hook stages."""
+
+    PRE_RUN_POD_SANDBOX = "PreRunPodSandbox"
+    PRE_CREATE_CONTAINER = "PreCreateContainer"
+    PRE_START_CONTAINER = "PreStartContainer"
+    POST_START_CONTAINER = "PostStartContainer"
+    PRE_UPDATE_CONTAINER_RESOURCES = "PreUpdateContainerResources"
+    POST_STOP_CONTAINER = "PostStopContainer"
+    POST_STOP_POD_SANDBOX = "PostStopPodSandbox"
+    POST_REMOVE_CONTAINER = "PostRemoveContainer"
+    POST_REMOVE_POD_SANDBOX = "PostRemovePodSandbox"
+
+    @property
+    def is_post(self) -> bool:
+        """Post hooks observe; they can neither change nor fail the call."""
+        return self.value.startswith("Post")
+
+    @property
+    def is_container(self) -> bool:
+        return "Container" in self.value
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    container_path: str
+    host_path: str
+    readonly: bool = False
+    selinux_relabel: bool = False
+    # runtime.v1.MountPropagation: 0 private, 1 host-to-container, 2 bidirectional
+    propagation: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    container_path: str
+    host_path: str
+    permissions: str = "rwm"
+
+
+@dataclass(frozen=True, slots=True)
+class LinuxResources:
+    """runtime.v1.LinuxContainerResources; 0 / empty means unset, as in proto3."""
+
+    cpu_period: int = 0
+    cpu_quota: int = 0
+    cpu_shares: int = 0
+    memory_limit_in_bytes: int = 0
+    oom_score_adj: int = 0
+    cpuset_cpus: str = ""
+    cpuset_mems: str = ""
+    memory_swap_limit_in_bytes: int = 0
+    unified: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ResourcesPatch:
+    """Field-by-field change to LinuxResources: None leaves a field alone."""
+
+    cpu_period: int | None = None
+    cpu_quota: int | None = None
+    cpu_shares: int | None = None
+    memory_limit_in_bytes: int | None = None
+    oom_score_adj: int | None = None
+    cpuset_cpus: str | None = None
+    cpuset_mems: str | None = None
+    memory_swap_limit_in_bytes: int | None = None
+    unified: Mapping[str, str] | None = None  # merged key by key
+
+    def apply(self, base: LinuxResources | None) -> LinuxResources:
+        out = base or LinuxResources()
+        changes: dict[str, Any] = {}
+        for name in (
+            "cpu_period",
+            "cpu_quota",
+            "cpu_shares",
+            "memory_limit_in_bytes",
+            "oom_score_adj",
+            "cpuset_cpus",
+            "cpuset_mems",
+            "memory_swap_limit_in_bytes",
+        ):
+            value = getattr(self, name)
+            if value is not None:
+                changes[name] = value
+        if self.unified:
+            changes["unified"] = {**out.unified, **self.unified}
+        return replace(out, **changes) if changes else out
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """The pod as kubelet described it in PodSandboxConfig (sandbox id empty before RunPodSandbox)."""
+
+    name: str
+    namespace: str
+    uid: str
+    attempt: int = 0
+    id: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    cgroup_parent: str = ""
+    runtime_handler: str = ""
+    resources: LinuxResources | None = None  # pod-level overhead/resources, when kubelet sends them
+
+    @property
+    def ref(self) -> str:
+        """How a pod is named in logs and errors."""
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerInfo:
+    """The container as CreateContainer describes it (id empty before the runtime assigns one).
+
+    Env values are str decoded with surrogateescape: CRI KeyValue is bytes at cri-api head, and a
+    value that is not UTF-8 must survive the round trip unchanged.
+    """
+
+    name: str
+    attempt: int = 0
+    id: str = ""
+    image: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    envs: tuple[tuple[str, str], ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    devices: tuple[Device, ...] = ()
+    cdi_devices: tuple[str, ...] = ()
+    resources: LinuxResources | None = None
+
+    def env(self, key: str) -> str | None:
+        """Last value wins, as in the OCI runtime."""
+        found = None
+        for k, v in self.envs:
+            if k == key:
+                found = v
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class HookContext:
+    stage: Stage
+    pod: PodInfo
+    container: ContainerInfo | None = None
+
+
+@dataclass(slots=True)
+class Edit:
+    """What one hook wants changed. Additions replace an existing entry with the same key
+    (env name, container path, CDI name); removals happen before additions."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    remove_env: set[str] = field(default_factory=set)
+    add_mounts: list[Mount] = field(default_factory=list)
+    remove_mounts: set[str] = field(default_factory=set)  # container paths
+    add_devices: list[Device] = field(default_factory=list)
+    remove_devices: set[str] = field(default_factory=set)  # container paths
+    add_cdi_devices: list[str] = field(default_factory=list)
+    remove_cdi_devices: set[str] = field(default_factory=set)
+    annotations: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)  # pod stages only
+    resources: ResourcesPatch | None = None
+    cgroup_parent: str | None = None  # pod stages only
+
+    def is_empty(self) -> bool:
+        return not any(
+            (
+                self.env,
+                self.remove_env,
+                self.add_mounts,
+                self.remove_mounts,
+                self.add_devices,
+                self.remove_devices,
+                self.add_cdi_devices,
+                self.remove_cdi_devices,
+                self.annotations,
+                self.labels,
+                self.resources,
+                self.cgroup_parent,
+            )
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """Compact record of the edit for the store and `crihook inspect`."""
+        out: dict[str, Any] = {}
+        if self.env:
+            out["env"] = dict(self.env)
+        if self.remove_env:
+            out["remove_env"] = sorted(self.remove_env)
+        if self.add_devices:
+            out["devices"] = [d.host_path for d in self.add_devices]
+        if self.remove_devices:
+            out["remove_devices"] = sorted(self.remove_devices)
+        if self.add_mounts:
+            out["mounts"] = [f"{m.host_path}:{m.container_path}" for m in self.add_mounts]
+        if self.remove_mounts:
+            out["remove_mounts"] = sorted(self.remove_mounts)
+        if self.add_cdi_devices:
+            out["cdi_devices"] = list(self.add_cdi_devices)
+        if self.remove_cdi_devices:
+            out["remove_cdi_devices"] = sorted(self.remove_cdi_devices)
+        if self.annotations:
+            out["annotations"] = dict(self.annotations)
+        if self.labels:
+            out["labels"] = dict(self.labels)
+        if self.resources is not None:
+            out["resources"] = {
+                k: v for k in ResourcesPatch.__slots__ if (v := getattr(self.resources, k)) is not None
+            }
+        if self.cgroup_parent:
+            out["cgroup_parent"] = self.cgroup_parent
+        return out
+
+
+class HookError(Exception):
+    """A hook refusing a call. The code is what kubelet sees; the reason must name the cause."""
+
+    def __init__(self, code: grpc.StatusCode, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+class ConfigError(Exception):
+    """A hook's options are unusable; raised at load or reload, never per call."""
+
+
+@runtime_checkable
+class Hook(Protocol):
+    """An in-process hook. Entry points in group `crihook.hooks` name a factory
+    `factory(options: Mapping[str, Any]) -> Hook`, called with the `[hooks.<name>]` config table.
+
+    `handle` may be a coroutine function (it must then never block) or a plain function (it is run
+    in a worker thread so a slow one cannot stall the proxy). Returning None means no change.
+    """
+
+    name: str
+    stages: frozenset[Stage]
+    priority: int  # lower runs first; ties broken by name
+
+    def handle(self, ctx: HookContext) -> Edit | None: ...
+
+
+def apply_edit(ctx: HookContext, edit: Edit) -> HookContext:
+    """The view after `edit`; the chain feeds it to the next hook. Raises ValueError for an edit
+    that does not fit the stage (a hook bug, handled by its failure policy)."""
+    pod = ctx.pod
+    if edit.labels or edit.cgroup_parent is not None:
+        if ctx.stage is not Stage.PRE_RUN_POD_SANDBOX:
+            raise ValueError(f"labels and cgroup_parent can only change at {Stage.PRE_RUN_POD_SANDBOX}")
+        pod = replace(
+            pod,
+            labels={**pod.labels, **edit.labels},
+            cgroup_parent=edit.cgroup_parent if edit.cgroup_parent is not None else pod.cgroup_parent,
+        )
+    if ctx.container is None:
+        container_only = (
+            edit.env,
+            edit.remove_env,
+            edit.add_mounts,
+            edit.remove_mounts,
+            edit.add_devices,
+            edit.remove_devices,
+            edit.add_cdi_devices,
+            edit.remove_cdi_devices,
+        )
+        if any(container_only):
+            raise ValueError(f"envs, mounts and devices can not change at {ctx.stage}")
+        if edit.annotations:
+            pod = replace(pod, annotations={**pod.annotations, **edit.annotations})
+        if edit.resources is not None:
+            pod = replace(pod, resources=edit.resources.apply(pod.resources))
+        return replace(ctx, pod=pod)
+
+    c = ctx.container
+    envs = [(k, v) for k, v in c.envs if k not in edit.remove_env and k not in edit.env]
+    envs.extend(edit.env.items())
+    mounts = _replace_keyed(c.mounts, edit.remove_mounts, edit.add_mounts, lambda m: m.container_path)
+    devices = _replace_keyed(c.devices, edit.remove_devices, edit.add_devices, lambda d: d.container_path)
+    cdi = _replace_keyed(c.cdi_devices, edit.remove_cdi_devices, edit.add_cdi_devices, lambda n: n)
+    container = replace(
+        c,
+        envs=tuple(envs),
+        mounts=mounts,
+        devices=devices,
+        cdi_devices=cdi,
+        annotations={**c.annotations, **edit.annotations} if edit.annotations else c.annotations,
+        resources=edit.resources.apply(c.resources) if edit.resources is not None else c.resources,
+    )
+    return replace(ctx, pod=pod, container=container)
+
+
+def _replace_keyed(items: tuple[_T, ...], remove: set[str], add: list[_T], key: Any) -> tuple[_T, ...]:
+    added = {key(a) for a in add}
+    kept = [i for i in items if key(i) not in remove and key(i) not in added]
+    return (*kept, *add)
+

@@ -1,0 +1,211 @@
+"""Runs the configured hooks for one CRI call: fixed order, a timeout each, a failure policy each,
+and the host-path allowlist enforced on every edit whoever made it."""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import inspect
+import logging
+import os.path
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any
+
+import grpc
+
+from crihook.config import HooksConfig, NodeConfig
+from crihook.hooks.base import ConfigError, Edit, Hook, HookContext, HookError, Stage, apply_edit
+
+log = logging.getLogger("crihook.hooks")
+
+ENTRY_POINT_GROUP = "crihook.hooks"
+POLICIES = ("fail", "ignore")
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    hook: Hook
+    policy: str  # "fail" | "ignore"
+    timeout: float  # seconds
+    is_async: bool
+
+
+@dataclass(slots=True)
+class HookRecord:
+    """What one hook did to one call; kept in the store for `crihook inspect`."""
+
+    hook: str
+    stage: str
+    result: str  # "ok" | "noop" | "ignored-error" | "failed"
+    ms: float
+    detail: Any = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"hook": self.hook, "stage": self.stage, "result": self.result}
+        out["ms"] = round(self.ms, 3)
+        if self.detail:
+            out["detail"] = self.detail
+        return out
+
+
+@dataclass(slots=True)
+class Outcome:
+    ctx: HookContext
+    records: list[HookRecord] = field(default_factory=list)
+    error: HookError | None = None  # set when a `fail` hook refused: the call must not go on
+
+
+class Allowlist:
+    """Host paths hooks may expose to containers. Patterns are fnmatch globs on normalised paths,
+    so `..` can not walk out of an allowed directory."""
+
+    def __init__(self, patterns: Iterable[str]) -> None:
+        self.patterns = tuple(os.path.normpath(p) for p in patterns)
+
+    def check(self, edit: Edit) -> str | None:
+        """The first host path the edit adds that is not allowed, or None."""
+        for host in [d.host_path for d in edit.add_devices] + [m.host_path for m in edit.add_mounts]:
+            norm = os.path.normpath(host)
+            if not os.path.isabs(host) or not any(fnmatch.fnmatchcase(norm, p) for p in self.patterns):
+                return host
+        return None
+
+
+def _error_reason(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+class HookChain:
+    def __init__(self, hooks: Iterable[Registered], allowlist: Allowlist) -> None:
+        self.hooks = tuple(hooks)
+        self.allowlist = allowlist
+        self._by_stage: dict[Stage, tuple[Registered, ...]] = {
+            s: tuple(r for r in self.hooks if s in r.hook.stages) for s in Stage
+        }
+
+    def wants(self, stage: Stage) -> bool:
+        """False lets the proxy forward a call untouched without decoding it."""
+        return bool(self._by_stage[stage])
+
+    async def run(self, ctx: HookContext) -> Outcome:
+        out = Outcome(ctx)
+        for reg in self._by_stage[ctx.stage]:
+            name = reg.hook.name
+            start = time.perf_counter()
+            try:
+                edit = await self._call(reg, out.ctx)
+                if edit is not None and not edit.is_empty():
+                    if ctx.stage.is_post:
+                        raise ValueError("post hooks can not change the call")
+                    bad = self.allowlist.check(edit)
+                    if bad is not None:
+                        raise HookError(
+                            grpc.StatusCode.PERMISSION_DENIED,
+                            f"host path {bad!r} is outside the allowed device and mount paths",
+                        )
+                    out.ctx = apply_edit(out.ctx, edit)
+                    out.records.append(
+                        HookRecord(name, ctx.stage, "ok", _ms(start), edit.summary())
+                    )
+                else:
+                    out.records.append(HookRecord(name, ctx.stage, "noop", _ms(start)))
+            except Exception as exc:  # a hook must never take the daemon down
+                err = _as_hook_error(exc, reg)
+                if reg.policy == "fail" and not ctx.stage.is_post:
+                    out.records.append(HookRecord(name, ctx.stage, "failed", _ms(start), err.reason))
+                    out.error = HookError(err.code, f"hook {name}: {_subject(ctx)}: {err.reason}")
+                    log.warning(
+                        "hook failed",
+                        extra={"hook": name, "stage": ctx.stage.value, **_fields(ctx), "reason": err.reason},
+                    )
+                    return out
+                out.records.append(HookRecord(name, ctx.stage, "ignored-error", _ms(start), err.reason))
+                log.warning(
+                    "hook error ignored",
+                    extra={"hook": name, "stage": ctx.stage.value, **_fields(ctx), "reason": err.reason},
+                )
+        return out
+
+    @staticmethod
+    async def _call(reg: Registered, ctx: HookContext) -> Edit | None:
+        if reg.is_async:
+            result = await asyncio.wait_for(reg.hook.handle(ctx), reg.timeout)  # type: ignore[arg-type]
+        else:
+            result = await asyncio.wait_for(asyncio.to_thread(reg.hook.handle, ctx), reg.timeout)
+        if result is not None and not isinstance(result, Edit):
+            raise TypeError(f"returned {type(result).__name__}, not an Edit or None")
+        return result
+
+
+def _as_hook_error(exc: BaseException, reg: Registered) -> HookError:
+    if isinstance(exc, HookError):
+        return exc
+    if isinstance(exc, TimeoutError):
+        return HookError(grpc.StatusCode.DEADLINE_EXCEEDED, f"timed out after {reg.timeout * 1000:.0f} ms")
+    return HookError(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {_error_reason(exc)}")
+
+
+def _subject(ctx: HookContext) -> str:
+    s = f"pod {ctx.pod.ref}"
+    if ctx.container is not None:
+        s += f" container {ctx.container.name}"
+    return s
+
+
+def _fields(ctx: HookContext) -> dict[str, str]:
+    f = {"pod": ctx.pod.ref}
+    if ctx.container is not None:
+        f["container"] = ctx.container.name
+    return f
+
+
+def _ms(start: float) -> float:
+    return (time.perf_counter() - start) * 1000
+
+
+Factory = Callable[[Mapping[str, Any]], Hook]
+
+
+def discover_factories() -> dict[str, Factory]:
+    """Hook factories from installed entry points, by entry-point name."""
+    return {ep.name: ep.load() for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def build_chain(
+    hooks_cfg: HooksConfig,
+    node: NodeConfig,
+    factories: Mapping[str, Factory] | None = None,
+) -> HookChain:
+    """Instantiate every enabled hook with its options. Raises ConfigError naming the hook."""
+    factories = discover_factories() if factories is None else factories
+    unknown = [n for n in (*hooks_cfg.order, *hooks_cfg.options) if n not in factories]
+    if unknown:
+        raise ConfigError(f"no hook named {', '.join(sorted(set(unknown)))} (installed: {', '.join(sorted(factories))})")
+    regs: list[Registered] = []
+    for name, factory in factories.items():
+        if name in hooks_cfg.disabled:
+            continue
+        opts = dict(hooks_cfg.options.get(name, {}))
+        policy = str(opts.pop("failure_policy", "fail")).lower()
+        if policy not in POLICIES:
+            raise ConfigError(f"hook {name}: failure_policy must be fail or ignore, not {policy!r}")
+        timeout_ms = opts.pop("timeout_ms", hooks_cfg.default_timeout_ms)
+        if not isinstance(timeout_ms, int | float) or timeout_ms <= 0:
+            raise ConfigError(f"hook {name}: timeout_ms must be a positive number, not {timeout_ms!r}")
+        opts.setdefault("node", node)
+        try:
+            hook = factory(opts)
+        except ConfigError as e:
+            raise ConfigError(f"hook {name}: {e}") from None
+        regs.append(
+            Registered(hook, policy, timeout_ms / 1000, inspect.iscoroutinefunction(hook.handle))
+        )
+    explicit = {n: i for i, n in enumerate(hooks_cfg.order)}
+    regs.sort(
+        key=lambda r: (explicit.get(r.hook.name, len(explicit)), r.hook.priority, r.hook.name)
+    )
+    patterns = [p.replace("{dev_root}", node.dev_root.rstrip("/") or "/") for p in hooks_cfg.allowed_host_paths]
+    return HookChain(regs, Allowlist(patterns))
