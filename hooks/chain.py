@@ -183,7 +183,8 @@ def build_chain(
     factories = discover_factories() if factories is None else factories
     unknown = [n for n in (*hooks_cfg.order, *hooks_cfg.options) if n not in factories]
     if unknown:
-        raise ConfigError(f"no hook named {', '.join(sorted(set(unknown)))} (installed: {', '.join(sorted(factories))})")
+        installed = ", ".join(sorted(factories))
+        raise ConfigError(f"no hook named {', '.join(sorted(set(unknown)))} (installed: {installed})")
     regs: list[Registered] = []
     for name, factory in factories.items():
         if name in hooks_cfg.disabled:

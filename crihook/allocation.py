@@ -1,0 +1,179 @@
+"""The device-allocation annotations: names, model, strict parsing and canonical formatting.
+
+The scheduler writes them and the node hooks read them, so both sides go through this module.
+`scheduling.koordinator.sh/device-allocated` is Koordinator's JSON, kept compatible both ways;
+`gpu.crihook.io/container-devices` is ours and says which allocated minors each container gets.
+Parsing is strict: anything off fails with an AnnotationError that names the field.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from crihook import quantity
+
+DEVICE_ALLOCATED = "scheduling.koordinator.sh/device-allocated"
+CONTAINER_DEVICES = "gpu.crihook.io/container-devices"
+
+NVIDIA_GPU = "nvidia.com/gpu"
+KOORD_GPU = "koordinator.sh/gpu"
+GPU_CORE = "koordinator.sh/gpu-core"
+GPU_MEMORY = "koordinator.sh/gpu-memory"
+GPU_MEMORY_RATIO = "koordinator.sh/gpu-memory-ratio"
+GPU_SHARED = "koordinator.sh/gpu.shared"
+RDMA = "koordinator.sh/rdma"
+
+GPU = "gpu"  # device types, as keys of the annotation
+RDMA_TYPE = "rdma"
+
+MAX_DEVICES = 1024  # per type in one annotation; more is not a real allocation
+MAX_ANNOTATION_BYTES = 256 * 1024  # the API server caps all annotations of an object at 256 KiB
+
+
+class AnnotationError(ValueError):
+    """A malformed allocation annotation; str() names the annotation and the field."""
+
+    def __init__(self, annotation: str, where: str, reason: str) -> None:
+        self.annotation = annotation
+        self.where = where
+        self.reason = reason
+        super().__init__(f"annotation {annotation}: {where + ': ' if where else ''}{reason}")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceAllocation:
+    """One device given to the pod. `resources` are integers: core and ratio in percent of a
+    device, memory in bytes, rdma in percent."""
+
+    minor: int
+    id: str = ""
+    resources: Mapping[str, int] = field(default_factory=dict)
+    vfs: tuple[str, ...] = ()  # VF PCI addresses (RDMA), from extension.vfs[].busID
+    extension: Mapping[str, Any] = field(default_factory=dict)  # kept verbatim for re-encode
+
+
+DeviceAllocations = Mapping[str, tuple[DeviceAllocation, ...]]  # device type -> allocations
+
+
+def _int(value: Any, ann: str, where: str, lo: int = 0, hi: int = 2**31 - 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise AnnotationError(ann, where, f"expected an integer, got {json.dumps(value)[:40]}")
+    if not lo <= value <= hi:
+        raise AnnotationError(ann, where, f"{value} is out of range {lo}..{hi}")
+    return value
+
+
+def _load(text: str | bytes, ann: str) -> Any:
+    if len(text) > MAX_ANNOTATION_BYTES:
+        raise AnnotationError(ann, "", f"{len(text)} bytes is larger than any annotation can be")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise AnnotationError(ann, "", f"not valid JSON ({e})") from None
+
+
+def parse_device_allocated(text: str | bytes) -> dict[str, tuple[DeviceAllocation, ...]]:
+    ann = DEVICE_ALLOCATED
+    doc = _load(text, ann)
+    if not isinstance(doc, dict):
+        raise AnnotationError(ann, "", f"expected a JSON object of device types, got {type(doc).__name__}")
+    out: dict[str, tuple[DeviceAllocation, ...]] = {}
+    for dtype, entries in doc.items():
+        if entries is None:
+            continue
+        if not isinstance(entries, list):
+            raise AnnotationError(ann, dtype, "expected a list of allocations")
+        if len(entries) > MAX_DEVICES:
+            raise AnnotationError(ann, dtype, f"{len(entries)} allocations is more than {MAX_DEVICES}")
+        allocs = []
+        for i, e in enumerate(entries):
+            where = f"{dtype}[{i}]"
+            if not isinstance(e, dict):
+                raise AnnotationError(ann, where, "expected an object")
+            minor = _int(e.get("minor", 0), ann, f"{where}.minor")
+            dev_id = e.get("id", "")
+            if not isinstance(dev_id, str):
+                raise AnnotationError(ann, f"{where}.id", "expected a string")
+            res_in = e.get("resources") or {}
+            if not isinstance(res_in, dict):
+                raise AnnotationError(ann, f"{where}.resources", "expected an object of quantities")
+            resources = {}
+            for rname, rvalue in res_in.items():
+                try:
+                    v = quantity.to_int(rvalue)
+                except quantity.QuantityError as err:
+                    raise AnnotationError(ann, f"{where}.resources[{rname!r}]", str(err)) from None
+                if v < 0:
+                    raise AnnotationError(ann, f"{where}.resources[{rname!r}]", f"negative quantity {rvalue!r}")
+                resources[rname] = v
+            ext = e.get("extension") or {}
+            if not isinstance(ext, dict):
+                raise AnnotationError(ann, f"{where}.extension", "expected an object")
+            vfs_in = ext.get("vfs") or []
+            if not isinstance(vfs_in, list):
+                raise AnnotationError(ann, f"{where}.extension.vfs", "expected a list")
+            vfs = []
+            for j, vf in enumerate(vfs_in):
+                bus = vf.get("busID") if isinstance(vf, dict) else None
+                if not isinstance(bus, str) or not bus:
+                    raise AnnotationError(ann, f"{where}.extension.vfs[{j}].busID", "expected a PCI address")
+                vfs.append(bus)
+            allocs.append(DeviceAllocation(minor, dev_id, resources, tuple(vfs), ext))
+        if len({a.minor for a in allocs}) != len(allocs) and dtype == GPU:
+            raise AnnotationError(ann, dtype, "the same minor is allocated twice")
+        out[dtype] = tuple(allocs)
+    return out
+
+
+def format_device_allocated(allocs: DeviceAllocations) -> str:
+    """Koordinator's JSON: memory as a canonical byte quantity, percentages as plain numbers in
+    strings, as Go's resource.Quantity marshals them."""
+    doc: dict[str, list[dict[str, Any]]] = {}
+    for dtype, entries in allocs.items():
+        out = []
+        for a in entries:
+            item: dict[str, Any] = {"minor": a.minor}
+            if a.resources:
+                item["resources"] = {
+                    k: quantity.format_bytes(v) if k == GPU_MEMORY else str(v)
+                    for k, v in sorted(a.resources.items())
+                }
+            if a.id:
+                item["id"] = a.id
+            if a.extension or a.vfs:
+                ext = dict(a.extension)
+                if a.vfs and "vfs" not in ext:
+                    ext["vfs"] = [{"busID": b} for b in a.vfs]
+                item["extension"] = ext
+            out.append(item)
+        doc[dtype] = out
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def parse_container_devices(text: str | bytes) -> dict[str, dict[str, tuple[int, ...]]]:
+    """{"<container>": {"gpu": [minor, ...], "rdma": [...]}} -> same, validated."""
+    ann = CONTAINER_DEVICES
+    doc = _load(text, ann)
+    if not isinstance(doc, dict):
+        raise AnnotationError(ann, "", "expected a JSON object of container names")
+    out: dict[str, dict[str, tuple[int, ...]]] = {}
+    for cname, per_type in doc.items():
+        if not isinstance(per_type, dict):
+            raise AnnotationError(ann, cname, "expected an object of device types")
+        types: dict[str, tuple[int, ...]] = {}
+        for dtype, minors in per_type.items():
+            if not isinstance(minors, list) or len(minors) > MAX_DEVICES:
+                raise AnnotationError(ann, f"{cname}.{dtype}", "expected a list of minors")
+            types[dtype] = tuple(_int(m, ann, f"{cname}.{dtype}[{i}]") for i, m in enumerate(minors))
+        out[cname] = types
+    return out
+
+
+def format_container_devices(assignment: Mapping[str, Mapping[str, tuple[int, ...] | list[int]]]) -> str:
+    return json.dumps(
+        {c: {t: list(m) for t, m in sorted(types.items())} for c, types in sorted(assignment.items())},
+        separators=(",", ":"),
+    )
