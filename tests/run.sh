@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The project's one test command, locally and in CI:  bash tests/run.sh [pytest arguments]
+#
+# On a bare Debian machine it first installs what the containerd tests need (containerd, runc,
+# a static busybox, gcc with static libc, python3-venv), but only when something is missing, so a
+# prepared machine never touches apt. It then makes .venv when missing, installs the project into
+# it when pyproject.toml changed since the last install, lints, and runs pytest.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+
+# Debian package -> how we tell it is already usable.
+missing=()
+command -v containerd >/dev/null 2>&1 || missing+=(containerd)
+command -v runc >/dev/null 2>&1 || missing+=(runc)
+# Only the static busybox works inside an image with no libc; Debian's dynamic `busybox` package
+# provides the same binary name, so ask dpkg rather than PATH.
+if ! dpkg-query -W -f='${db:Status-Status}' busybox-static 2>/dev/null | grep -qx installed; then
+    missing+=(busybox-static)
+fi
+command -v gcc >/dev/null 2>&1 || missing+=(gcc)
+# `gcc -print-file-name` echoes the bare name back when the static libc is not installed.
+if ! command -v gcc >/dev/null 2>&1 || [[ "$(gcc -print-file-name=libc.a)" != /* ]]; then
+    missing+=(libc6-dev)
+fi
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
+if [[ ! -x .venv/bin/python ]] && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    missing+=(python3-venv)
+fi
+
+if (( ${#missing[@]} )); then
+    if [[ $(id -u) -ne 0 ]]; then
+        echo "tests/run.sh: missing ${missing[*]}; run as root (or install them) so the containerd tests can run" >&2
+        exit 1
+    fi
+    echo "tests/run.sh: installing ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+if [[ ! -x .venv/bin/python ]]; then
+    python3 -m venv .venv
+fi
+
+# Reinstall only when the dependency list changed: a full resolve costs seconds on every run.
+stamp=.venv/.crihook-pyproject.sha256
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [[ ! -f $stamp || "$(cat "$stamp")" != "$want" ]]; then
+    .venv/bin/python -m pip install -q -e '.[test]'
+    echo "$want" >"$stamp"
+fi
+
+.venv/bin/ruff check .
+
+rc=0
+.venv/bin/python -m pytest "$@" || rc=$?
+if (( rc == 5 )); then
+    echo "tests/run.sh: pytest collected no tests; that counts as a failure" >&2
+    exit 1
+fi
+exit "$rc"
