@@ -1,0 +1,219 @@
+"""What crihook knows about the node's pods and containers, kept across restarts.
+
+The runtime is the source of truth for which pods and containers exist; the store adds what only
+crihook knows (what each hook did) and lets post hooks of Stop/Remove calls, which carry only an
+id, see the pod. It is written atomically (temporary file, fsync, rename) with a checksum over the
+body, so a file cut short or damaged is detected and ignored, never trusted; at start it is
+reconciled against ListPodSandbox/ListContainers before crihook serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("crihook.store")
+
+FORMAT_VERSION = 1
+FLUSH_DELAY = 0.05  # seconds: lifecycle bursts coalesce into one write
+
+
+@dataclass(slots=True)
+class PodRecord:
+    id: str
+    name: str
+    namespace: str
+    uid: str
+    attempt: int = 0
+    state: str = "ready"  # ready | notready
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    cgroup_parent: str = ""
+    hooks: list[dict[str, Any]] = field(default_factory=list)
+    created: float = 0.0
+
+
+@dataclass(slots=True)
+class ContainerRecord:
+    id: str
+    pod_id: str
+    name: str
+    attempt: int = 0
+    state: str = "created"  # created | running | exited | unknown
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    hooks: list[dict[str, Any]] = field(default_factory=list)
+    created: float = 0.0
+
+
+class StoreFileError(Exception):
+    pass
+
+
+def _checksum(body: dict[str, Any]) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return "sha256:" + hashlib.sha256(canonical).hexdigest()
+
+
+def read_file(path: Path) -> dict[str, Any]:
+    """The verified body of a store file. Raises FileNotFoundError or StoreFileError."""
+    raw = path.read_bytes()
+    try:
+        doc = json.loads(raw)
+        body = doc["body"]
+        ok = doc.get("version") == FORMAT_VERSION and doc.get("checksum") == _checksum(body)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise StoreFileError(f"{path} is not a crihook store file (truncated or damaged)") from None
+    if not ok:
+        raise StoreFileError(f"{path} failed its checksum (half-written or edited by hand)")
+    return body
+
+
+class Store:
+    def __init__(self, state_dir: str | Path) -> None:
+        self.path = Path(state_dir) / "store.json"
+        self.pods: dict[str, PodRecord] = {}
+        self.containers: dict[str, ContainerRecord] = {}
+        self._dirty = False
+        self._flush_task: asyncio.Task[None] | None = None
+
+    # -- persistence -------------------------------------------------------------------------
+
+    def load(self) -> str:
+        """Read the file: 'ok', 'missing' or 'corrupt' (the damaged file is set aside)."""
+        try:
+            body = read_file(self.path)
+            self.pods = {p["id"]: PodRecord(**p) for p in body.get("pods", [])}
+            self.containers = {c["id"]: ContainerRecord(**c) for c in body.get("containers", [])}
+            return "ok"
+        except FileNotFoundError:
+            return "missing"
+        except (StoreFileError, TypeError, KeyError) as e:
+            aside = self.path.with_suffix(f".corrupt-{int(time.time())}")
+            log.error("store file ignored", extra={"error": str(e), "moved_to": str(aside)})
+            self.path.replace(aside)
+            self.pods, self.containers = {}, {}
+            return "corrupt"
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "pods": [asdict(p) for p in self.pods.values()],
+            "containers": [asdict(c) for c in self.containers.values()],
+        }
+
+    def save(self) -> None:
+        body = self.body()
+        data = json.dumps({"version": FORMAT_VERSION, "checksum": _checksum(body), "body": body}).encode()
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = self.path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        dfd = os.open(self.path.parent, os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        self._dirty = False
+
+    def changed(self) -> None:
+        """Schedule a write; calls in one burst share it."""
+        self._dirty = True
+        if self._flush_task is None or self._flush_task.done():
+            self._flush_task = asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        await asyncio.sleep(FLUSH_DELAY)
+        if self._dirty:
+            try:
+                self.save()
+            except OSError as e:
+                log.error("store write failed", extra={"path": str(self.path), "error": str(e)})
+
+    async def close(self) -> None:
+        if self._flush_task is not None:
+            self._flush_task.cancel()
+        if self._dirty:
+            self.save()
+
+    # -- reconciliation ----------------------------------------------------------------------
+
+    def reconcile(self, live_pods: list[PodRecord], live_containers: list[ContainerRecord]) -> dict[str, int]:
+        """Make the store match the runtime: keep what crihook recorded for objects that still
+        exist, drop the rest, adopt objects created while crihook was away."""
+        pods: dict[str, PodRecord] = {}
+        for live in live_pods:
+            known = self.pods.get(live.id)
+            if known is not None:
+                live.hooks, live.created = known.hooks, known.created or live.created
+            pods[live.id] = live
+        containers: dict[str, ContainerRecord] = {}
+        for live in live_containers:
+            known = self.containers.get(live.id)
+            if known is not None:
+                live.hooks, live.created = known.hooks, known.created or live.created
+            containers[live.id] = live
+        stats = {
+            "pods": len(pods),
+            "containers": len(containers),
+            "dropped": len(set(self.pods) - set(pods)) + len(set(self.containers) - set(containers)),
+            "adopted": len(set(pods) - set(self.pods)) + len(set(containers) - set(self.containers)),
+        }
+        self.pods, self.containers = pods, containers
+        self.save()
+        return stats
+
+    # -- updates from intercepted calls ------------------------------------------------------
+
+    def put_pod(self, pod: PodRecord) -> None:
+        self.pods[pod.id] = pod
+        self.changed()
+
+    def put_container(self, container: ContainerRecord) -> None:
+        self.containers[container.id] = container
+        self.changed()
+
+    def set_pod_state(self, pod_id: str, state: str) -> PodRecord | None:
+        pod = self.pods.get(pod_id)
+        if pod is not None and pod.state != state:
+            pod.state = state
+            self.changed()
+        return pod
+
+    def set_container_state(self, container_id: str, state: str) -> ContainerRecord | None:
+        c = self.containers.get(container_id)
+        if c is not None and c.state != state:
+            c.state = state
+            self.changed()
+        return c
+
+    def add_hook_records(self, container_id: str, records: list[dict[str, Any]]) -> None:
+        c = self.containers.get(container_id)
+        if c is not None and records:
+            c.hooks.extend(records)
+            self.changed()
+
+    def remove_pod(self, pod_id: str) -> PodRecord | None:
+        pod = self.pods.pop(pod_id, None)
+        for cid in [cid for cid, c in self.containers.items() if c.pod_id == pod_id]:
+            del self.containers[cid]
+        if pod is not None:
+            self.changed()
+        return pod
+
+    def remove_container(self, container_id: str) -> ContainerRecord | None:
+        c = self.containers.pop(container_id, None)
+        if c is not None:
+            self.changed()
+        return c
