@@ -1,0 +1,480 @@
+"""A real containerd for the tests: offline OCI images and a private daemon in a temporary directory.
+
+Nothing here talks to a registry. The two images are OCI archives written by this module (a pause
+image from `pause.c` built with `gcc -static`, a busybox image from Debian's busybox-static) and
+imported with `ctr images import`; tests must never call PullImage, because containerd 1.6 contacts
+the registry on PullImage even for an image it already has.
+
+Facts about the machines this runs on, learned the hard way:
+- No CAP_SYS_RESOURCE in the bounding set: runc cannot lower oom_score_adj, and without
+  `restrict_oom_score_adj` every RunPodSandbox fails with "can't get final child's PID from pipe: EOF".
+- Pods use the host network namespace, so no CNI plugin or config is needed; CRI logs that it has
+  no CNI config and carries on.
+- containerd 1.6 has no CDI support (that came in 1.7): `CDI_devices` in a CreateContainer reaches
+  containerd and is ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+HERE = Path(__file__).resolve().parent
+CACHE = HERE / ".cache"
+PAUSE_SOURCE = HERE / "pause.c"
+
+NAMESPACE = "k8s.io"  # the containerd namespace CRI works in
+PAUSE_IMAGE = "localhost/crihook/pause:test"
+BUSYBOX_IMAGE = "localhost/crihook/busybox:test"
+
+# Everything the tests rely on, as (executable, Debian package).
+REQUIRED_TOOLS = (
+    ("containerd", "containerd"),
+    ("containerd-shim-runc-v2", "containerd"),
+    ("ctr", "containerd"),
+    ("runc", "runc"),
+    ("busybox", "busybox-static"),
+    ("gcc", "gcc"),
+)
+
+MEDIA_INDEX = "application/vnd.oci.image.index.v1+json"
+MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+MEDIA_CONFIG = "application/vnd.oci.image.config.v1+json"
+MEDIA_LAYER = "application/vnd.oci.image.layer.v1.tar"
+ANNOTATION_REF_NAME = "org.opencontainers.image.ref.name"
+# containerd's own annotation for the full image name; `ctr import` takes it as is, while a bare
+# ref.name is only a tag that ctr prefixes with a generated base name.
+ANNOTATION_IMAGE_NAME = "io.containerd.image.name"
+
+_PT_INTERP = 3
+
+
+class ContainerdError(RuntimeError):
+    """containerd did not come up, or a ctr command failed; the message carries its output."""
+
+
+def missing_requirements() -> str | None:
+    """Why the containerd tests can not run here, or None when they can."""
+    if os.geteuid() != 0:
+        return "containerd tests need root (runc creates namespaces, cgroups and overlay mounts)"
+    absent = sorted({pkg for exe, pkg in REQUIRED_TOOLS if shutil.which(exe) is None})
+    if absent:
+        return f"containerd tests need the Debian packages {', '.join(absent)} (tests/run.sh installs them)"
+    busybox = shutil.which("busybox")
+    if busybox is not None and not is_static_elf(Path(busybox)):
+        return f"{busybox} is dynamically linked; the test image needs busybox-static"
+    return None
+
+
+def is_static_elf(path: Path) -> bool:
+    """True for an ELF executable without a program interpreter, i.e. one that runs with no libc."""
+    with path.open("rb") as f:
+        head = f.read(64)
+        if head[:4] != b"\x7fELF" or head[4] != 2:  # 64-bit only
+            return False
+        order = "little" if head[5] == 1 else "big"
+        phoff = int.from_bytes(head[32:40], order)
+        phentsize = int.from_bytes(head[54:56], order)
+        phnum = int.from_bytes(head[56:58], order)
+        f.seek(phoff)
+        table = f.read(phentsize * phnum)
+    types = (int.from_bytes(table[i : i + 4], order) for i in range(0, len(table), phentsize))
+    return _PT_INTERP not in types
+
+
+# ---------------------------------------------------------------- offline OCI images
+
+
+@dataclass(frozen=True)
+class LayerFile:
+    """One entry of an image layer: a regular file (data), a symlink (target) or a directory."""
+
+    path: str
+    data: bytes | None = None
+    target: str | None = None
+    mode: int = 0o755
+
+
+def layer_tar(entries: Iterable[LayerFile]) -> bytes:
+    """A reproducible uncompressed layer: fixed owner and mtime, so equal inputs give equal digests."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for entry in entries:
+            info = tarfile.TarInfo(entry.path.lstrip("/"))
+            info.mode = entry.mode
+            info.mtime = 0
+            if entry.target is not None:
+                info.type = tarfile.SYMTYPE
+                info.linkname = entry.target
+                tar.addfile(info)
+            elif entry.data is not None:
+                info.size = len(entry.data)
+                tar.addfile(info, io.BytesIO(entry.data))
+            else:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+    return buf.getvalue()
+
+
+def _descriptor(media_type: str, blob: bytes) -> dict[str, object]:
+    return {"mediaType": media_type, "digest": "sha256:" + hashlib.sha256(blob).hexdigest(), "size": len(blob)}
+
+
+def _canonical(doc: object) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def oci_archive(ref: str, layer: bytes, image_config: dict[str, object]) -> bytes:
+    """A one-layer linux/amd64 image as an OCI image-layout tar, the format `ctr images import` reads."""
+    config = _canonical(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": image_config,
+            "rootfs": {"type": "layers", "diff_ids": [_descriptor(MEDIA_LAYER, layer)["digest"]]},
+        }
+    )
+    manifest = _canonical(
+        {
+            "schemaVersion": 2,
+            "mediaType": MEDIA_MANIFEST,
+            "config": _descriptor(MEDIA_CONFIG, config),
+            "layers": [_descriptor(MEDIA_LAYER, layer)],
+        }
+    )
+    tag = ref.rsplit(":", 1)[1]
+    index = _canonical(
+        {
+            "schemaVersion": 2,
+            "mediaType": MEDIA_INDEX,
+            "manifests": [
+                _descriptor(MEDIA_MANIFEST, manifest)
+                | {
+                    "platform": {"architecture": "amd64", "os": "linux"},
+                    "annotations": {ANNOTATION_REF_NAME: tag, ANNOTATION_IMAGE_NAME: ref},
+                }
+            ],
+        }
+    )
+    files = [LayerFile("oci-layout", _canonical({"imageLayoutVersion": "1.0.0"}), mode=0o644)]
+    files.append(LayerFile("index.json", index, mode=0o644))
+    files.append(LayerFile("blobs/sha256", mode=0o755))
+    for blob in (layer, config, manifest):
+        files.append(LayerFile(f"blobs/sha256/{hashlib.sha256(blob).hexdigest()}", blob, mode=0o644))
+    return layer_tar(files)
+
+
+def _cached(name: str, inputs: Iterable[bytes], build: Callable[[], bytes]) -> Path:
+    """The archive for these inputs, built once: its file name carries a hash of everything it came from."""
+    key = hashlib.sha256()
+    for chunk in inputs:
+        key.update(hashlib.sha256(chunk).digest())
+    path = CACHE / f"{name}-{key.hexdigest()[:16]}.tar"
+    if not path.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.partial")
+        partial.write_bytes(build())
+        partial.replace(path)
+    return path
+
+
+def pause_archive() -> Path:
+    """The pause image: `/pause`, built from pause.c with `gcc -static`."""
+    source = PAUSE_SOURCE.read_bytes()
+    gcc = subprocess.run(["gcc", "--version"], capture_output=True, check=True).stdout
+
+    def build() -> bytes:
+        with tempfile.TemporaryDirectory() as tmp:
+            binary = Path(tmp) / "pause"
+            cmd = ["gcc", "-static", "-Os", "-s", "-o", str(binary), str(PAUSE_SOURCE)]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise ContainerdError(f"building the pause binary failed: {done.stderr.strip()}")
+            layer = layer_tar([LayerFile("pause", binary.read_bytes())])
+        return oci_archive(PAUSE_IMAGE, layer, {"Entrypoint": ["/pause"]})
+
+    return _cached("pause", [source, gcc], build)
+
+
+def busybox_archive() -> Path:
+    """The test image: Debian's static busybox as /bin/busybox with a symlink for every applet."""
+    binary = Path(shutil.which("busybox") or "busybox").resolve()
+    data = binary.read_bytes()
+
+    def build() -> bytes:
+        listing = subprocess.run([str(binary), "--list"], capture_output=True, text=True, check=True).stdout
+        applets = sorted({a for a in listing.split() if a != "busybox"})
+        entries = [LayerFile("bin"), LayerFile("bin/busybox", data)]
+        entries += [LayerFile(f"bin/{a}", target="busybox") for a in applets]
+        entries += [LayerFile(d) for d in ("dev", "etc", "proc", "sys")]
+        entries.append(LayerFile("tmp", mode=0o1777))
+        layer = layer_tar(entries)
+        return oci_archive(BUSYBOX_IMAGE, layer, {"Env": ["PATH=/bin"], "Cmd": ["sh"]})
+
+    return _cached("busybox", [data], build)
+
+
+# ---------------------------------------------------------------- the daemon
+
+
+def _config(base: Path) -> str:
+    """containerd 1.6 config (version 2) with every path inside `base`, so it shares nothing with a
+    containerd the machine may already run. runc's state root is ours too, which lets cleanup find
+    the containers even when containerd is gone."""
+    return f"""\
+version = 2
+root = "{base}/root"
+state = "{base}/state"
+oom_score = 0
+disabled_plugins = [
+  "io.containerd.internal.v1.opt",
+  "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.zfs",
+]
+# Without CRI the daemon is useless to us: exit at once instead of serving without it.
+# (The legacy io.containerd.runtime.v1.linux must stay enabled: in 1.6 the tasks service, and
+# through it CRI, refuse to load without it.)
+required_plugins = ["io.containerd.grpc.v1.cri"]
+
+[grpc]
+  address = "{base}/containerd.sock"
+
+[ttrpc]
+  address = "{base}/containerd.sock.ttrpc"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{base}/cni/bin"
+    conf_dir = "{base}/cni/net.d"
+
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        Root = "{base}/runc"
+        SystemdCgroup = false
+"""
+
+
+@dataclass
+class Containerd:
+    """A private containerd: `start()`, `stop()`, `restart()`, `close()`; `address` is what a CRI client dials.
+
+    Containers outlive a `restart()` the way they outlive a containerd upgrade on a node: their shims
+    keep running and containerd reconnects to them. `close()` removes everything, containers included.
+    """
+
+    base: Path
+    pause_image: str = PAUSE_IMAGE
+    busybox_image: str = BUSYBOX_IMAGE
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @classmethod
+    def create(cls) -> Containerd:
+        """A stopped instance with its directory and config written."""
+        base = Path(tempfile.mkdtemp(prefix="crihook-containerd-"))
+        (base / "config.toml").write_text(_config(base))
+        return cls(base)
+
+    @property
+    def socket(self) -> Path:
+        return self.base / "containerd.sock"
+
+    @property
+    def address(self) -> str:
+        return f"unix://{self.socket}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.base / "containerd.log"
+
+    @property
+    def runc_root(self) -> Path:
+        """Where runc keeps the state of CRI's containers (runc's --root)."""
+        return self.base / "runc" / NAMESPACE
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None and self.process.poll() is None else None
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start the daemon and return once its CRI service answers."""
+        if self.pid is not None:
+            raise ContainerdError(f"containerd already runs as pid {self.pid}")
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                ["containerd", "--config", str(self.base / "config.toml"), "--log-level", "info"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a Ctrl-C in the test terminal must not kill it mid-teardown
+            )
+        self._wait_cri(timeout)
+
+    def _wait_cri(self, timeout: float) -> None:
+        """CRI answers "server is not initialized yet" until it has recovered its state and subscribed
+        to image events; an image imported before that would stay invisible to CRI."""
+        deadline = time.monotonic() + timeout
+        last = "socket not there yet"
+        while time.monotonic() < deadline:
+            if self.process is None or self.process.poll() is not None:
+                raise ContainerdError(f"containerd exited during start:\n{self.log_tail()}")
+            if self.socket.exists():
+                with grpc.insecure_channel(self.address) as channel:
+                    version = channel.unary_unary("/runtime.v1.RuntimeService/Version")
+                    try:
+                        version(b"", timeout=2)  # an empty VersionRequest encodes to no bytes
+                        return
+                    except grpc.RpcError as e:
+                        if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                            raise ContainerdError(f"containerd serves no CRI:\n{self.log_tail()}") from e
+                        last = f"{e.code().name}: {e.details()}"
+            time.sleep(0.05)
+        raise ContainerdError(f"containerd CRI not ready after {timeout}s ({last}):\n{self.log_tail()}")
+
+    def stop(self, kill: bool = False, timeout: float = 30.0) -> None:
+        """Stop the daemon by its pid: SIGTERM, or SIGKILL to play a crash. Containers keep running."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def restart(self, kill: bool = False) -> None:
+        self.stop(kill=kill)
+        self.start()
+
+    def ctr(self, *args: str, timeout: float = 60.0) -> str:
+        """Run `ctr` against this daemon in CRI's namespace; its stdout, or ContainerdError."""
+        cmd = ["ctr", "--address", str(self.socket), "--namespace", NAMESPACE, *args]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            raise ContainerdError(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr.strip()}")
+        return done.stdout
+
+    def import_image(self, archive: Path) -> None:
+        """Import and unpack an OCI archive into the overlayfs snapshotter CRI uses."""
+        self.ctr("images", "import", "--snapshotter", "overlayfs", str(archive))
+
+    def import_test_images(self) -> None:
+        self.import_image(pause_archive())
+        self.import_image(busybox_archive())
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+    def close(self) -> None:
+        """Stop containerd and leave nothing behind: containers, shims, mounts, cgroups, files."""
+        self.stop()
+        self._delete_containers()
+        self._kill_shims()
+        unmount_below(self.base)
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    def _delete_containers(self) -> None:
+        """`runc delete --force` kills what is still running and removes its cgroups."""
+        if not self.runc_root.is_dir():
+            return
+        for entry in self.runc_root.iterdir():
+            subprocess.run(
+                ["runc", "--root", str(self.runc_root), "delete", "--force", entry.name],
+                capture_output=True,
+                stdin=subprocess.DEVNULL,
+                timeout=30,
+            )
+
+    def _kill_shims(self) -> None:
+        """A shim exits when containerd tells it to; with containerd gone, end ours by pid. Ours are
+        the ones started with `-address <our socket>`."""
+        for pid in shim_pids(str(self.socket)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def shim_pids(containerd_socket: str) -> list[int]:
+    """Pids of the runc shims serving the containerd at this socket."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        args = [a.decode(errors="replace") for a in argv]
+        if args and args[0].endswith("containerd-shim-runc-v2") and _flag(args, "-address") == containerd_socket:
+            found.append(int(proc.name))
+    return found
+
+
+def _flag(args: list[str], name: str) -> str | None:
+    with contextlib.suppress(ValueError, IndexError):
+        return args[args.index(name) + 1]
+    return None
+
+
+def mounts_below(base: Path) -> list[Path]:
+    """Mount points at or under `base`, deepest first (the order to unmount them in)."""
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        # field 5 is the mount point, with space, tab, newline and backslash as octal escapes
+        point = line.split()[4].encode().decode("unicode_escape")
+        path = Path(point)
+        if path == base or base in path.parents:
+            found.append(path)
+    return sorted(found, key=lambda p: len(p.parts), reverse=True)
+
+
+def unmount_below(base: Path) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    mnt_detach = 2
+    for point in mounts_below(base):
+        if libc.umount2(os.fsencode(point), mnt_detach) != 0:
+            err = ctypes.get_errno()
+            raise ContainerdError(f"umount {point}: {os.strerror(err)}")
+
+
+@contextlib.contextmanager
+def running_containerd() -> Iterator[Containerd]:
+    """A started containerd with both test images imported, closed on exit whatever happens."""
+    daemon = Containerd.create()
+    try:
+        daemon.start()
+        daemon.import_test_images()
+        yield daemon
+    finally:
+        daemon.close()
