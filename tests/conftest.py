@@ -1,0 +1,27 @@
+"""Fixtures shared across test areas. Helpers live in their own modules (containerd.py, cri.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from containerd import Containerd, missing_requirements, running_containerd
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Any test using the `containerd` fixture counts as marked `containerd` (so `-m "not containerd"`
+    deselects it); marked tests are skipped, with the reason, where containerd can not run."""
+    reason = missing_requirements()
+    for item in items:
+        if "containerd" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.containerd)
+        if reason is not None and item.get_closest_marker("containerd") is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def containerd() -> Iterator[Containerd]:
+    """One real containerd for the whole session, with the pause and busybox test images imported.
+    Tests that restart it (`containerd.restart()`) must leave it running."""
+    with running_containerd() as daemon:
+        yield daemon
