@@ -1,0 +1,335 @@
+"""Prometheus metrics without a client library: the proxy counts every CRI call, so an update is a
+dict lookup and an add, and everything costly (label validation, formatting) happens once per new
+label set or at scrape time.
+
+Updates are meant to come from the event loop thread. Scrapes copy each series table before
+formatting, so an update from another thread never breaks a scrape; two threads adding to the same
+series at the same instant may lose one increment, which a monitoring counter can afford.
+
+Every metric crihook exposes is defined at the bottom of this module so that all components
+update the same objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import math
+import re
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
+from itertools import pairwise
+
+from crihook import __version__
+
+log = logging.getLogger("crihook.metrics")
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# 50 µs (a pass-through call on an idle node) to 10 s (a hook or backend close to its timeout).
+DEFAULT_BUCKETS: tuple[float, ...] = (
+    0.00005, 0.0001, 0.00025, 0.0005,
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+
+
+def format_value(value: float) -> str:
+    """A sample value as Prometheus' parser reads it (Go's ParseFloat plus +Inf/-Inf/NaN)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value)
+
+
+def escape_label_value(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _label_text(names: Sequence[str], values: Sequence[str]) -> str:
+    if not names:
+        return ""
+    return "{" + ",".join(f'{n}="{escape_label_value(v)}"' for n, v in zip(names, values, strict=True)) + "}"
+
+
+class Registry:
+    """The metrics one endpoint serves, in registration order."""
+
+    def __init__(self) -> None:
+        self._metrics: dict[str, _Metric] = {}
+
+    def register(self, metric: _Metric) -> None:
+        if metric.name in self._metrics:
+            raise ValueError(f"metric {metric.name} is already registered")
+        self._metrics[metric.name] = metric
+
+    def render(self) -> bytes:
+        """The text exposition format 0.0.4 of every registered metric."""
+        lines: list[str] = []
+        for metric in self._metrics.values():
+            lines.append(f"# HELP {metric.name} {escape_help(metric.help)}")
+            lines.append(f"# TYPE {metric.name} {metric.kind}")
+            lines.extend(metric.samples())
+        return ("\n".join(lines) + "\n").encode()
+
+
+REGISTRY = Registry()
+
+
+class _Metric:
+    kind = ""
+
+    def __init__(self, name: str, help: str, labels: Sequence[str] = (), registry: Registry | None = REGISTRY) -> None:
+        if not _METRIC_NAME.match(name):
+            raise ValueError(f"invalid metric name {name!r}")
+        for label in labels:
+            if not _LABEL_NAME.match(label) or label.startswith("__"):
+                raise ValueError(f"metric {name}: invalid label name {label!r}")
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"metric {name}: duplicate label names in {labels!r}")
+        self.name = name
+        self.help = help
+        self.labels = tuple(labels)
+        if registry is not None:
+            registry.register(self)
+
+    def _check(self, labels: tuple[str, ...]) -> None:
+        """Validate a label set the first time it is seen, so the hot path never has to."""
+        if len(labels) != len(self.labels):
+            raise ValueError(f"metric {self.name} takes labels {self.labels}, got {len(labels)} value(s) {labels!r}")
+        for value in labels:
+            if not isinstance(value, str):
+                # str() at scrape time could render two different keys as one series.
+                raise TypeError(f"metric {self.name}: label values must be str, got {value!r}")
+
+    def samples(self) -> Iterator[str]:
+        raise NotImplementedError
+
+
+class _Scalar(_Metric):
+    """A counter or gauge: one number per label set."""
+
+    def __init__(self, name: str, help: str, labels: Sequence[str] = (), registry: Registry | None = REGISTRY) -> None:
+        super().__init__(name, help, labels, registry)
+        self._values: dict[tuple[str, ...], float] = {}
+        if not self.labels:
+            self._values[()] = 0  # an unlabelled series exists from the start
+
+    def _add(self, labels: tuple[str, ...], amount: float) -> None:
+        values = self._values
+        try:
+            values[labels] += amount
+        except KeyError:
+            self._check(labels)
+            values[labels] = amount
+
+    def value(self, *labels: str) -> float:
+        """The current value of one series (0 when never touched)."""
+        return self._values.get(labels, 0)
+
+    def samples(self) -> Iterator[str]:
+        for labels, value in sorted(self._values.copy().items()):
+            yield f"{self.name}{_label_text(self.labels, labels)} {format_value(value)}"
+
+
+class Counter(_Scalar):
+    kind = "counter"
+
+    def __init__(self, name: str, help: str, labels: Sequence[str] = (), registry: Registry | None = REGISTRY) -> None:
+        if not name.endswith("_total"):
+            raise ValueError(f"counter {name} must end in _total")
+        super().__init__(name, help, labels, registry)
+
+    def inc(self, *labels: str, amount: float = 1) -> None:
+        if amount < 0:
+            raise ValueError(f"counter {self.name} can only go up, not by {amount}")
+        self._add(labels, amount)
+
+
+class Gauge(_Scalar):
+    kind = "gauge"
+
+    def set(self, value: float, *labels: str) -> None:
+        values = self._values
+        if labels not in values:
+            self._check(labels)
+        values[labels] = value
+
+    def inc(self, *labels: str, amount: float = 1) -> None:
+        self._add(labels, amount)
+
+    def dec(self, *labels: str, amount: float = 1) -> None:
+        self._add(labels, -amount)
+
+
+class Histogram(_Metric):
+    kind = "histogram"
+
+    def __init__(
+        self,
+        name: str,
+        help: str,
+        labels: Sequence[str] = (),
+        buckets: Sequence[float] = DEFAULT_BUCKETS,
+        registry: Registry | None = REGISTRY,
+    ) -> None:
+        if "le" in labels:
+            raise ValueError(f"histogram {name}: 'le' is reserved for buckets")
+        bounds = tuple(float(b) for b in buckets if not math.isinf(b))
+        if not bounds or any(a >= b for a, b in pairwise(bounds)) or any(map(math.isnan, bounds)):
+            raise ValueError(f"histogram {name}: buckets must be finite and strictly increasing, got {buckets!r}")
+        super().__init__(name, help, labels, registry)
+        self.bounds = bounds
+        self._le = [format_value(b) for b in bounds] + ["+Inf"]
+        # label set -> [count in bucket 0, ..., count above the last bound, sum of observations]
+        self._series: dict[tuple[str, ...], list[float]] = {}
+
+    def observe(self, seconds: float, *labels: str) -> None:
+        series = self._series.get(labels)
+        if series is None:
+            self._check(labels)
+            series = self._series[labels] = [0] * (len(self.bounds) + 2)
+        series[bisect_left(self.bounds, seconds)] += 1  # le is inclusive: value == bound counts in it
+        series[-1] += seconds
+
+    def count(self, *labels: str) -> int:
+        series = self._series.get(labels)
+        return int(sum(series[:-1])) if series else 0
+
+    def samples(self) -> Iterator[str]:
+        for labels, series in sorted((k, list(v)) for k, v in self._series.copy().items()):
+            cumulative = 0.0
+            for le, n in zip(self._le, series[:-1], strict=True):
+                cumulative += n
+                lt = _label_text((*self.labels, "le"), (*labels, le))
+                yield f"{self.name}_bucket{lt} {format_value(int(cumulative))}"
+            lt = _label_text(self.labels, labels)
+            yield f"{self.name}_sum{lt} {format_value(series[-1])}"
+            yield f"{self.name}_count{lt} {format_value(int(cumulative))}"
+
+
+# -- the HTTP endpoint ----------------------------------------------------------------------------
+
+REQUEST_LIMIT = 8192  # bytes of request line and headers; a scrape sends a few hundred
+REQUEST_TIMEOUT = 5.0
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """'127.0.0.1:9317', '[::1]:9317' or 'localhost:9317' -> (host, port)."""
+    host, sep, port_text = listen.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"metrics listen address {listen!r} is not HOST:PORT")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"metrics listen address {listen!r}: write IPv6 hosts in brackets, e.g. [::1]:9317")
+    return host, int(port_text)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _response(status: str, body: bytes, content_type: str, head_only: bool = False) -> bytes:
+    head = (
+        f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    return head if head_only else head + body
+
+
+def _answer(request_line: bytes, registry: Registry) -> bytes:
+    parts = request_line.decode("latin-1").split()
+    if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+        return _response("400 Bad Request", b"bad request\n", "text/plain")
+    method, target, _ = parts
+    if target.split("?", 1)[0] != "/metrics":
+        return _response("404 Not Found", b"not found: crihook serves /metrics only\n", "text/plain")
+    if method not in ("GET", "HEAD"):
+        return _response("405 Method Not Allowed", b"use GET\n", "text/plain")
+    return _response("200 OK", registry.render(), CONTENT_TYPE, head_only=method == "HEAD")
+
+
+async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, registry: Registry) -> None:
+    try:
+        async with asyncio.timeout(REQUEST_TIMEOUT):
+            head = await reader.readuntil(b"\r\n\r\n")
+        reply = _answer(head.split(b"\r\n", 1)[0], registry)
+    except asyncio.LimitOverrunError:
+        reply = _response("431 Request Header Fields Too Large", b"request too large\n", "text/plain")
+    except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
+        writer.close()
+        return
+    try:
+        writer.write(reply)
+        await writer.drain()
+    except ConnectionError:
+        pass
+    finally:
+        writer.close()
+
+
+async def serve(listen: str, *, allow_remote: bool = False, registry: Registry = REGISTRY) -> asyncio.Server:
+    """Serve `registry` at http://<listen>/metrics. Metrics name pods and namespaces, so a
+    non-loopback address is refused unless `allow_remote` says the operator wants that."""
+    host, port = parse_listen(listen)
+    if not allow_remote and not is_loopback(host):
+        raise ValueError(f"metrics listen address {listen!r} is not a loopback address; refusing to expose it")
+    server = await asyncio.start_server(
+        lambda r, w: _handle(r, w, registry), host, port, limit=REQUEST_LIMIT, reuse_address=True
+    )
+    log.info("metrics endpoint listening", extra={"listen": listen})
+    return server
+
+
+# -- what crihook exposes -------------------------------------------------------------------------
+
+BUILD_INFO = Gauge("crihook_build_info", "Always 1; the version label says which crihook is running.", ("version",))
+BUILD_INFO.set(1, __version__)
+
+CRI_CALLS = Counter(
+    "crihook_cri_calls_total",
+    "CRI calls answered by the proxy, by full gRPC method and status code name (OK, NOT_FOUND, ...).",
+    ("method", "code"),
+)
+BACKEND_SECONDS = Histogram(
+    "crihook_backend_duration_seconds",
+    "Time the runtime backend (containerd) took to answer, by gRPC method.",
+    ("method",),
+)
+HOOK_SECONDS = Histogram(
+    "crihook_hook_duration_seconds",
+    "Time each hook took, by hook name and stage (e.g. pre_create_container).",
+    ("hook", "stage"),
+)
+HOOK_FAILURES = Counter(
+    "crihook_hook_failures_total",
+    "Hook runs that failed or timed out, whatever their failure policy, by hook name.",
+    ("hook",),
+)
+STORE_OBJECTS = Gauge(
+    "crihook_store_objects",
+    "Pods and containers in crihook's store (kind is pods or containers).",
+    ("kind",),
+)
+REPORTER_WRITES = Counter(
+    "crihook_reporter_writes_total",
+    "Objects the device reporter wrote to the API server, by kind (Device, Node).",
+    ("kind",),
+)
