@@ -18,11 +18,14 @@ import grpc
 
 from crihook.config import HooksConfig, NodeConfig
 from crihook.hooks.base import ConfigError, Edit, Hook, HookContext, HookError, Stage, apply_edit
+from crihook.metrics import HOOK_FAILURES, HOOK_SECONDS
 
 log = logging.getLogger("crihook.hooks")
 
 ENTRY_POINT_GROUP = "crihook.hooks"
 POLICIES = ("fail", "ignore")
+# PreCreateContainer -> pre_create_container, the metrics label
+_STAGE_LABELS = {s: "".join("_" + c.lower() if c.isupper() else c for c in s.value).lstrip("_") for s in Stage}
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +95,17 @@ class HookChain:
 
     async def run(self, ctx: HookContext) -> Outcome:
         out = Outcome(ctx)
+        try:
+            await self._run(ctx, out)
+        finally:
+            stage = _STAGE_LABELS[ctx.stage]
+            for r in out.records:
+                HOOK_SECONDS.observe(r.ms / 1000, r.hook, stage)
+                if r.result in ("failed", "ignored-error"):
+                    HOOK_FAILURES.inc(r.hook)
+        return out
+
+    async def _run(self, ctx: HookContext, out: Outcome) -> None:
         for reg in self._by_stage[ctx.stage]:
             name = reg.hook.name
             start = time.perf_counter()
@@ -121,13 +135,12 @@ class HookChain:
                         "hook failed",
                         extra={"hook": name, "stage": ctx.stage.value, **_fields(ctx), "reason": err.reason},
                     )
-                    return out
+                    return
                 out.records.append(HookRecord(name, ctx.stage, "ignored-error", _ms(start), err.reason))
                 log.warning(
                     "hook error ignored",
                     extra={"hook": name, "stage": ctx.stage.value, **_fields(ctx), "reason": err.reason},
                 )
-        return out
 
     @staticmethod
     async def _call(reg: Registered, ctx: HookContext) -> Edit | None:

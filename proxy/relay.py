@@ -28,10 +28,13 @@ import logging
 import struct
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import grpc
+
+from crihook.metrics import BACKEND_SECONDS, CRI_CALLS
 from crihook.proxy.hpack import Follower, HpackError, encode_literal
 
 log = logging.getLogger("crihook.proxy")
@@ -64,8 +67,7 @@ def frame(ftype: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes
 def grpc_error_headers(code: int, message: str) -> bytes:
     """Header block of a trailers-only gRPC error response (grpc-message percent-encoded)."""
     encoded = "".join(
-        c if 0x20 <= ord(c) < 0x7F and c != "%" else "".join(f"%{b:02X}" for b in c.encode())
-        for c in message
+        c if 0x20 <= ord(c) < 0x7F and c != "%" else "".join(f"%{b:02X}" for b in c.encode()) for c in message
     ).encode()
     return encode_literal(
         [
@@ -129,14 +131,8 @@ def _grpc_message(body: bytes | bytearray) -> bytes | None:
     return bytes(body[5:])
 
 
-class Stats:
-    """Per-method call counts by status, and backend latency sums; read by the metrics endpoint."""
-
-    __slots__ = ("calls", "latency")
-
-    def __init__(self) -> None:
-        self.calls: dict[tuple[bytes, bytes], int] = {}
-        self.latency: dict[bytes, list[float]] = {}  # path -> [count, total seconds]
+_CODE_NAMES = {str(c.value[0]).encode(): c.name for c in grpc.StatusCode}
+MAX_METHOD_LABELS = 512  # a client inventing method names must not grow the metrics without bound
 
 
 class Link:
@@ -598,30 +594,26 @@ class Relay:
         interceptor: Interceptor,
         max_message: int = 16 << 20,
         connect_timeout: float = 5.0,
-        on_count: Callable[[bytes, bytes, float], None] | None = None,
     ) -> None:
         self.backend_path = backend_path
         self.interceptor = interceptor
         self.max_message = max_message
         self.connect_timeout = connect_timeout
         self.links: set[Link] = set()
-        self.stats = Stats()
-        self.on_count = on_count
+        self._labels: dict[tuple[bytes, bytes], tuple[str, str]] = {}
         self._idle = asyncio.Event()
         self.server: asyncio.AbstractServer | None = None
 
-    def count(self, path: bytes, status: bytes, seconds: float = 0.0) -> None:
+    def count(self, path: bytes, status: bytes, seconds: float | None = None) -> None:
+        """Metrics for one finished call; label strings are made once per (method, code)."""
         key = (path, status)
-        calls = self.stats.calls
-        calls[key] = calls.get(key, 0) + 1
-        lat = self.stats.latency.get(path)
-        if lat is None:
-            self.stats.latency[path] = [1, seconds]
-        else:
-            lat[0] += 1
-            lat[1] += seconds
-        if self.on_count is not None:
-            self.on_count(path, status, seconds)
+        labels = self._labels.get(key)
+        if labels is None:
+            method = path.decode("latin-1") if len(self._labels) < MAX_METHOD_LABELS else "other"
+            labels = self._labels[key] = (method, _CODE_NAMES.get(status, "UNKNOWN"))
+        CRI_CALLS.inc(*labels)
+        if seconds is not None:
+            BACKEND_SECONDS.observe(seconds, labels[0])
 
     def in_flight(self) -> int:
         return sum(len(link.active) for link in self.links)

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from crihook.metrics import STORE_OBJECTS
+
 log = logging.getLogger("crihook.store")
 
 FORMAT_VERSION = 1
@@ -130,6 +132,8 @@ class Store:
     def changed(self) -> None:
         """Schedule a write; calls in one burst share it."""
         self._dirty = True
+        STORE_OBJECTS.set(len(self.pods), "pods")
+        STORE_OBJECTS.set(len(self.containers), "containers")
         if self._flush_task is None or self._flush_task.done():
             self._flush_task = asyncio.get_running_loop().create_task(self._flush())
 

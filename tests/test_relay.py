@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from crihook.metrics import CRI_CALLS
 from crihook.proxy.relay import Rejected, Relay
 
 
@@ -68,7 +69,7 @@ class Backend(grpc.GenericRpcHandler):
 
     async def unary(self, method: str, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         if method.endswith("Fail"):
-            await context.abort(grpc.StatusCode.NOT_FOUND, "container \"x\" not found")
+            await context.abort(grpc.StatusCode.NOT_FOUND, 'container "x" not found')
         if method.endswith("Slow"):
             await asyncio.sleep(2)
         context.set_trailing_metadata((("x-trailer", "kept"),))
@@ -103,6 +104,8 @@ def unary(channel: grpc.aio.Channel, method: str) -> grpc.aio.UnaryUnaryMultiCal
 
 async def test_pass_through_keeps_bodies_status_details_and_trailers(setup) -> None:
     channel, interceptor, relay, _ = setup
+    ok_before = CRI_CALLS.value("/t.S/Echo", "OK")
+    notfound_before = CRI_CALLS.value("/t.S/Fail", "NOT_FOUND")
     call = unary(channel, "/t.S/Echo")(b"hello")
     assert await call == b"echo:hello"
     assert ("x-trailer", "kept") in tuple(await call.trailing_metadata())
@@ -111,13 +114,15 @@ async def test_pass_through_keeps_bodies_status_details_and_trailers(setup) -> N
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
     assert err.value.details() == 'container "x" not found'
     assert interceptor.posts == []
-    assert relay.stats.calls[(b"/t.S/Echo", b"0")] == 1
-    assert relay.stats.calls[(b"/t.S/Fail", b"5")] == 1
+    assert CRI_CALLS.value("/t.S/Echo", "OK") == ok_before + 1
+    assert CRI_CALLS.value("/t.S/Fail", "NOT_FOUND") == notfound_before + 1
 
 
 async def test_server_streaming_and_deadlines_pass(setup) -> None:
     channel, _, relay, _ = setup
-    parts = [p async for p in channel.unary_stream("/t.S/Stream", request_serializer=ident, response_deserializer=ident)(b"")]
+    parts = [
+        p async for p in channel.unary_stream("/t.S/Stream", request_serializer=ident, response_deserializer=ident)(b"")
+    ]
     assert parts == [b"part%d" % i for i in range(50)]
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await unary(channel, "/t.S/Slow")(b"", timeout=0.2)
@@ -141,13 +146,14 @@ async def test_modified_request_larger_than_windows(setup) -> None:
 
 async def test_refusal_answers_kubelet_and_never_reaches_runtime(setup) -> None:
     channel, interceptor, relay, _ = setup
+    refused_before = CRI_CALLS.value("/t.S/Modify", "FAILED_PRECONDITION")
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await unary(channel, "/t.S/Modify")(b"refuse" + b"x" * 200_000)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert err.value.details() == "refused by test: 100% sure, ünïcode"
     assert interceptor.posts == []  # the runtime never answered it
     assert await unary(channel, "/t.S/Echo")(b"after") == b"echo:after"
-    assert relay.stats.calls[(b"/t.S/Modify", b"9")] == 1
+    assert CRI_CALLS.value("/t.S/Modify", "FAILED_PRECONDITION") == refused_before + 1
 
 
 async def test_observed_calls_are_copied_not_held(setup) -> None:
