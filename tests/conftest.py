@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 from containerd import Containerd, missing_requirements, running_containerd
+
+if TYPE_CHECKING:
+    from cri import Cri
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -25,3 +29,14 @@ def containerd() -> Iterator[Containerd]:
     Tests that restart it (`containerd.restart()`) must leave it running."""
     with running_containerd() as daemon:
         yield daemon
+
+
+@pytest.fixture
+def containerd_cri(containerd: Containerd) -> Iterator[Cri]:
+    """A CRI client straight to the session's containerd; every pod left over is removed afterwards,
+    so each test starts from an empty runtime."""
+    from cri import Cri  # imports the generated CRI stubs: only tests that talk CRI pay for them
+
+    with Cri(containerd.address) as client:
+        yield client
+        client.remove_all()

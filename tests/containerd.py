@@ -39,6 +39,9 @@ CACHE = HERE / ".cache"
 PAUSE_SOURCE = HERE / "pause.c"
 
 NAMESPACE = "k8s.io"  # the containerd namespace CRI works in
+# Test pods get cgroup parents below this (kubelet would use /kubepods/...). One root per test process,
+# so cleanup removes exactly this session's cgroups and never races another session creating its own.
+CGROUP_ROOT = f"/crihook-test-{os.getpid()}"
 PAUSE_IMAGE = "localhost/crihook/pause:test"
 BUSYBOX_IMAGE = "localhost/crihook/busybox:test"
 
@@ -291,16 +294,18 @@ class Containerd:
     """
 
     base: Path
+    cgroup_root: str = CGROUP_ROOT
     pause_image: str = PAUSE_IMAGE
     busybox_image: str = BUSYBOX_IMAGE
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @classmethod
-    def create(cls) -> Containerd:
-        """A stopped instance with its directory and config written."""
+    def create(cls, cgroup_root: str = CGROUP_ROOT) -> Containerd:
+        """A stopped instance with its directory and config written. `cgroup_root` is the parent of
+        the pod cgroups of the pods it will run (`cri.pod_config(cgroup_root=...)`); close removes it."""
         base = Path(tempfile.mkdtemp(prefix="crihook-containerd-"))
         (base / "config.toml").write_text(_config(base))
-        return cls(base)
+        return cls(base, cgroup_root)
 
     @property
     def socket(self) -> Path:
@@ -346,17 +351,26 @@ class Containerd:
             if self.process is None or self.process.poll() is not None:
                 raise ContainerdError(f"containerd exited during start:\n{self.log_tail()}")
             if self.socket.exists():
-                with grpc.insecure_channel(self.address) as channel:
-                    version = channel.unary_unary("/runtime.v1.RuntimeService/Version")
-                    try:
-                        version(b"", timeout=2)  # an empty VersionRequest encodes to no bytes
-                        return
-                    except grpc.RpcError as e:
-                        if e.code() == grpc.StatusCode.UNIMPLEMENTED:
-                            raise ContainerdError(f"containerd serves no CRI:\n{self.log_tail()}") from e
-                        last = f"{e.code().name}: {e.details()}"
+                try:
+                    self._cri_call("RuntimeService/Version", b"")  # an empty VersionRequest is zero bytes
+                    return
+                except grpc.RpcError as e:
+                    if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                        raise ContainerdError(f"containerd serves no CRI:\n{self.log_tail()}") from e
+                    last = f"{e.code().name}: {e.details()}"
             time.sleep(0.05)
         raise ContainerdError(f"containerd CRI not ready after {timeout}s ({last}):\n{self.log_tail()}")
+
+    def _cri_call(self, method: str, request: bytes) -> bytes:
+        """One unary CRI call with hand-encoded bytes: start-up checks must not depend on the
+        generated stubs, which the rest of the test suite exercises."""
+        with grpc.insecure_channel(self.address) as channel:
+            return channel.unary_unary(f"/runtime.v1.{method}")(request, timeout=5)
+
+    def cri_sees_image(self, ref: str) -> bool:
+        # ImageStatusRequest{image: ImageSpec{image: ref}}; the reply is empty when the image is unknown
+        request = _length_delimited(1, _length_delimited(1, ref.encode()))
+        return self._cri_call("ImageService/ImageStatus", request) != b""
 
     def stop(self, kill: bool = False, timeout: float = 30.0) -> None:
         """Stop the daemon by its pid: SIGTERM, or SIGKILL to play a crash. Containers keep running."""
@@ -387,9 +401,16 @@ class Containerd:
         """Import and unpack an OCI archive into the overlayfs snapshotter CRI uses."""
         self.ctr("images", "import", "--snapshotter", "overlayfs", str(archive))
 
-    def import_test_images(self) -> None:
+    def import_test_images(self, timeout: float = 10.0) -> None:
+        """Import both test images and wait until CRI lists them: an import reaches CRI's image
+        store through an event, and a RunPodSandbox that came first would try to pull the pause image."""
         self.import_image(pause_archive())
         self.import_image(busybox_archive())
+        deadline = time.monotonic() + timeout
+        while not all(self.cri_sees_image(ref) for ref in (self.pause_image, self.busybox_image)):
+            if time.monotonic() > deadline:
+                raise ContainerdError(f"CRI does not list the test images {timeout}s after import")
+            time.sleep(0.05)
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -404,6 +425,7 @@ class Containerd:
         self._kill_shims()
         unmount_below(self.base)
         shutil.rmtree(self.base, ignore_errors=True)
+        remove_cgroup_tree(self.cgroup_root)
 
     def _delete_containers(self) -> None:
         """`runc delete --force` kills what is still running and removes its cgroups."""
@@ -423,6 +445,17 @@ class Containerd:
         for pid in shim_pids(str(self.socket)):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _length_delimited(field_number: int, payload: bytes) -> bytes:
+    """A protobuf field of wire type 2 (string, bytes, message): tag, varint length, payload."""
+    head = bytearray([field_number << 3 | 2])
+    size = len(payload)
+    while size >= 0x80:
+        head.append(size & 0x7F | 0x80)
+        size >>= 7
+    head.append(size)
+    return bytes(head) + payload
 
 
 def shim_pids(containerd_socket: str) -> list[int]:
@@ -447,15 +480,20 @@ def _flag(args: list[str], name: str) -> str | None:
     return None
 
 
+def mount_table() -> list[tuple[Path, str]]:
+    """(mount point, filesystem type) of every mount this process sees."""
+    table = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        before, _, after = line.partition(" - ")
+        # the mount point is field 5, with space, tab, newline and backslash as octal escapes
+        point = before.split()[4].encode().decode("unicode_escape")
+        table.append((Path(point), after.split()[0]))
+    return table
+
+
 def mounts_below(base: Path) -> list[Path]:
     """Mount points at or under `base`, deepest first (the order to unmount them in)."""
-    found = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        # field 5 is the mount point, with space, tab, newline and backslash as octal escapes
-        point = line.split()[4].encode().decode("unicode_escape")
-        path = Path(point)
-        if path == base or base in path.parents:
-            found.append(path)
+    found = [point for point, _ in mount_table() if point == base or base in point.parents]
     return sorted(found, key=lambda p: len(p.parts), reverse=True)
 
 
@@ -468,10 +506,32 @@ def unmount_below(base: Path) -> None:
             raise ContainerdError(f"umount {point}: {os.strerror(err)}")
 
 
+def cgroup_hierarchies() -> list[Path]:
+    """Mount points of every cgroup v1 controller and of the v2 tree (cgroup v1, v2 and hybrid hosts)."""
+    return [point for point, fstype in mount_table() if fstype in ("cgroup", "cgroup2")]
+
+
+def remove_cgroup_tree(path: str) -> None:
+    """rmdir `path` and everything below it in every hierarchy. runc removes a container's own cgroup
+    but not the pod's parent, which kubelet would; a cgroup still holding a process is an error."""
+    busy = []
+    for hierarchy in cgroup_hierarchies():
+        top = hierarchy / path.lstrip("/")
+        if not top.is_dir():
+            continue
+        for current, _, _ in sorted(os.walk(top), key=lambda walked: len(walked[0]), reverse=True):
+            try:
+                os.rmdir(current)
+            except OSError as e:
+                busy.append(f"{current}: {e.strerror}")
+    if busy:
+        raise ContainerdError("cgroups left behind: " + "; ".join(busy))
+
+
 @contextlib.contextmanager
-def running_containerd() -> Iterator[Containerd]:
+def running_containerd(cgroup_root: str = CGROUP_ROOT) -> Iterator[Containerd]:
     """A started containerd with both test images imported, closed on exit whatever happens."""
-    daemon = Containerd.create()
+    daemon = Containerd.create(cgroup_root)
     try:
         daemon.start()
         daemon.import_test_images()

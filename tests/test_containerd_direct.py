@@ -1,0 +1,139 @@
+"""The test infrastructure against containerd itself, no crihook in between: offline images, pods,
+containers, exec, status, restart and cleanup all work, so a later failure through the proxy is the
+proxy's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from containerd import (
+    CGROUP_ROOT,
+    Containerd,
+    cgroup_hierarchies,
+    mounts_below,
+    running_containerd,
+    shim_pids,
+)
+from cri import Cri, CriError, DeviceSpec, container_config, pod_config
+
+from crihook.proto import runtime_v1_pb2 as api
+
+pytestmark = pytest.mark.containerd
+
+
+def runc_ids(daemon: Containerd) -> set[str]:
+    """Container ids runc itself knows about, whatever containerd says."""
+    out = subprocess.run(
+        ["runc", "--root", str(daemon.runc_root), "list", "--quiet"], capture_output=True, text=True, check=True
+    ).stdout
+    return set(out.split())
+
+
+def test_images_come_from_the_offline_archives(containerd: Containerd, containerd_cri: Cri) -> None:
+    version = containerd_cri.version()
+    assert (version.runtime_name, version.runtime_api_version) == ("containerd", "v1")
+    assert version.runtime_version.startswith("1.6.")
+    assert containerd_cri.image_present(containerd.pause_image)
+    assert containerd_cri.image_present(containerd.busybox_image)
+    assert not containerd_cri.image_present("localhost/crihook/never-imported:test")
+
+
+def test_pod_and_container_lifecycle(containerd: Containerd, containerd_cri: Cri) -> None:
+    cri = containerd_cri
+    pod = pod_config("lifecycle", annotations={"example.com/note": "kept"}, labels={"app": "demo"})
+    pod_id = cri.run_pod(pod)
+    [listed_pod] = cri.list_pods()
+    assert listed_pod.id == pod_id
+    assert listed_pod.annotations["example.com/note"] == "kept"
+    assert listed_pod.labels["app"] == "demo"
+
+    config = container_config("main", pod, envs={"CRIHOOK_PROBE": "seen by exec"}, labels={"tier": "test"})
+    container_id = cri.create_container(pod_id, config, pod)
+    cri.start_container(container_id)
+
+    assert "CRIHOOK_PROBE=seen by exec" in cri.output(container_id, "env").splitlines()
+    failing = cri.exec_sync(container_id, "sh", "-c", "echo oops >&2; exit 3")
+    assert (failing.exit_code, failing.stderr) == (3, b"oops\n")
+
+    status = cri.container_status(container_id, verbose=True)
+    assert status.status.state == api.CONTAINER_RUNNING
+    info = json.loads(status.info["info"])
+    assert info["sandboxID"] == pod_id
+    spec = info["runtimeSpec"]
+    assert "CRIHOOK_PROBE=seen by exec" in spec["process"]["env"]
+    assert spec["linux"]["cgroupsPath"] == f"{CGROUP_ROOT}/pod{pod.metadata.uid}/{container_id}"
+    assert Path(f"/proc/{info['pid']}").exists()
+
+    [listed] = cri.list_containers(pod_id)
+    assert (listed.id, listed.state) == (container_id, api.CONTAINER_RUNNING)
+    assert listed.labels["io.kubernetes.container.name"] == "main"
+    assert listed.labels["io.kubernetes.pod.uid"] == pod.metadata.uid
+    assert listed.labels["tier"] == "test"
+    assert container_id in runc_ids(containerd)
+
+    cri.stop_container(container_id)
+    stopped = cri.container_status(container_id).status
+    assert (stopped.state, stopped.exit_code) == (api.CONTAINER_EXITED, 0)  # the trap ran: SIGTERM, not SIGKILL
+    assert not Path(f"/proc/{info['pid']}").exists()
+
+    cri.remove_container(container_id)
+    assert cri.list_containers(pod_id) == []
+    with pytest.raises(CriError) as gone:
+        cri.container_status(container_id)
+    assert gone.value.code.name == "NOT_FOUND"
+
+    cri.stop_pod(pod_id)
+    cri.remove_pod(pod_id)
+    assert cri.list_pods() == []
+    assert runc_ids(containerd) == set()
+    assert shim_pids(str(containerd.socket)) == []
+
+
+def test_device_reaches_the_container(containerd_cri: Cri) -> None:
+    """Hooks hand out devices through CRI's Device list: the node shows up with the host's numbers."""
+    cri = containerd_cri
+    pod = pod_config("devices")
+    config = container_config("main", pod, devices=[DeviceSpec("/dev/crihook-null", "/dev/null", "rw")])
+    with cri.pod(pod) as pod_id, cri.container(pod_id, config, pod) as container_id:
+        host = os.stat("/dev/null")
+        major_minor = cri.output(container_id, "stat", "-c", "%t:%T", "/dev/crihook-null").strip()
+        assert major_minor == f"{os.major(host.st_rdev):x}:{os.minor(host.st_rdev):x}"
+        assert cri.output(container_id, "sh", "-c", "echo x > /dev/crihook-null && echo written") == "written\n"
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["sigterm", "crash"])
+def test_containers_survive_a_containerd_restart(containerd: Containerd, containerd_cri: Cri, kill: bool) -> None:
+    cri = containerd_cri
+    pod = pod_config("restart")
+    with cri.pod(pod) as pod_id, cri.container(pod_id, container_config("main", pod), pod) as container_id:
+        old_pid = containerd.pid
+        containerd.restart(kill=kill)
+        assert containerd.pid not in (None, old_pid)
+        [listed] = cri.list_containers(pod_id)
+        assert (listed.id, listed.state) == (container_id, api.CONTAINER_RUNNING)
+        assert cri.output(container_id, "echo", "still here") == "still here\n"
+
+
+def test_close_leaves_nothing_behind() -> None:
+    """Even with a pod still running, closing the daemon ends its processes and removes its mounts,
+    cgroups and files."""
+    cgroup_root = f"{CGROUP_ROOT}-close"
+    with running_containerd(cgroup_root) as daemon:
+        with Cri(daemon.address) as cri:
+            pod = pod_config("abandoned", cgroup_root=cgroup_root)
+            pod_id = cri.run_pod(pod)
+            container_id = cri.create_container(pod_id, container_config("main", pod), pod)
+            cri.start_container(container_id)
+            pid = json.loads(cri.container_status(container_id, verbose=True).info["info"])["pid"]
+        socket, base = str(daemon.socket), daemon.base
+        assert shim_pids(socket)
+        assert mounts_below(base)
+    assert not Path(f"/proc/{pid}").exists()
+    assert shim_pids(socket) == []
+    assert mounts_below(base) == []
+    assert not base.exists()
+    assert not [h for h in cgroup_hierarchies() if (h / cgroup_root.lstrip("/")).exists()]
