@@ -59,10 +59,9 @@ MEDIA_INDEX = "application/vnd.oci.image.index.v1+json"
 MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 MEDIA_CONFIG = "application/vnd.oci.image.config.v1+json"
 MEDIA_LAYER = "application/vnd.oci.image.layer.v1.tar"
+# `ctr images import` names the image after this annotation when it holds a full reference
+# ("localhost/crihook/pause:test"); a bare tag would get a generated "import-<date>" repository.
 ANNOTATION_REF_NAME = "org.opencontainers.image.ref.name"
-# containerd's own annotation for the full image name; `ctr import` takes it as is, while a bare
-# ref.name is only a tag that ctr prefixes with a generated base name.
-ANNOTATION_IMAGE_NAME = "io.containerd.image.name"
 
 _PT_INTERP = 3
 
@@ -160,7 +159,6 @@ def oci_archive(ref: str, layer: bytes, image_config: dict[str, object]) -> byte
             "layers": [_descriptor(MEDIA_LAYER, layer)],
         }
     )
-    tag = ref.rsplit(":", 1)[1]
     index = _canonical(
         {
             "schemaVersion": 2,
@@ -169,7 +167,7 @@ def oci_archive(ref: str, layer: bytes, image_config: dict[str, object]) -> byte
                 _descriptor(MEDIA_MANIFEST, manifest)
                 | {
                     "platform": {"architecture": "amd64", "os": "linux"},
-                    "annotations": {ANNOTATION_REF_NAME: tag, ANNOTATION_IMAGE_NAME: ref},
+                    "annotations": {ANNOTATION_REF_NAME: ref},
                 }
             ],
         }
@@ -183,9 +181,10 @@ def oci_archive(ref: str, layer: bytes, image_config: dict[str, object]) -> byte
 
 
 def _cached(name: str, inputs: Iterable[bytes], build: Callable[[], bytes]) -> Path:
-    """The archive for these inputs, built once: its file name carries a hash of everything it came from."""
+    """The archive for these inputs, built once: its file name carries a hash of everything it came
+    from, this module's code included."""
     key = hashlib.sha256()
-    for chunk in inputs:
+    for chunk in (Path(__file__).read_bytes(), *inputs):
         key.update(hashlib.sha256(chunk).digest())
     path = CACHE / f"{name}-{key.hexdigest()[:16]}.tar"
     if not path.exists():
