@@ -9,7 +9,8 @@ Parsing is strict: anything off fails with an AnnotationError that names the fie
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,8 @@ RDMA_TYPE = "rdma"
 
 MAX_DEVICES = 1024  # per type in one annotation; more is not a real allocation
 MAX_ANNOTATION_BYTES = 256 * 1024  # the API server caps all annotations of an object at 256 KiB
+# domain:bus:device.function, as sysfs names PCI devices; nothing else may reach a sysfs path
+PCI_ADDRESS = re.compile(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]", re.ASCII)
 
 
 class AnnotationError(ValueError):
@@ -62,7 +65,7 @@ def _int(value: Any, ann: str, where: str, lo: int = 0, hi: int = 2**31 - 1) -> 
     if isinstance(value, bool) or not isinstance(value, int):
         raise AnnotationError(ann, where, f"expected an integer, got {json.dumps(value)[:40]}")
     if not lo <= value <= hi:
-        raise AnnotationError(ann, where, f"{value} is out of range {lo}..{hi}")
+        raise AnnotationError(ann, where, f"{str(value)[:24]} is out of range {lo}..{hi}")
     return value
 
 
@@ -75,57 +78,74 @@ def _load(text: str | bytes, ann: str) -> Any:
         raise AnnotationError(ann, "", f"not valid JSON ({e})") from None
 
 
-def parse_device_allocated(text: str | bytes) -> dict[str, tuple[DeviceAllocation, ...]]:
+def parse_device_allocated(
+    text: str | bytes, types: Collection[str] | None = None
+) -> dict[str, tuple[DeviceAllocation, ...]]:
+    """The allocations by device type. `types` limits which types are read and checked, so a hook
+    is not failed by a malformed entry of a type it does not handle."""
     ann = DEVICE_ALLOCATED
     doc = _load(text, ann)
     if not isinstance(doc, dict):
         raise AnnotationError(ann, "", f"expected a JSON object of device types, got {type(doc).__name__}")
     out: dict[str, tuple[DeviceAllocation, ...]] = {}
     for dtype, entries in doc.items():
-        if entries is None:
+        if entries is None or (types is not None and dtype not in types):
             continue
         if not isinstance(entries, list):
             raise AnnotationError(ann, dtype, "expected a list of allocations")
         if len(entries) > MAX_DEVICES:
             raise AnnotationError(ann, dtype, f"{len(entries)} allocations is more than {MAX_DEVICES}")
-        allocs = []
-        for i, e in enumerate(entries):
-            where = f"{dtype}[{i}]"
-            if not isinstance(e, dict):
-                raise AnnotationError(ann, where, "expected an object")
-            minor = _int(e.get("minor", 0), ann, f"{where}.minor")
-            dev_id = e.get("id", "")
-            if not isinstance(dev_id, str):
-                raise AnnotationError(ann, f"{where}.id", "expected a string")
-            res_in = e.get("resources") or {}
-            if not isinstance(res_in, dict):
-                raise AnnotationError(ann, f"{where}.resources", "expected an object of quantities")
-            resources = {}
-            for rname, rvalue in res_in.items():
-                try:
-                    v = quantity.to_int(rvalue)
-                except quantity.QuantityError as err:
-                    raise AnnotationError(ann, f"{where}.resources[{rname!r}]", str(err)) from None
-                if v < 0:
-                    raise AnnotationError(ann, f"{where}.resources[{rname!r}]", f"negative quantity {rvalue!r}")
-                resources[rname] = v
-            ext = e.get("extension") or {}
-            if not isinstance(ext, dict):
-                raise AnnotationError(ann, f"{where}.extension", "expected an object")
-            vfs_in = ext.get("vfs") or []
-            if not isinstance(vfs_in, list):
-                raise AnnotationError(ann, f"{where}.extension.vfs", "expected a list")
-            vfs = []
-            for j, vf in enumerate(vfs_in):
-                bus = vf.get("busID") if isinstance(vf, dict) else None
-                if not isinstance(bus, str) or not bus:
-                    raise AnnotationError(ann, f"{where}.extension.vfs[{j}].busID", "expected a PCI address")
-                vfs.append(bus)
-            allocs.append(DeviceAllocation(minor, dev_id, resources, tuple(vfs), ext))
-        if len({a.minor for a in allocs}) != len(allocs) and dtype == GPU:
+        allocs = tuple(_allocation(e, dtype, f"{dtype}[{i}]") for i, e in enumerate(entries))
+        if dtype == GPU and len({a.minor for a in allocs}) != len(allocs):
             raise AnnotationError(ann, dtype, "the same minor is allocated twice")
-        out[dtype] = tuple(allocs)
+        out[dtype] = allocs
     return out
+
+
+def _allocation(e: Any, dtype: str, where: str) -> DeviceAllocation:
+    ann = DEVICE_ALLOCATED
+    if not isinstance(e, dict):
+        raise AnnotationError(ann, where, "expected an object")
+    if "minor" not in e:
+        raise AnnotationError(ann, f"{where}.minor", "missing")
+    minor = _int(e["minor"], ann, f"{where}.minor")
+    dev_id = e.get("id", "")
+    if not isinstance(dev_id, str):
+        raise AnnotationError(ann, f"{where}.id", "expected a string")
+    if dtype == RDMA_TYPE and dev_id and not PCI_ADDRESS.fullmatch(dev_id):
+        raise AnnotationError(ann, f"{where}.id", f"{dev_id[:40]!r} is not a PCI address")
+    res_in = _object(e.get("resources"), f"{where}.resources")
+    resources = {}
+    for rname, rvalue in res_in.items():
+        try:
+            v = quantity.to_int(rvalue)
+        except quantity.QuantityError as err:
+            raise AnnotationError(ann, f"{where}.resources[{rname!r}]", str(err)) from None
+        if v < 0:
+            raise AnnotationError(ann, f"{where}.resources[{rname!r}]", f"negative quantity {rvalue!r}")
+        resources[rname] = v
+    ext = _object(e.get("extension"), f"{where}.extension")
+    vfs_in = ext.get("vfs")
+    if vfs_in is None:
+        vfs_in = []
+    elif not isinstance(vfs_in, list) or len(vfs_in) > MAX_DEVICES:
+        raise AnnotationError(ann, f"{where}.extension.vfs", "expected a list")
+    vfs = []
+    for j, vf in enumerate(vfs_in):
+        bus = vf.get("busID") if isinstance(vf, dict) else None
+        if not isinstance(bus, str) or not PCI_ADDRESS.fullmatch(bus):
+            raise AnnotationError(ann, f"{where}.extension.vfs[{j}].busID", "expected a PCI address")
+        vfs.append(bus)
+    return DeviceAllocation(minor, dev_id, resources, tuple(vfs), ext)
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    """A JSON object that may be absent or null (Go writes a nil map as null)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise AnnotationError(DEVICE_ALLOCATED, where, "expected an object")
+    return value
 
 
 def format_device_allocated(allocs: DeviceAllocations) -> str:
@@ -143,14 +163,21 @@ def format_device_allocated(allocs: DeviceAllocations) -> str:
                 }
             if a.id:
                 item["id"] = a.id
-            if a.extension or a.vfs:
-                ext = dict(a.extension)
-                if a.vfs and "vfs" not in ext:
+            ext = dict(a.extension)
+            # `vfs` is authoritative; the extension's own list is kept (with any VF minors) when it agrees.
+            if tuple(_vf_buses(ext.get("vfs"))) != a.vfs:
+                ext.pop("vfs", None)
+                if a.vfs:
                     ext["vfs"] = [{"busID": b} for b in a.vfs]
+            if ext:
                 item["extension"] = ext
             out.append(item)
         doc[dtype] = out
     return json.dumps(doc, separators=(",", ":"))
+
+
+def _vf_buses(vfs: Any) -> list[Any]:
+    return [vf.get("busID") if isinstance(vf, dict) else None for vf in vfs] if isinstance(vfs, list) else []
 
 
 def parse_container_devices(text: str | bytes) -> dict[str, dict[str, tuple[int, ...]]]:
@@ -167,7 +194,10 @@ def parse_container_devices(text: str | bytes) -> dict[str, dict[str, tuple[int,
         for dtype, minors in per_type.items():
             if not isinstance(minors, list) or len(minors) > MAX_DEVICES:
                 raise AnnotationError(ann, f"{cname}.{dtype}", "expected a list of minors")
-            types[dtype] = tuple(_int(m, ann, f"{cname}.{dtype}[{i}]") for i, m in enumerate(minors))
+            listed = tuple(_int(m, ann, f"{cname}.{dtype}[{i}]") for i, m in enumerate(minors))
+            if len(set(listed)) != len(listed):
+                raise AnnotationError(ann, f"{cname}.{dtype}", "the same minor is listed twice")
+            types[dtype] = listed
         out[cname] = types
     return out
 
@@ -177,3 +207,33 @@ def format_container_devices(assignment: Mapping[str, Mapping[str, tuple[int, ..
         {c: {t: list(m) for t, m in sorted(types.items())} for c, types in sorted(assignment.items())},
         separators=(",", ":"),
     )
+
+
+def allocated_to(
+    annotations: Mapping[str, str], container: str, dtype: str
+) -> tuple[DeviceAllocation, ...] | None:
+    """The `dtype` devices the scheduler gave to one container of a pod, or None when it gave the
+    pod none of that type (then the scheduler has no say over the pod's containers).
+
+    With the per-container annotation a container gets exactly the minors listed for it; without
+    it every container gets all of the pod's devices, as Koordinator does. Raises AnnotationError.
+    """
+    text = annotations.get(DEVICE_ALLOCATED)
+    if text is None:
+        return None
+    pod_allocs = parse_device_allocated(text, (dtype,)).get(dtype)
+    if not pod_allocs:
+        return None
+    per_container = annotations.get(CONTAINER_DEVICES)
+    if per_container is None:
+        return pod_allocs
+    wanted = parse_container_devices(per_container).get(container, {}).get(dtype, ())
+    allocated = {a.minor for a in pod_allocs}
+    for i, minor in enumerate(wanted):
+        if minor not in allocated:
+            raise AnnotationError(
+                CONTAINER_DEVICES,
+                f"{container}.{dtype}[{i}]",
+                f"minor {minor} is not among the pod's allocated {dtype} minors {sorted(allocated)}",
+            )
+    return tuple(a for a in pod_allocs if a.minor in wanted)
