@@ -12,6 +12,8 @@ from crihook import __version__
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("crihook.proxy.serve", "run the CRI proxy in front of containerd"),
+    "doctor": ("crihook.doctor", "check this node's setup and say how to fix what is wrong"),
+    "inspect": ("crihook.inspect", "show what crihook decided and did for a pod or container"),
 }
 
 
