@@ -1,0 +1,471 @@
+"""`crihook doctor`: checks a node the way an operator would, one finding per check, each with a
+fix in plain words. Exit status 1 when any check failed; warnings alone leave it 0.
+
+The checks read everything through the configuration (sockets, node roots, checkpoint, state
+dir), so tests point them at trees and daemons they made; parsing is kept in small pure functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import enum
+import json
+import os
+import stat
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import grpc
+import yaml
+
+from crihook.config import DEFAULT_CONFIG, Config, ConfigFileError, NodeConfig, ProxyConfig, load
+
+VERSION_METHOD = "/runtime.v1.RuntimeService/Version"
+KUBELET_API_VERSION = "0.1.0"  # what kubelet itself sends in VersionRequest
+MIN_CONTAINERD = (1, 6)  # the first containerd whose CRI v1 kubelet 1.26+ accepts
+KUBELET_DEFAULT_ENDPOINT = "unix:///run/containerd/containerd.sock"
+DROPIN = "/etc/systemd/system/kubelet.service.d/99-crihook.conf"
+
+
+class Level(enum.StrEnum):
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    level: Level
+    found: str  # what is the case, in plain words
+    fix: str = ""  # what to do about it; empty when nothing needs doing
+
+
+# -- pure helpers -----------------------------------------------------------------------------------
+
+
+def socket_path(endpoint: str) -> str | None:
+    """The file of a unix endpoint ('unix:///run/x.sock', 'unix:/run/x.sock', '/run/x.sock'); None
+    for other schemes."""
+    if endpoint.startswith("unix://"):
+        return endpoint[len("unix://") :]
+    if endpoint.startswith("unix:"):
+        return endpoint[len("unix:") :]
+    return endpoint if endpoint.startswith("/") else None
+
+
+def same_endpoint(a: str, b: str) -> bool:
+    """Whether two endpoints name the same socket; /var/run is a link to /run on every systemd host."""
+
+    def norm(e: str) -> str:
+        path = socket_path(e)
+        if path is None:
+            return e
+        path = os.path.normpath(path)
+        return "/run" + path[len("/var/run") :] if path == "/var/run" or path.startswith("/var/run/") else path
+
+    return norm(a) == norm(b)
+
+
+def flag_value(argv: Sequence[str], name: str) -> str | None:
+    """The last value of `--name=value` or `--name value` (Go's flag package: the last one wins)."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg.startswith(f"--{name}="):
+            value = arg.split("=", 1)[1]
+        elif arg == f"--{name}" and i + 1 < len(argv):
+            value = argv[i + 1]
+    return value
+
+
+def kubelet_runtime_endpoint(argv: Sequence[str], read: Callable[[str], str]) -> tuple[str, str]:
+    """(endpoint, where it came from) for a kubelet command line: the flag beats the config file,
+    which beats kubelet's built-in default. `read` returns a file's text."""
+    flag = flag_value(argv, "container-runtime-endpoint")
+    if flag:
+        return flag, "its --container-runtime-endpoint flag"
+    config_file = flag_value(argv, "config")
+    if config_file:
+        try:
+            doc = yaml.safe_load(read(config_file))
+        except (OSError, yaml.YAMLError) as e:
+            raise ValueError(f"kubelet's config file {config_file} can not be read: {e}") from None
+        endpoint = doc.get("containerRuntimeEndpoint") if isinstance(doc, dict) else None
+        if isinstance(endpoint, str) and endpoint:
+            return endpoint, f"containerRuntimeEndpoint in {config_file}"
+    return KUBELET_DEFAULT_ENDPOINT, "kubelet's default"
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """'v1.7.13' or '1.6.20~ds1' -> (1, 7, 13); () when it does not start with a number."""
+    parts: list[int] = []
+    for piece in text.lstrip("v").split("."):
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        parts.append(int(digits))
+        if len(digits) != len(piece):
+            break
+    return tuple(parts)
+
+
+def checkpoint_summary(doc: Any) -> dict[str, int]:
+    """Device counts by resource name in kubelet's device-plugin checkpoint; ValueError naming the
+    field when the shape is not kubelet's."""
+    data = doc.get("Data") if isinstance(doc, dict) else None
+    if not isinstance(data, dict):
+        raise ValueError("no Data object at the top level")
+    entries = data.get("PodDeviceEntries")
+    entries = [] if entries is None else entries  # kubelet writes null when nothing was allocated
+    if not isinstance(entries, list):
+        raise ValueError("Data.PodDeviceEntries is not a list")
+    counts: dict[str, int] = {}
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise ValueError(f"Data.PodDeviceEntries[{i}] is not an object")
+        for key in ("PodUID", "ContainerName", "ResourceName"):
+            if not isinstance(entry.get(key), str):
+                raise ValueError(f"Data.PodDeviceEntries[{i}].{key} is missing or not a string")
+        ids = entry.get("DeviceIDs")
+        if isinstance(ids, dict):  # kubelet >= 1.20: NUMA node -> ids
+            ids = [d for per_node in ids.values() for d in (per_node or [])]
+        if not isinstance(ids, list):
+            raise ValueError(f"Data.PodDeviceEntries[{i}].DeviceIDs is neither a list nor a map")
+        counts[entry["ResourceName"]] = counts.get(entry["ResourceName"], 0) + len(ids)
+    return counts
+
+
+def exit_status(findings: Sequence[Finding]) -> int:
+    return 1 if any(f.level is Level.FAIL for f in findings) else 0
+
+
+def render(findings: Sequence[Finding], source: str) -> str:
+    width = max(len(f.check) for f in findings)
+    lines = [f"crihook doctor: checking this node with {source}", ""]
+    for f in findings:
+        label = {Level.OK: "ok", Level.WARN: "WARN", Level.FAIL: "FAIL"}[f.level]
+        lines.append(f"  {label:<4}  {f.check:<{width}}  {f.found}")
+        if f.fix:
+            lines.append(f"        {'':<{width}}  fix: {f.fix}")
+    fails = sum(f.level is Level.FAIL for f in findings)
+    warns = sum(f.level is Level.WARN for f in findings)
+    lines.append("")
+    if fails or warns:
+        lines.append(f"{fails} problem(s), {warns} warning(s).")
+    else:
+        lines.append("Everything crihook needs on this node is in order.")
+    return "\n".join(lines) + "\n"
+
+
+# -- checks ----------------------------------------------------------------------------------------
+
+
+def cri_version(endpoint: str, timeout: float) -> Any:
+    """runtime.v1.RuntimeService/Version at `endpoint`; raises grpc.RpcError."""
+    from crihook.proto import runtime_v1_pb2 as api
+
+    path = socket_path(endpoint)
+    target = f"unix://{path}" if path is not None else endpoint
+    with grpc.insecure_channel(target) as channel:
+        call = channel.unary_unary(
+            VERSION_METHOD,
+            request_serializer=api.VersionRequest.SerializeToString,
+            response_deserializer=api.VersionResponse.FromString,
+        )
+        return call(api.VersionRequest(version=KUBELET_API_VERSION), timeout=timeout)
+
+
+def _rpc_problem(e: grpc.RpcError) -> str:
+    code = e.code() if isinstance(e, grpc.Call) else None
+    details = e.details() if isinstance(e, grpc.Call) else str(e)
+    return f"{code.name if code else 'error'}: {details}"
+
+
+def check_config(path: str | None) -> tuple[Config, Finding]:
+    try:
+        config = load(path)
+    except ConfigFileError as e:
+        finding = Finding(
+            "config",
+            Level.FAIL,
+            str(e),
+            "correct the file (README.md, Configuration, lists every key); crihook serve refuses to start "
+            "with it. The checks below use the built-in defaults.",
+        )
+        return Config(), finding
+    if path and Path(path).exists():
+        return config, Finding("config", Level.OK, f"{path} is valid")
+    return config, Finding("config", Level.OK, f"no {path or 'config file'}: built-in defaults apply")
+
+
+def check_runtime(proxy: ProxyConfig, timeout: float) -> tuple[Finding, Any]:
+    """containerd answers CRI v1 at the runtime endpoint, and is new enough."""
+    name = "containerd"
+    endpoint = proxy.runtime_endpoint
+    path = socket_path(endpoint)
+    if path is not None and not Path(path).exists():
+        return Finding(
+            name,
+            Level.FAIL,
+            f"no socket at {path}",
+            "start containerd (systemctl status containerd), or set proxy.runtime_endpoint to its socket",
+        ), None
+    try:
+        version = cri_version(endpoint, timeout)
+    except grpc.RpcError as e:
+        fix = "check containerd: systemctl status containerd; journalctl -u containerd -n 50"
+        if isinstance(e, grpc.Call) and e.code() is grpc.StatusCode.UNIMPLEMENTED:
+            fix = (
+                'containerd has its CRI plugin switched off: remove "cri" from disabled_plugins in '
+                "/etc/containerd/config.toml, then systemctl restart containerd"
+            )
+        return Finding(name, Level.FAIL, f"{endpoint} does not answer CRI v1 ({_rpc_problem(e)})", fix), None
+    found = f"{version.runtime_name} {version.runtime_version} answers CRI {version.runtime_api_version} at {endpoint}"
+    if version.runtime_name == "containerd" and parse_version(version.runtime_version)[:2] < MIN_CONTAINERD:
+        want = ".".join(map(str, MIN_CONTAINERD))
+        return Finding(
+            name, Level.FAIL, found, f"upgrade containerd to {want} or newer (kubelet needs CRI v1)"
+        ), version
+    return Finding(name, Level.OK, found), version
+
+
+def check_proxy(proxy: ProxyConfig, runtime: Any, timeout: float) -> Finding:
+    """crihook's socket exists, only root can use it, and calls go through to the runtime."""
+    name = "crihook socket"
+    path = socket_path(proxy.listen)
+    start = "start crihook: systemctl start crihook; journalctl -u crihook -n 50 says why it stopped"
+    st: os.stat_result | None = None
+    if path is not None:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return Finding(name, Level.FAIL, f"nothing at {path}: crihook is not running", start)
+        if not stat.S_ISSOCK(st.st_mode):
+            return Finding(name, Level.FAIL, f"{path} is not a socket", f"remove {path}, then {start}")
+    try:
+        answer = cri_version(proxy.listen, timeout)
+    except grpc.RpcError as e:
+        return Finding(name, Level.FAIL, f"crihook does not answer at {proxy.listen} ({_rpc_problem(e)})", start)
+    found = f"crihook answers at {proxy.listen} and forwards to {answer.runtime_name} {answer.runtime_version}"
+    if runtime is not None and (answer.runtime_name, answer.runtime_version) != (
+        runtime.runtime_name,
+        runtime.runtime_version,
+    ):
+        return Finding(
+            name,
+            Level.WARN,
+            found + f", not to the {runtime.runtime_name} {runtime.runtime_version} at proxy.runtime_endpoint",
+            "crihook is running with another configuration than this one: systemctl restart crihook",
+        )
+    if st is not None and (st.st_mode & 0o077 or st.st_uid != 0):
+        return Finding(
+            name,
+            Level.WARN,
+            found + f", but the socket is mode {stat.S_IMODE(st.st_mode):04o} owned by uid {st.st_uid}",
+            "anyone who can open it can start privileged containers: it must be mode 0600 owned by root "
+            "(crihook creates it so; check for something changing it)",
+        )
+    return Finding(name, Level.OK, found)
+
+
+def kubelet_argv(proc_root: str) -> list[str] | None:
+    """The command line of the running kubelet, or None."""
+    proc = Path(proc_root)
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_text().strip() != "kubelet":
+                continue
+            raw = (entry / "cmdline").read_bytes()
+        except OSError:  # the process ended while we looked
+            continue
+        return raw.rstrip(b"\0").decode(errors="replace").split("\0")
+    return None
+
+
+def check_kubelet(proxy: ProxyConfig, node: NodeConfig) -> Finding:
+    name = "kubelet"
+    argv = kubelet_argv(node.proc_root)
+    if argv is None:
+        return Finding(
+            name,
+            Level.WARN,
+            "kubelet is not running on this node",
+            "systemctl status kubelet; once it runs, it must use crihook's socket (install.sh's drop-in does that)",
+        )
+    try:
+        endpoint, source = kubelet_runtime_endpoint(argv, lambda p: Path(p).read_text())
+    except ValueError as e:
+        return Finding(name, Level.FAIL, str(e), "fix kubelet's --config file, then systemctl restart kubelet")
+    if same_endpoint(endpoint, proxy.listen):
+        return Finding(name, Level.OK, f"kubelet uses crihook at {endpoint} ({source})")
+    return Finding(
+        name,
+        Level.FAIL,
+        f"kubelet uses {endpoint} ({source}), not crihook's {proxy.listen}: crihook sees no pod",
+        f"run install.sh, or add --container-runtime-endpoint={proxy.listen} to kubelet (its drop-in is {DROPIN}); "
+        "then systemctl daemon-reload && systemctl restart kubelet",
+    )
+
+
+def load_nvml(node: NodeConfig) -> ModuleType:
+    import pynvml
+
+    if node.nvml_library and pynvml.nvmlLib is None:
+        pynvml.nvmlLib = ctypes.CDLL(node.nvml_library)  # pynvml loads libnvidia-ml.so.1 only when unset
+    return pynvml
+
+
+def check_nvml(node: NodeConfig, nvml: Any = None) -> Finding:
+    """The driver answers through NVML and every GPU has its device node."""
+    name = "NVIDIA driver"
+    driver_fix = (
+        "nvidia-smi must list the GPUs; if it does not, (re)install the NVIDIA driver and check lsmod | grep nvidia. "
+        "If libnvidia-ml.so.1 lives outside the loader path, set node.nvml_library"
+    )
+    try:
+        nvml = nvml or load_nvml(node)
+    except OSError as e:
+        return Finding(name, Level.FAIL, f"can not load {node.nvml_library}: {e}", driver_fix)
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as e:
+        return Finding(name, Level.FAIL, f"NVML does not start: {e}", driver_fix)
+    try:
+        driver = nvml.nvmlSystemGetDriverVersion()
+        driver = driver.decode() if isinstance(driver, bytes) else driver
+        minors = [
+            nvml.nvmlDeviceGetMinorNumber(nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(nvml.nvmlDeviceGetCount())
+        ]
+    except nvml.NVMLError as e:
+        return Finding(name, Level.FAIL, f"NVML started but a query failed: {e}", driver_fix)
+    finally:
+        nvml.nvmlShutdown()
+    if not minors:
+        return Finding(name, Level.WARN, f"driver {driver} is loaded but NVML sees no GPU", driver_fix)
+    dev = node.dev_root.rstrip("/")
+    missing = [p for p in [f"{dev}/nvidiactl", *(f"{dev}/nvidia{m}" for m in minors)] if not Path(p).exists()]
+    found = f"driver {driver}, {len(minors)} GPU(s), minors {', '.join(map(str, sorted(minors)))}"
+    if missing:
+        return Finding(
+            name,
+            Level.FAIL,
+            f"{found}; device nodes missing: {', '.join(missing)}",
+            "crihook hands these nodes to containers: create them with nvidia-modprobe -c <minor> "
+            "(or nvidia-smi once as root), or set node.dev_root",
+        )
+    return Finding(name, Level.OK, found + "; device nodes present")
+
+
+def check_checkpoint(node: NodeConfig) -> Finding:
+    name = "device checkpoint"
+    path = node.kubelet_checkpoint
+    try:
+        doc = json.loads(Path(path).read_bytes())
+        counts = checkpoint_summary(doc)
+    except FileNotFoundError:
+        return Finding(
+            name,
+            Level.WARN,
+            f"no kubelet device-plugin checkpoint at {path}",
+            "kubelet writes it once its device manager runs; if kubelet's root dir is not /var/lib/kubelet, "
+            "set node.kubelet_checkpoint",
+        )
+    except (OSError, ValueError) as e:  # json.JSONDecodeError is a ValueError
+        return Finding(
+            name,
+            Level.FAIL,
+            f"{path} can not be used: {e}",
+            "crihook can not see which GPUs the device plugin handed out, so GPU containers fail closed. "
+            "Restarting kubelet rewrites the file",
+        )
+    held = ", ".join(f"{n} {r}" for r, n in sorted(counts.items())) or "no devices"
+    return Finding(name, Level.OK, f"{path} readable: {held} held through device plugins")
+
+
+def check_state_dir(proxy: ProxyConfig) -> Finding:
+    from crihook.proxy.store import StoreFileError, read_file
+
+    name = "state dir"
+    state = Path(proxy.state_dir)
+    if not state.exists():
+        return Finding(
+            name,
+            Level.WARN,
+            f"{state} does not exist yet",
+            "crihook creates it when it starts; if crihook is running, it uses another proxy.state_dir",
+        )
+    mode = state.stat().st_mode
+    if not stat.S_ISDIR(mode):
+        return Finding(name, Level.FAIL, f"{state} is not a directory", f"move {state} away; crihook recreates it")
+    if not os.access(state, os.W_OK | os.X_OK):
+        return Finding(name, Level.FAIL, f"{state} is not writable here", "crihook runs as root: run doctor as root")
+    store = state / "store.json"
+    try:
+        body = read_file(store)
+    except FileNotFoundError:
+        found = f"{state} is usable; no store.json yet (written after the first pod)"
+    except StoreFileError as e:
+        return Finding(
+            name,
+            Level.FAIL,
+            str(e),
+            "crihook sets a damaged store aside at start and rebuilds it from containerd; if it recurs, check "
+            "free space (df) and journalctl -u crihook",
+        )
+    except OSError as e:
+        return Finding(name, Level.FAIL, f"{store} can not be read: {e}", "check the file's owner and mode")
+    else:
+        found = f"{store}: {len(body.get('pods', []))} pod(s), {len(body.get('containers', []))} container(s)"
+    if stat.S_IMODE(mode) & 0o022:
+        return Finding(
+            name,
+            Level.WARN,
+            f"{found}, but {state} is writable by others (mode {stat.S_IMODE(mode):04o})",
+            f"chmod 0700 {state}",
+        )
+    return Finding(name, Level.OK, found)
+
+
+def diagnose(config_path: str | None, timeout: float = 3.0, nvml: Any = None) -> list[Finding]:
+    config, finding = check_config(config_path)
+    findings = [finding]
+    runtime_finding, runtime = check_runtime(config.proxy, timeout)
+    findings.append(runtime_finding)
+    findings.append(check_proxy(config.proxy, runtime, timeout))
+    findings.append(check_kubelet(config.proxy, config.node))
+    findings.append(check_nvml(config.node, nvml))
+    findings.append(check_checkpoint(config.node))
+    findings.append(check_state_dir(config.proxy))
+    return findings
+
+
+# -- command ---------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="crihook's config file (default %(default)s)")
+    parser.add_argument(
+        "--timeout", type=float, default=3.0, help="seconds to wait for each socket to answer (default %(default)s)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    findings = diagnose(args.config, args.timeout)
+    if args.json:
+        json.dump([asdict(f) for f in findings], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render(findings, args.config))
+    return exit_status(findings)

@@ -1,0 +1,541 @@
+"""crihook doctor against healthy and broken nodes made here: real containerd and a real
+`crihook serve` for the healthy node, small CRI servers for runtimes we can not install (an old or
+CRI-less containerd), a fake /proc, device tree and NVML for what this machine has no GPU for."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from crihook import doctor
+from crihook.config import NodeConfig, ProxyConfig
+from crihook.doctor import Finding, Level
+from crihook.proxy.store import PodRecord, Store
+
+# -- pure parts -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "path"),
+    [
+        ("unix:///run/containerd/containerd.sock", "/run/containerd/containerd.sock"),
+        ("unix:/run/x.sock", "/run/x.sock"),
+        ("/run/x.sock", "/run/x.sock"),
+        ("tcp://127.0.0.1:1234", None),
+        ("x.sock", None),
+    ],
+)
+def test_socket_path(endpoint: str, path: str | None) -> None:
+    assert doctor.socket_path(endpoint) == path
+
+
+def test_same_endpoint() -> None:
+    assert doctor.same_endpoint("unix:///var/run/crihook/crihook.sock", "unix:///run/crihook/crihook.sock")
+    assert doctor.same_endpoint("/run/crihook/./crihook.sock", "unix:/var/run/crihook/crihook.sock")
+    assert not doctor.same_endpoint("unix:///run/containerd/containerd.sock", "unix:///run/crihook/crihook.sock")
+    assert not doctor.same_endpoint("unix:///var/runner/x.sock", "unix:///run/ner/x.sock")
+
+
+@given(st.lists(st.sampled_from(["unix://", "unix:", ""]), min_size=2, max_size=2), st.sampled_from(["/var", ""]))
+def test_same_endpoint_ignores_spelling(schemes: list[str], var: str) -> None:
+    assert doctor.same_endpoint(f"{schemes[0]}{var}/run/a.sock", f"{schemes[1]}/run/a.sock")
+
+
+def test_flag_value_last_wins_in_both_forms() -> None:
+    argv = ["kubelet", "--container-runtime-endpoint", "unix:///a", "--v=2", "--container-runtime-endpoint=unix:///b"]
+    assert doctor.flag_value(argv, "container-runtime-endpoint") == "unix:///b"
+    assert doctor.flag_value(argv[:3], "container-runtime-endpoint") == "unix:///a"
+    assert doctor.flag_value(["kubelet", "--container-runtime-endpoint"], "container-runtime-endpoint") is None
+    assert doctor.flag_value(["kubelet", "--container-runtime-endpoint-x=1"], "container-runtime-endpoint") is None
+
+
+def test_kubelet_runtime_endpoint_sources() -> None:
+    files = {
+        "/k.yaml": "kind: KubeletConfiguration\ncontainerRuntimeEndpoint: unix:///run/crihook.sock\n",
+        "/plain.yaml": "kind: KubeletConfiguration\n",
+        "/bad.yaml": "a: [",
+    }
+
+    def read(p: str) -> str:
+        if p not in files:
+            raise FileNotFoundError(p)
+        return files[p]
+
+    flag = ["kubelet", "--config=/k.yaml", "--container-runtime-endpoint=unix:///flag.sock"]
+    assert doctor.kubelet_runtime_endpoint(flag, read) == ("unix:///flag.sock", "its --container-runtime-endpoint flag")
+    assert doctor.kubelet_runtime_endpoint(["kubelet", "--config", "/k.yaml"], read) == (
+        "unix:///run/crihook.sock",
+        "containerRuntimeEndpoint in /k.yaml",
+    )
+    plain = doctor.kubelet_runtime_endpoint(["kubelet", "--config=/plain.yaml"], read)
+    assert plain[0] == doctor.KUBELET_DEFAULT_ENDPOINT
+    assert doctor.kubelet_runtime_endpoint(["kubelet"], read)[1] == "kubelet's default"
+    for bad in ("/bad.yaml", "/missing.yaml"):
+        with pytest.raises(ValueError, match=f"kubelet's config file {bad} can not be read"):
+            doctor.kubelet_runtime_endpoint(["kubelet", f"--config={bad}"], read)
+
+
+@pytest.mark.parametrize(
+    ("text", "version"),
+    [
+        ("v1.7.13", (1, 7, 13)),
+        ("1.6.20~ds1", (1, 6, 20)),
+        ("2.0.0-rc.1", (2, 0, 0)),
+        ("v1.7", (1, 7)),
+        ("", ()),
+        ("unknown", ()),
+    ],
+)
+def test_parse_version(text: str, version: tuple[int, ...]) -> None:
+    assert doctor.parse_version(text) == version
+
+
+@given(
+    st.lists(st.integers(0, 10**6), min_size=1, max_size=4),
+    st.sampled_from(["", "v"]),
+    st.sampled_from(["", "-rc.1", "~ds1", "+g1"]),
+)
+def test_parse_version_round_trip(parts: list[int], prefix: str, suffix: str) -> None:
+    assert doctor.parse_version(prefix + ".".join(map(str, parts)) + suffix) == tuple(parts)
+
+
+def entry(uid: str, name: str, resource: str, ids: Any) -> dict[str, Any]:
+    return {"PodUID": uid, "ContainerName": name, "ResourceName": resource, "DeviceIDs": ids, "AllocResp": ""}
+
+
+def test_checkpoint_summary_both_kubelet_formats() -> None:
+    doc = {
+        "Data": {
+            "PodDeviceEntries": [
+                entry("u1", "a", "nvidia.com/gpu", ["GPU-1", "GPU-2"]),  # kubelet <= 1.19
+                entry("u2", "b", "nvidia.com/gpu", {"0": ["GPU-3"], "-1": None}),  # >= 1.20, NUMA map
+                entry("u2", "b", "rdma/hca", {"-1": ["mlx5_0"]}),
+            ],
+            "RegisteredDevices": {"nvidia.com/gpu": ["GPU-1", "GPU-2", "GPU-3"]},
+        },
+        "Checksum": 1234,
+        "SomethingNewer": True,
+    }
+    assert doctor.checkpoint_summary(doc) == {"nvidia.com/gpu": 3, "rdma/hca": 1}
+    assert doctor.checkpoint_summary({"Data": {"PodDeviceEntries": None}}) == {}
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ([], "no Data object"),
+        ({"Data": []}, "no Data object"),
+        ({"Data": {"PodDeviceEntries": {}}}, "PodDeviceEntries is not a list"),
+        ({"Data": {"PodDeviceEntries": [1]}}, r"PodDeviceEntries\[0\] is not an object"),
+        ({"Data": {"PodDeviceEntries": [{"PodUID": "u"}]}}, r"\[0\]\.ContainerName is missing"),
+        ({"Data": {"PodDeviceEntries": [entry("u", "c", "r", "GPU-1")]}}, r"\[0\]\.DeviceIDs is neither"),
+    ],
+)
+def test_checkpoint_summary_names_the_bad_field(doc: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        doctor.checkpoint_summary(doc)
+
+
+def test_render_and_exit_status() -> None:
+    findings = [
+        Finding("config", Level.OK, "defaults"),
+        Finding("kubelet", Level.WARN, "not running", "systemctl status kubelet"),
+    ]
+    text = doctor.render(findings, "/etc/crihook/config.toml")
+    assert "  ok    config   defaults\n" in text
+    assert "  WARN  kubelet  not running\n" in text and "fix: systemctl status kubelet" in text
+    assert text.endswith("0 problem(s), 1 warning(s).\n")
+    assert doctor.exit_status(findings) == 0
+    findings.append(Finding("containerd", Level.FAIL, "no socket", "start it"))
+    assert doctor.exit_status(findings) == 1
+    assert doctor.render(findings[:1], "x").endswith("Everything crihook needs on this node is in order.\n")
+
+
+# -- node pieces ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A directory with a short path: unix socket paths are limited to 107 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="chd"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class FakeRuntime:
+    """A CRI v1 server answering only Version, as a given runtime would; or nothing at all, as a
+    containerd with its CRI plugin disabled does."""
+
+    def __init__(self, path: Path, version: str | None) -> None:
+        from crihook.proto import runtime_v1_pb2 as api
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        if version is not None:
+            reply = api.VersionResponse(
+                version="0.1.0", runtime_name="containerd", runtime_version=version, runtime_api_version="v1"
+            )
+            handler = grpc.unary_unary_rpc_method_handler(
+                lambda req, ctx: reply,
+                request_deserializer=api.VersionRequest.FromString,
+                response_serializer=api.VersionResponse.SerializeToString,
+            )
+            self.server.add_generic_rpc_handlers(
+                (grpc.method_handlers_generic_handler("runtime.v1.RuntimeService", {"Version": handler}),)
+            )
+        self.server.add_insecure_port(f"unix://{path}")
+        self.server.start()
+
+    def close(self) -> None:
+        self.server.stop(None)
+
+
+@pytest.fixture
+def fake_runtime(short_tmp: Path) -> Iterator[Any]:
+    servers: list[FakeRuntime] = []
+
+    def start(name: str, version: str | None) -> str:
+        servers.append(FakeRuntime(short_tmp / name, version))
+        return f"unix://{short_tmp / name}"
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+def test_runtime_missing_socket(short_tmp: Path) -> None:
+    f, version = doctor.check_runtime(ProxyConfig(runtime_endpoint=f"unix://{short_tmp}/none.sock"), 1.0)
+    assert (f.level, version) == (Level.FAIL, None)
+    assert f.found == f"no socket at {short_tmp}/none.sock" and "systemctl status containerd" in f.fix
+
+
+def test_runtime_socket_nobody_listens(short_tmp: Path) -> None:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(short_tmp / "dead.sock"))
+    f, _ = doctor.check_runtime(ProxyConfig(runtime_endpoint=f"unix://{short_tmp}/dead.sock"), 1.0)
+    assert f.level is Level.FAIL and "does not answer CRI v1 (UNAVAILABLE" in f.found
+    assert "journalctl -u containerd" in f.fix
+
+
+def test_runtime_without_cri_plugin(fake_runtime: Any) -> None:
+    endpoint = fake_runtime("nocri.sock", None)
+    f, _ = doctor.check_runtime(ProxyConfig(runtime_endpoint=endpoint), 2.0)
+    assert f.level is Level.FAIL and "UNIMPLEMENTED" in f.found
+    assert "disabled_plugins" in f.fix
+
+
+def test_runtime_too_old_and_new_enough(fake_runtime: Any) -> None:
+    f, _ = doctor.check_runtime(ProxyConfig(runtime_endpoint=fake_runtime("old.sock", "v1.5.9")), 2.0)
+    assert f.level is Level.FAIL and "containerd v1.5.9 answers CRI v1" in f.found and "1.6 or newer" in f.fix
+    f, version = doctor.check_runtime(ProxyConfig(runtime_endpoint=fake_runtime("new.sock", "1.7.2")), 2.0)
+    assert f.level is Level.OK and version.runtime_version == "1.7.2"
+
+
+def test_proxy_socket_missing_not_a_socket_and_dead(short_tmp: Path) -> None:
+    f = doctor.check_proxy(ProxyConfig(listen=f"unix://{short_tmp}/crihook.sock"), None, 1.0)
+    assert f.level is Level.FAIL and "crihook is not running" in f.found and "systemctl start crihook" in f.fix
+    (short_tmp / "file.sock").write_text("")
+    f = doctor.check_proxy(ProxyConfig(listen=f"unix://{short_tmp}/file.sock"), None, 1.0)
+    assert f.level is Level.FAIL and f.found.endswith("is not a socket")
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(short_tmp / "dead.sock"))
+    f = doctor.check_proxy(ProxyConfig(listen=f"unix://{short_tmp}/dead.sock"), None, 1.0)
+    assert f.level is Level.FAIL and "crihook does not answer" in f.found
+
+
+def test_proxy_answering_for_another_runtime_or_open_to_all(fake_runtime: Any, short_tmp: Path) -> None:
+    """Whatever answers at crihook's socket is checked against the runtime doctor reached itself."""
+    listen = fake_runtime("proxy.sock", "1.7.2")
+    _, other = doctor.check_runtime(ProxyConfig(runtime_endpoint=fake_runtime("other.sock", "1.7.9")), 2.0)
+    f = doctor.check_proxy(ProxyConfig(listen=listen), other, 2.0)
+    assert f.level is Level.WARN and "systemctl restart crihook" in f.fix
+    _, same = doctor.check_runtime(ProxyConfig(runtime_endpoint=fake_runtime("same.sock", "1.7.2")), 2.0)
+    os.chmod(short_tmp / "proxy.sock", 0o666)
+    f = doctor.check_proxy(ProxyConfig(listen=listen), same, 2.0)
+    assert f.level is Level.WARN and "mode 0666" in f.found and "0600" in f.fix
+    os.chmod(short_tmp / "proxy.sock", 0o600)
+    assert doctor.check_proxy(ProxyConfig(listen=listen), same, 2.0).level is (
+        Level.OK if os.geteuid() == 0 else Level.WARN
+    )
+
+
+def fake_proc(root: Path, argv: list[str] | None) -> Path:
+    proc = root / "proc"
+    (proc / "1").mkdir(parents=True)
+    (proc / "1/comm").write_text("systemd\n")
+    (proc / "1/cmdline").write_bytes(b"/sbin/init\0")
+    (proc / "self").mkdir()
+    if argv is not None:
+        (proc / "4242").mkdir()
+        (proc / "4242/comm").write_text("kubelet\n")
+        (proc / "4242/cmdline").write_bytes("\0".join(argv).encode() + b"\0")
+    return proc
+
+
+def test_kubelet_checks(tmp_path: Path) -> None:
+    proxy = ProxyConfig()
+    (tmp_path / "k.yaml").write_text("containerRuntimeEndpoint: unix:///run/crihook/crihook.sock\n")
+    cases = [
+        (None, Level.WARN, "kubelet is not running"),
+        (["/usr/bin/kubelet", f"--config={tmp_path}/k.yaml"], Level.OK, "kubelet uses crihook"),
+        (
+            ["/usr/bin/kubelet", "--container-runtime-endpoint=unix:///run/containerd/containerd.sock"],
+            Level.FAIL,
+            "crihook sees no pod",
+        ),
+        (["/usr/bin/kubelet"], Level.FAIL, "(kubelet's default)"),
+        (["/usr/bin/kubelet", f"--config={tmp_path}/missing.yaml"], Level.FAIL, "can not be read"),
+    ]
+    for i, (argv, level, text) in enumerate(cases):
+        node = NodeConfig(proc_root=str(fake_proc(tmp_path / str(i), argv)))
+        f = doctor.check_kubelet(proxy, node)
+        assert (f.level, text in f.found) == (level, True), f
+        if level is Level.FAIL and "sees no pod" in f.found:
+            assert "--container-runtime-endpoint=unix:///var/run/crihook/crihook.sock" in f.fix
+
+
+class FakeNvml:
+    """The part of pynvml doctor uses, for GPUs with the given minors."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, minors: list[int], driver: bytes | str = b"550.54.15", init_error: str = "") -> None:
+        self.minors, self.driver, self.init_error = minors, driver, init_error
+        self.open = False
+
+    def nvmlInit(self) -> None:
+        if self.init_error:
+            raise self.NVMLError(self.init_error)
+        self.open = True
+
+    def nvmlShutdown(self) -> None:
+        self.open = False
+
+    def nvmlSystemGetDriverVersion(self) -> bytes | str:
+        return self.driver
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.minors)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetMinorNumber(self, handle: int) -> int:
+        return self.minors[handle]
+
+
+def dev_tree(root: Path, minors: list[int]) -> Path:
+    dev = root / "dev"
+    dev.mkdir()
+    for name in ["nvidiactl", "nvidia-uvm", *(f"nvidia{m}" for m in minors)]:
+        (dev / name).write_text("")
+    return dev
+
+
+def test_nvml_healthy_and_broken(tmp_path: Path) -> None:
+    node = NodeConfig(dev_root=str(dev_tree(tmp_path, [0, 3])))
+    nvml = FakeNvml([3, 0])
+    f = doctor.check_nvml(node, nvml)
+    assert f == Finding("NVIDIA driver", Level.OK, "driver 550.54.15, 2 GPU(s), minors 0, 3; device nodes present")
+    assert not nvml.open
+    f = doctor.check_nvml(node, FakeNvml([0, 3, 5], driver="550.54.15"))
+    assert f.level is Level.FAIL and f.found.endswith(f"device nodes missing: {node.dev_root}/nvidia5")
+    assert "nvidia-modprobe" in f.fix
+    f = doctor.check_nvml(node, FakeNvml([], driver="550.54.15"))
+    assert f.level is Level.WARN and "sees no GPU" in f.found
+    f = doctor.check_nvml(node, FakeNvml([0], init_error="Driver Not Loaded"))
+    assert (f.level, f.found) == (Level.FAIL, "NVML does not start: Driver Not Loaded") and "nvidia-smi" in f.fix
+
+
+def test_nvml_library_that_does_not_load(tmp_path: Path) -> None:
+    f = doctor.check_nvml(NodeConfig(nvml_library=str(tmp_path / "libnvidia-ml.so.1")))
+    assert f.level is Level.FAIL and f.found.startswith(f"can not load {tmp_path}/libnvidia-ml.so.1")
+    assert "node.nvml_library" in f.fix
+
+
+def test_real_nvml_without_a_driver() -> None:
+    """On a machine with no NVIDIA driver, pynvml itself reports it and doctor says so."""
+    import ctypes.util
+
+    if ctypes.util.find_library("nvidia-ml"):
+        pytest.skip("this machine has an NVIDIA driver")
+    f = doctor.check_nvml(NodeConfig())
+    assert f.level is Level.FAIL and f.found.startswith("NVML does not start:")
+
+
+def test_checkpoint_checks(tmp_path: Path) -> None:
+    path = tmp_path / "kubelet_internal_checkpoint"
+    node = NodeConfig(kubelet_checkpoint=str(path))
+    assert doctor.check_checkpoint(node).level is Level.WARN
+    path.write_text(json.dumps({"Data": {"PodDeviceEntries": [entry("u", "c", "nvidia.com/gpu", {"-1": ["G1"]})]}}))
+    f = doctor.check_checkpoint(node)
+    assert f.level is Level.OK and "1 nvidia.com/gpu held" in f.found
+    path.write_text('{"Data": {"PodDeviceEntries": [')
+    f = doctor.check_checkpoint(node)
+    assert f.level is Level.FAIL and "fail closed" in f.fix
+    path.write_text('{"Data": {"PodDeviceEntries": [{"PodUID": 3}]}}')
+    assert "PodUID is missing or not a string" in doctor.check_checkpoint(node).found
+
+
+def test_state_dir_checks(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    proxy = ProxyConfig(state_dir=str(state))
+    assert doctor.check_state_dir(proxy).level is Level.WARN
+    state.write_text("")
+    assert doctor.check_state_dir(proxy).level is Level.FAIL
+    state.unlink()
+    state.mkdir(mode=0o700)
+    f = doctor.check_state_dir(proxy)
+    assert f.level is Level.OK and "no store.json yet" in f.found
+    store = Store(state)
+    store.pods["p1"] = PodRecord("p1", "train", "default", "uid-1")
+    store.save()
+    assert doctor.check_state_dir(proxy).found.endswith("store.json: 1 pod(s), 0 container(s)")
+    state.chmod(0o777)
+    f = doctor.check_state_dir(proxy)
+    assert f.level is Level.WARN and "chmod 0700" in f.fix
+    state.chmod(0o700)
+    raw = (state / "store.json").read_bytes()
+    (state / "store.json").write_bytes(raw.replace(b"train", b"tra1n"))
+    f = doctor.check_state_dir(proxy)
+    assert f.level is Level.FAIL and "checksum" in f.found
+
+
+def test_config_checks(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[proxy]\nlisten = 3\n")
+    config, f = doctor.check_config(str(bad))
+    assert f.level is Level.FAIL and "listen: expected str" in f.found
+    assert config.proxy == ProxyConfig()
+    good = tmp_path / "good.toml"
+    good.write_text('[proxy]\nlog_level = "debug"\n')
+    config, f = doctor.check_config(str(good))
+    assert f.level is Level.OK and config.proxy.log_level == "debug"
+
+
+# -- whole nodes ----------------------------------------------------------------------------------
+
+
+def write_config(path: Path, **sections: dict[str, str]) -> Path:
+    lines = []
+    for section, values in sections.items():
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run_doctor(config: Path, *extra: str) -> tuple[int, str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "crihook.cli", "doctor", "--config", str(config), "--timeout", "2", *extra],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_broken_node_command_line(short_tmp: Path) -> None:
+    """Nothing there: every check has a finding with a fix, the exit status says so."""
+    config = write_config(
+        short_tmp / "config.toml",
+        proxy={
+            "listen": f"unix://{short_tmp}/crihook.sock",
+            "runtime_endpoint": f"unix://{short_tmp}/containerd.sock",
+            "state_dir": str(short_tmp / "state"),
+        },
+        node={
+            "proc_root": str(fake_proc(short_tmp, None)),
+            "dev_root": str(short_tmp / "dev"),
+            "kubelet_checkpoint": str(short_tmp / "checkpoint"),
+            "nvml_library": str(short_tmp / "libnvidia-ml.so.1"),
+        },
+    )
+    rc, out = run_doctor(config, "--json")
+    assert rc == 1, out
+    findings = {f["check"]: f for f in json.loads(out)}
+    assert list(findings) == [
+        "config",
+        "containerd",
+        "crihook socket",
+        "kubelet",
+        "NVIDIA driver",
+        "device checkpoint",
+        "state dir",
+    ]
+    assert {c: f["level"] for c, f in findings.items()} == {
+        "config": "ok",
+        "containerd": "fail",
+        "crihook socket": "fail",
+        "kubelet": "warn",
+        "NVIDIA driver": "fail",
+        "device checkpoint": "warn",
+        "state dir": "warn",
+    }
+    assert all(f["fix"] for f in findings.values() if f["level"] != "ok")
+    rc, text = run_doctor(config)
+    assert rc == 1 and "FAIL  containerd" in text and "3 problem(s), 3 warning(s)." in text
+
+
+def wait_for_socket(path: Path, proc: subprocess.Popen[str], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            out = proc.communicate(timeout=5)[0] if proc.poll() is not None else "(still running)"
+            raise AssertionError(f"crihook serve did not bind {path}: {out}")
+        time.sleep(0.05)
+
+
+def test_healthy_node(containerd: Any, short_tmp: Path) -> None:
+    """A real containerd, a real `crihook serve` in front of it, kubelet (a /proc entry) pointed at
+    crihook, a driver with two GPUs and their device nodes, a checkpoint: no finding but ok."""
+    listen = short_tmp / "crihook.sock"
+    checkpoint = short_tmp / "checkpoint"
+    checkpoint.write_text(json.dumps({"Data": {"PodDeviceEntries": [], "RegisteredDevices": {}}, "Checksum": 1}))
+    config = write_config(
+        short_tmp / "config.toml",
+        proxy={
+            "listen": f"unix://{listen}",
+            "runtime_endpoint": containerd.address,
+            "state_dir": str(short_tmp / "state"),
+            "metrics_listen": "",
+        },
+        node={
+            "proc_root": str(fake_proc(short_tmp, ["kubelet", f"--container-runtime-endpoint=unix://{listen}"])),
+            "dev_root": str(dev_tree(short_tmp, [0, 1])),
+            "kubelet_checkpoint": str(checkpoint),
+        },
+    )
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "crihook.cli", "serve", "--config", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for_socket(listen, serve)
+        findings = doctor.diagnose(str(config), timeout=5.0, nvml=FakeNvml([0, 1]))
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        serve.communicate(timeout=30)
+    assert [f for f in findings if f.level is not Level.OK] == [], findings
+    by_check = {f.check: f for f in findings}
+    assert by_check["crihook socket"].found.startswith(f"crihook answers at unix://{listen} and forwards to containerd")
+    assert by_check["kubelet"].found.startswith(f"kubelet uses crihook at unix://{listen}")
+    assert by_check["state dir"].found.startswith(f"{short_tmp}/state")
