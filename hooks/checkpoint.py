@@ -1,0 +1,217 @@
+"""Kubelet's device-manager checkpoint (`kubelet_internal_checkpoint`): which device-plugin devices
+each pod's containers hold, and what each plugin told kubelet to inject into them.
+
+`parse_checkpoint` is a pure function over the file's bytes so the GPU hook and the device
+reporter read it the same way. `CheckpointReader` is the file edge: it re-parses only when the file
+changed, and copes with kubelet replacing it while we read.
+
+Layouts accepted: `DeviceIDs` as a list (kubelet 1.19 and older) or as a map of NUMA node to list
+(1.20 and newer, "-1" when the plugin reports no topology). `AllocResp` is the plugin's
+`v1beta1.ContainerAllocateResponse`, base64 in the JSON. Keys kubelet adds later are ignored and the
+checksum is not verified: kubelet may change how it computes it, and we only read.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from crihook.hooks.base import Device, Mount
+from crihook.proto import deviceplugin_v1beta1_pb2 as dp
+
+MAX_CHECKPOINT_BYTES = 64 << 20  # thousands of pods' entries fit in a few MiB
+NO_TOPOLOGY = -1  # the NUMA key kubelet uses when a plugin reports no topology, and for the old list layout
+
+
+class CheckpointError(ValueError):
+    """The checkpoint can not be read; str() names the field."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        self.where = where
+        self.reason = reason
+        super().__init__(f"kubelet checkpoint: {where + ': ' if where else ''}{reason}")
+
+
+@dataclass(frozen=True, slots=True)
+class AllocResp:
+    """What a device plugin's Allocate asked kubelet to add to one container."""
+
+    envs: Mapping[str, str] = field(default_factory=dict)
+    mounts: tuple[Mount, ...] = ()
+    devices: tuple[Device, ...] = ()
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    cdi_devices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PodDeviceEntry:
+    pod_uid: str
+    container_name: str
+    resource_name: str
+    devices_by_numa: Mapping[int, tuple[str, ...]]  # NUMA node (NO_TOPOLOGY: none) -> device ids
+    alloc_resp: AllocResp | None = None  # None: absent, or not decodable (then alloc_error says why)
+    alloc_error: str = ""
+
+    @property
+    def device_ids(self) -> tuple[str, ...]:
+        return tuple(d for ids in self.devices_by_numa.values() for d in ids)
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    entries: tuple[PodDeviceEntry, ...] = ()
+    registered: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # resource -> healthy ids
+
+    def for_container(self, pod_uid: str, container: str) -> tuple[PodDeviceEntry, ...]:
+        return tuple(e for e in self.entries if e.pod_uid == pod_uid and e.container_name == container)
+
+
+def parse_checkpoint(data: bytes) -> Checkpoint:
+    """The checkpoint in `data`. Raises CheckpointError for anything that is not a checkpoint; an
+    entry whose AllocResp does not decode is kept, with `alloc_error` set, so one bad entry does not
+    hide every other pod's."""
+    if len(data) > MAX_CHECKPOINT_BYTES:
+        raise CheckpointError("", f"{len(data)} bytes is more than {MAX_CHECKPOINT_BYTES}")
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise CheckpointError("", f"not valid JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise CheckpointError("", "expected a JSON object")
+    body = _typed(doc.get("Data"), dict, "Data", "an object")
+    raw_entries = _typed(body.get("PodDeviceEntries"), list, "Data.PodDeviceEntries", "a list")
+    entries = tuple(_entry(e, f"Data.PodDeviceEntries[{i}]") for i, e in enumerate(raw_entries))
+    registered = {}
+    for resource, ids in _typed(body.get("RegisteredDevices"), dict, "Data.RegisteredDevices", "an object").items():
+        registered[resource] = _strings(ids, f"Data.RegisteredDevices[{resource!r}]")
+    return Checkpoint(entries, registered)
+
+
+def _typed(value: Any, kind: type, where: str, name: str) -> Any:
+    """Go's zero value for null or absent, as kubelet's own decoder gives."""
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        raise CheckpointError(where, f"expected {name}")
+    return value
+
+
+def _string(value: Any, where: str) -> str:
+    return _typed(value, str, where, "a string")
+
+
+def _strings(value: Any, where: str) -> tuple[str, ...]:
+    items = _typed(value, list, where, "a list of strings")
+    if not all(isinstance(s, str) for s in items):
+        raise CheckpointError(where, "expected a list of strings")
+    return tuple(items)
+
+
+def _entry(e: Any, where: str) -> PodDeviceEntry:
+    if not isinstance(e, dict):
+        raise CheckpointError(where, "expected an object")
+    ids = e.get("DeviceIDs")
+    by_numa: dict[int, tuple[str, ...]] = {}
+    if isinstance(ids, dict):
+        for key, numa_ids in ids.items():
+            try:
+                node = int(key)
+            except ValueError:
+                raise CheckpointError(f"{where}.DeviceIDs", f"NUMA node {key[:20]!r} is not an integer") from None
+            if not -1 <= node < 1 << 16:
+                raise CheckpointError(f"{where}.DeviceIDs", f"NUMA node {key[:20]!r} is out of range")
+            by_numa[node] = _strings(numa_ids, f"{where}.DeviceIDs[{key!r}]")
+    elif ids is not None:
+        by_numa[NO_TOPOLOGY] = _strings(ids, f"{where}.DeviceIDs")
+    resp, error = _alloc_resp(e.get("AllocResp"), f"{where}.AllocResp")
+    return PodDeviceEntry(
+        pod_uid=_string(e.get("PodUID"), f"{where}.PodUID"),
+        container_name=_string(e.get("ContainerName"), f"{where}.ContainerName"),
+        resource_name=_string(e.get("ResourceName"), f"{where}.ResourceName"),
+        devices_by_numa=by_numa,
+        alloc_resp=resp,
+        alloc_error=error,
+    )
+
+
+def _alloc_resp(value: Any, where: str) -> tuple[AllocResp | None, str]:
+    if value is None:
+        return None, ""
+    if not isinstance(value, str):
+        raise CheckpointError(where, "expected base64 text")
+    try:
+        raw = base64.b64decode(value, validate=True)
+        msg = dp.ContainerAllocateResponse.FromString(raw)
+    except (binascii.Error, ValueError, DecodeError) as e:
+        return None, f"{where}: not a device-plugin ContainerAllocateResponse ({e})"
+    return decode_alloc_resp(msg), ""
+
+
+def decode_alloc_resp(msg: dp.ContainerAllocateResponse) -> AllocResp:
+    return AllocResp(
+        envs=dict(msg.envs),
+        mounts=tuple(Mount(m.container_path, m.host_path, m.read_only) for m in msg.mounts),
+        devices=tuple(Device(d.container_path, d.host_path, d.permissions) for d in msg.devices),
+        annotations=dict(msg.annotations),
+        cdi_devices=tuple(c.name for c in msg.cdi_devices),
+    )
+
+
+class CheckpointReader:
+    """The checkpoint at `path`, parsed again only when the file changed.
+
+    Kubelet replaces the file by rename, so one open() sees one whole version. A file that does not
+    parse is read again a few times, milliseconds apart, in case a writer that writes in place was
+    caught mid-way; only then is it reported. A missing file is an empty checkpoint: no device
+    plugin has allocated anything yet.
+    """
+
+    RETRIES = 3
+
+    def __init__(self, path: str, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.path = path
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._key: tuple[int, int, int, int] | None = None
+        self._value = Checkpoint()
+        self._failed: tuple[tuple[int, int, int, int], CheckpointError] | None = None  # no retries for a known-bad file
+
+    def read(self) -> Checkpoint:
+        """Raises CheckpointError (unreadable or malformed after retries)."""
+        with self._lock:
+            last: CheckpointError | None = None
+            for attempt in range(self.RETRIES):
+                try:
+                    with open(self.path, "rb") as f:
+                        before = os.fstat(f.fileno())
+                        key = (before.st_dev, before.st_ino, before.st_size, before.st_mtime_ns)
+                        if key == self._key:
+                            return self._value
+                        if self._failed is not None and self._failed[0] == key:
+                            raise CheckpointError(self._failed[1].where, self._failed[1].reason)
+                        data = f.read(MAX_CHECKPOINT_BYTES + 1)
+                except FileNotFoundError:
+                    self._key, self._value = None, Checkpoint()
+                    return self._value
+                except OSError as e:
+                    raise CheckpointError("", f"{self.path}: {e.strerror or e}") from None
+                try:
+                    value = parse_checkpoint(data)
+                except CheckpointError as e:
+                    last = e
+                    self._failed = (key, e)
+                    self._sleep(0.005 * (attempt + 1))
+                    continue
+                self._key, self._value, self._failed = key, value, None
+                return value
+            assert last is not None
+            raise last
