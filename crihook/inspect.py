@@ -143,7 +143,7 @@ def render(match: Match) -> str:
     pod = match.pod
     lines = [
         f"pod {_pod_key(pod)}  uid {pod.get('uid', '?')}  sandbox {pod['id'][:13]}  "
-        f"{pod.get('state', '?')}  created {_when(pod.get('created', 0.0))}"
+        f"state {pod.get('state', '?')}  since {_when(pod.get('created', 0.0))}"
     ]
     meta = [(f"label {k}", v) for k, v in _relevant(pod.get("labels", {}))]
     meta += [(f"annotation {k}", v) for k, v in _relevant(pod.get("annotations", {}))]
@@ -160,7 +160,7 @@ def render(match: Match) -> str:
     for c in match.containers:
         lines.append(
             f"  container {c.get('name', '?')}  id {c['id'][:13]}  attempt {c.get('attempt', 0)}  "
-            f"{c.get('state', '?')}  created {_when(c.get('created', 0.0))}"
+            f"state {c.get('state', '?')}  since {_when(c.get('created', 0.0))}"
         )
         lines += _hook_lines(c.get("hooks", []), "    ")
     return "\n".join(lines) + "\n"
