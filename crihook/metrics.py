@@ -75,10 +75,13 @@ class Registry:
             raise ValueError(f"metric {metric.name} is already registered")
         self._metrics[metric.name] = metric
 
+    def __iter__(self) -> Iterator[_Metric]:
+        return iter(self._metrics.values())
+
     def render(self) -> bytes:
         """The text exposition format 0.0.4 of every registered metric."""
         lines: list[str] = []
-        for metric in self._metrics.values():
+        for metric in self:
             lines.append(f"# HELP {metric.name} {escape_help(metric.help)}")
             lines.append(f"# TYPE {metric.name} {metric.kind}")
             lines.extend(metric.samples())
