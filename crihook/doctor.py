@@ -118,32 +118,6 @@ def parse_version(text: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def checkpoint_summary(doc: Any) -> dict[str, int]:
-    """Device counts by resource name in kubelet's device-plugin checkpoint; ValueError naming the
-    field when the shape is not kubelet's."""
-    data = doc.get("Data") if isinstance(doc, dict) else None
-    if not isinstance(data, dict):
-        raise ValueError("no Data object at the top level")
-    entries = data.get("PodDeviceEntries")
-    entries = [] if entries is None else entries  # kubelet writes null when nothing was allocated
-    if not isinstance(entries, list):
-        raise ValueError("Data.PodDeviceEntries is not a list")
-    counts: dict[str, int] = {}
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, dict):
-            raise ValueError(f"Data.PodDeviceEntries[{i}] is not an object")
-        for key in ("PodUID", "ContainerName", "ResourceName"):
-            if not isinstance(entry.get(key), str):
-                raise ValueError(f"Data.PodDeviceEntries[{i}].{key} is missing or not a string")
-        ids = entry.get("DeviceIDs")
-        if isinstance(ids, dict):  # kubelet >= 1.20: NUMA node -> ids
-            ids = [d for per_node in ids.values() for d in (per_node or [])]
-        if not isinstance(ids, list):
-            raise ValueError(f"Data.PodDeviceEntries[{i}].DeviceIDs is neither a list nor a map")
-        counts[entry["ResourceName"]] = counts.get(entry["ResourceName"], 0) + len(ids)
-    return counts
-
-
 def exit_status(findings: Sequence[Finding]) -> int:
     return 1 if any(f.level is Level.FAIL for f in findings) else 0
 
@@ -368,11 +342,12 @@ def check_nvml(node: NodeConfig, nvml: Any = None) -> Finding:
 
 
 def check_checkpoint(node: NodeConfig) -> Finding:
+    from crihook.hooks.checkpoint import CheckpointError, parse_checkpoint
+
     name = "device checkpoint"
     path = node.kubelet_checkpoint
     try:
-        doc = json.loads(Path(path).read_bytes())
-        counts = checkpoint_summary(doc)
+        checkpoint = parse_checkpoint(Path(path).read_bytes())
     except FileNotFoundError:
         return Finding(
             name,
@@ -381,7 +356,7 @@ def check_checkpoint(node: NodeConfig) -> Finding:
             "kubelet writes it once its device manager runs; if kubelet's root dir is not /var/lib/kubelet, "
             "set node.kubelet_checkpoint",
         )
-    except (OSError, ValueError) as e:  # json.JSONDecodeError is a ValueError
+    except (OSError, CheckpointError) as e:
         return Finding(
             name,
             Level.FAIL,
@@ -389,8 +364,23 @@ def check_checkpoint(node: NodeConfig) -> Finding:
             "crihook can not see which GPUs the device plugin handed out, so GPU containers fail closed. "
             "Restarting kubelet rewrites the file",
         )
+    counts: dict[str, int] = {}
+    for entry in checkpoint.entries:
+        counts[entry.resource_name] = counts.get(entry.resource_name, 0) + len(entry.device_ids)
     held = ", ".join(f"{n} {r}" for r, n in sorted(counts.items())) or "no devices"
-    return Finding(name, Level.OK, f"{path} readable: {held} held through device plugins")
+    found = f"{path} readable: {held} held through device plugins"
+    undecodable = [e for e in checkpoint.entries if e.alloc_error]
+    if undecodable:
+        first = undecodable[0]
+        return Finding(
+            name,
+            Level.WARN,
+            f"{found}; {len(undecodable)} entr{'y' if len(undecodable) == 1 else 'ies'} with an undecodable "
+            f"AllocResp, first {first.pod_uid}/{first.container_name}",
+            "crihook can not strip what the device plugin injected into those containers; check the plugin's "
+            "version and journalctl -u kubelet",
+        )
+    return Finding(name, Level.OK, found)
 
 
 def check_state_dir(proxy: ProxyConfig) -> Finding:
