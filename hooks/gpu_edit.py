@@ -1,0 +1,232 @@
+"""What the GPU hook does to one container, as a pure function of what it knows.
+
+Inputs: the pod and container as kubelet described them, the scheduler's annotations (on the pod),
+the kubelet device-plugin checkpoint, the node's GPUs, which device nodes exist and which pods are
+alive. Output: an Edit, or a HookError whose reason names the annotation and the cause (the chain
+adds the pod and container). All I/O stays with the caller, behind the small protocols below.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+
+from crihook import allocation as al
+from crihook.hooks.base import ContainerInfo, Device, Edit, HookError, Mount, PodInfo
+from crihook.hooks.checkpoint import Checkpoint, PodDeviceEntry
+
+VISIBLE = "NVIDIA_VISIBLE_DEVICES"
+VOID = "void"  # the NVIDIA runtime injects nothing, whatever the image says
+CDI_KIND = "nvidia.com/gpu"
+INJECT_MODES = ("env+devices", "cdi")
+CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+ISOLATION_LABEL = "koordinator.sh/gpu-isolation-provider"
+HAMI_CORE = "hami-core"  # compared case-insensitively: Koordinator's docs spell it both ways
+HAMI_CACHE_MOUNT = "/tmp/vgpu"
+HAMI_PRELOAD_MOUNT = "/etc/ld.so.preload"
+DEVICE_PERMISSIONS = "rw"  # what NVIDIA's device plugin grants
+MiB = 1 << 20
+
+_GPU_NODE = re.compile(r"(?:.*/)?nvidia[0-9]+")  # /dev/nvidiaN, as a container or host path
+_PLUGIN_REPLICA = re.compile(r"::[0-9]+\Z")  # time-sliced replicas: "GPU-<uuid>::3"
+_PATH_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+
+
+class GpuLike(Protocol):
+    @property
+    def index(self) -> int: ...
+    @property
+    def minor(self) -> int: ...
+    @property
+    def uuid(self) -> str: ...
+    @property
+    def pci_bus_id(self) -> str: ...
+    @property
+    def memory_total(self) -> int: ...
+
+
+class GpuLookup(Protocol):
+    """The node's GPUs; devices.nvml.GpuIndex in the daemon (cached, refreshed on a miss)."""
+
+    def by_minor(self, minor: int) -> GpuLike | None: ...
+    def by_uuid(self, uuid: str) -> GpuLike | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class HamiCore:
+    """Host paths for HAMi-core isolation; the operator lists them in hooks.allowed_host_paths."""
+
+    library: str = "/usr/local/vgpu/libvgpu.so"
+    preload_file: str = "/usr/local/vgpu/ld.so.preload"  # holds the library's path, one line
+    cache_root: str = "/usr/local/vgpu/containers"  # a directory per container below it
+    lock_dir: str = "/tmp/vgpulock"  # shared by every container of a GPU; empty: not mounted
+
+
+@dataclass(frozen=True, slots=True)
+class GpuOptions:
+    inject: str = "env+devices"  # or "cdi": nvidia.com/gpu=<uuid> CDI devices instead of env and nodes
+    deny_unallocated: bool = True  # containers without a GPU get NVIDIA_VISIBLE_DEVICES=void
+    # checkpoint resources whose device-plugin injections the scheduler's choice replaces
+    plugin_resources: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*")
+    dev_root: str = "/dev"
+    hami_core: HamiCore = HamiCore()
+
+    def is_plugin_resource(self, name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, p) for p in self.plugin_resources)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """The node facts the edit depends on, read by the caller."""
+
+    checkpoint: Checkpoint
+    exists: Callable[[str], bool]  # host path -> present
+    pod_live: Callable[[str], bool]  # pod UID -> still running on this node
+
+
+def _refuse(code: grpc.StatusCode, cause: str) -> HookError:
+    return HookError(code, f"annotation {al.DEVICE_ALLOCATED}: {cause}")
+
+
+def gpu_edit(
+    pod: PodInfo, container: ContainerInfo, gpus: GpuLookup, node: NodeView, opts: GpuOptions
+) -> Edit | None:
+    """The edit for one CreateContainer. Raises HookError."""
+    try:
+        allocs = al.allocated_to(pod.annotations, container.name, al.GPU)
+    except al.AnnotationError as e:
+        raise HookError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+    plugin = tuple(
+        e for e in node.checkpoint.for_container(pod.uid, container.name) if opts.is_plugin_resource(e.resource_name)
+    )
+    if allocs is None and plugin:
+        return None  # no word from the scheduler: the device plugin's allocation stands
+    if not allocs:
+        return _strip(container, plugin, opts, VOID) if opts.deny_unallocated else None
+    chosen = sorted(_resolve(allocs, gpus), key=lambda pair: pair[1].pci_bus_id.lower())
+    _check_conflicts(pod.uid, [g for _, g in chosen], node)
+    uuids = [g.uuid for _, g in chosen]
+    edit = _strip(container, plugin, opts, VOID if opts.inject == "cdi" else ",".join(uuids))
+    if opts.inject == "cdi":
+        edit.add_cdi_devices.extend(f"{CDI_KIND}={u}" for u in uuids)
+    else:
+        for _, g in chosen:
+            if not node.exists(f"{opts.dev_root}/nvidia{g.minor}"):
+                raise _refuse(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"device node {opts.dev_root}/nvidia{g.minor} of minor {g.minor} is missing on this node",
+                )
+        names = [f"nvidia{g.minor}" for _, g in chosen]
+        names += [n for n in CONTROL_NODES if node.exists(f"{opts.dev_root}/{n}")]
+        edit.add_devices = [Device(f"/dev/{n}", f"{opts.dev_root}/{n}", DEVICE_PERMISSIONS) for n in names]
+    if pod.labels.get(ISOLATION_LABEL, "").lower() == HAMI_CORE and any(_is_shared(a, g) for a, g in chosen):
+        _isolate(edit, pod, container, chosen, opts.hami_core)
+    return edit
+
+
+def _resolve(allocs: Iterable[al.DeviceAllocation], gpus: GpuLookup) -> list[tuple[al.DeviceAllocation, GpuLike]]:
+    out = []
+    for i, a in enumerate(allocs):
+        g = gpus.by_minor(a.minor)
+        if g is None:
+            raise _refuse(grpc.StatusCode.FAILED_PRECONDITION, f"gpu[{i}]: no GPU with minor {a.minor} on this node")
+        if a.id and a.id != g.uuid:
+            other = gpus.by_uuid(a.id)
+            if other is None:
+                raise _refuse(grpc.StatusCode.FAILED_PRECONDITION, f"gpu[{i}]: no GPU {a.id} on this node")
+            raise _refuse(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"gpu[{i}]: minor {a.minor} is {g.uuid} on this node, not {a.id} (that is minor {other.minor})",
+            )
+        out.append((a, g))
+    return out
+
+
+def _check_conflicts(pod_uid: str, chosen: Sequence[GpuLike], node: NodeView) -> None:
+    """Fail when the checkpoint shows a chosen GPU held through the device plugin by another pod
+    that is still alive. Device ids are compared as text (UUID, or NVML index for plugins run with
+    the index id strategy), so this costs no NVML call."""
+    by_id = {g.uuid: g for g in chosen} | {str(g.index): g for g in chosen}
+    for e in node.checkpoint.entries:
+        if e.pod_uid == pod_uid:
+            continue
+        for dev_id in e.device_ids:
+            g = by_id.get(_PLUGIN_REPLICA.sub("", dev_id))
+            if g is not None and node.pod_live(e.pod_uid):
+                raise _refuse(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"GPU minor {g.minor} ({g.uuid}) is held by live pod {e.pod_uid} container {e.container_name}"
+                    f" through the device plugin ({e.resource_name}, kubelet checkpoint)",
+                )
+
+
+def _strip(container: ContainerInfo, plugin: Sequence[PodDeviceEntry], opts: GpuOptions, visible: str) -> Edit:
+    """Remove every GPU the container would get some other way: what the device plugin injected
+    for it, any /dev/nvidiaN node and any nvidia.com/gpu CDI device; then set the visible list."""
+    for e in plugin:
+        if e.alloc_resp is None and e.alloc_error:
+            raise HookError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"can not tell what the device plugin injected for {e.resource_name}: {e.alloc_error}",
+            )
+    injected = [e.alloc_resp for e in plugin if e.alloc_resp is not None]
+    env_keys = {k for r in injected for k in r.envs} - {VISIBLE}
+    mount_paths = {m.container_path for r in injected for m in r.mounts}
+    device_paths = {d.container_path for r in injected for d in r.devices}
+    cdi_names = {n for r in injected for n in r.cdi_devices}
+    edit = Edit(env={VISIBLE: visible})
+    edit.remove_env = {k for k, _ in container.envs if k in env_keys}
+    edit.remove_mounts = {m.container_path for m in container.mounts if m.container_path in mount_paths}
+    edit.remove_devices = {
+        d.container_path
+        for d in container.devices
+        if d.container_path in device_paths or _GPU_NODE.fullmatch(d.container_path) or _GPU_NODE.fullmatch(d.host_path)
+    }
+    edit.remove_cdi_devices = {n for n in container.cdi_devices if n in cdi_names or n.startswith(CDI_KIND + "=")}
+    return edit
+
+
+def _memory_bytes(a: al.DeviceAllocation, g: GpuLike) -> int:
+    if al.GPU_MEMORY in a.resources:
+        return a.resources[al.GPU_MEMORY]
+    if al.GPU_MEMORY_RATIO in a.resources:
+        return g.memory_total * a.resources[al.GPU_MEMORY_RATIO] // 100
+    return g.memory_total
+
+
+def _is_shared(a: al.DeviceAllocation, g: GpuLike) -> bool:
+    r = a.resources
+    return (
+        r.get(al.GPU_MEMORY_RATIO, 100) < 100
+        or r.get(al.GPU_CORE, 100) < 100
+        or (al.GPU_MEMORY in r and r[al.GPU_MEMORY] < g.memory_total)
+    )
+
+
+def _isolate(
+    edit: Edit,
+    pod: PodInfo,
+    container: ContainerInfo,
+    chosen: Sequence[tuple[al.DeviceAllocation, GpuLike]],
+    paths: HamiCore,
+) -> None:
+    """HAMi-core: per-GPU memory limits in the order CUDA numbers the visible GPUs (PCI bus order,
+    which CUDA_DEVICE_ORDER pins), the SM share, the library preloaded, a cache of its own."""
+    for part, what in ((pod.uid, "pod UID"), (container.name, "container name")):
+        if not _PATH_PART.fullmatch(part):
+            raise HookError(grpc.StatusCode.INVALID_ARGUMENT, f"{what} {part[:64]!r} can not name a cache directory")
+    for i, (a, g) in enumerate(chosen):
+        edit.env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{max(1, _memory_bytes(a, g) // MiB)}m"
+    edit.env["CUDA_DEVICE_SM_LIMIT"] = str(min(a.resources.get(al.GPU_CORE, 100) for a, _ in chosen))
+    edit.env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    edit.env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{HAMI_CACHE_MOUNT}/cudevshr.cache"
+    edit.add_mounts.append(Mount(paths.library, paths.library, readonly=True))
+    edit.add_mounts.append(Mount(HAMI_PRELOAD_MOUNT, paths.preload_file, readonly=True))
+    edit.add_mounts.append(Mount(HAMI_CACHE_MOUNT, f"{paths.cache_root}/{pod.uid}_{container.name}"))
+    if paths.lock_dir:
+        edit.add_mounts.append(Mount(paths.lock_dir, paths.lock_dir))
