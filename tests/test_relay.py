@@ -103,7 +103,7 @@ def unary(channel: grpc.aio.Channel, method: str) -> grpc.aio.UnaryUnaryMultiCal
 
 
 async def test_pass_through_keeps_bodies_status_details_and_trailers(setup) -> None:
-    channel, interceptor, relay, _ = setup
+    channel, interceptor, _, _ = setup
     ok_before = CRI_CALLS.value("/t.S/Echo", "OK")
     notfound_before = CRI_CALLS.value("/t.S/Fail", "NOT_FOUND")
     call = unary(channel, "/t.S/Echo")(b"hello")
@@ -145,7 +145,7 @@ async def test_modified_request_larger_than_windows(setup) -> None:
 
 
 async def test_refusal_answers_kubelet_and_never_reaches_runtime(setup) -> None:
-    channel, interceptor, relay, _ = setup
+    channel, interceptor, _, _ = setup
     refused_before = CRI_CALLS.value("/t.S/Modify", "FAILED_PRECONDITION")
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await unary(channel, "/t.S/Modify")(b"refuse" + b"x" * 200_000)
