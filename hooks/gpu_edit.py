@@ -19,6 +19,7 @@ import grpc
 from crihook import allocation as al
 from crihook.hooks.base import ContainerInfo, Device, Edit, HookError, Mount, PodInfo
 from crihook.hooks.checkpoint import Checkpoint, PodDeviceEntry
+from crihook.hooks.scheduled import refuse, scheduled
 
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 VOID = "void"  # the NVIDIA runtime injects nothing, whatever the image says
@@ -89,18 +90,11 @@ class NodeView:
     pod_live: Callable[[str], bool]  # pod UID -> still running on this node
 
 
-def _refuse(code: grpc.StatusCode, cause: str) -> HookError:
-    return HookError(code, f"annotation {al.DEVICE_ALLOCATED}: {cause}")
-
-
 def gpu_edit(
     pod: PodInfo, container: ContainerInfo, gpus: GpuLookup, node: NodeView, opts: GpuOptions
 ) -> Edit | None:
     """The edit for one CreateContainer. Raises HookError."""
-    try:
-        allocs = al.allocated_to(pod.annotations, container.name, al.GPU)
-    except al.AnnotationError as e:
-        raise HookError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+    allocs = scheduled(pod, container, al.GPU)
     plugin = tuple(
         e for e in node.checkpoint.for_container(pod.uid, container.name) if opts.is_plugin_resource(e.resource_name)
     )
@@ -117,7 +111,7 @@ def gpu_edit(
     else:
         for _, g in chosen:
             if not node.exists(f"{opts.dev_root}/nvidia{g.minor}"):
-                raise _refuse(
+                raise refuse(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"device node {opts.dev_root}/nvidia{g.minor} of minor {g.minor} is missing on this node",
                 )
@@ -131,17 +125,17 @@ def gpu_edit(
 
 def _resolve(allocs: Iterable[al.DeviceAllocation], gpus: GpuLookup) -> list[tuple[al.DeviceAllocation, GpuLike]]:
     out = []
-    for i, a in enumerate(allocs):
+    for a in allocs:
         g = gpus.by_minor(a.minor)
         if g is None:
-            raise _refuse(grpc.StatusCode.FAILED_PRECONDITION, f"gpu[{i}]: no GPU with minor {a.minor} on this node")
+            raise refuse(grpc.StatusCode.FAILED_PRECONDITION, f"gpu minor {a.minor}: no such GPU on this node")
         if a.id and a.id != g.uuid:
             other = gpus.by_uuid(a.id)
             if other is None:
-                raise _refuse(grpc.StatusCode.FAILED_PRECONDITION, f"gpu[{i}]: no GPU {a.id} on this node")
-            raise _refuse(
+                raise refuse(grpc.StatusCode.FAILED_PRECONDITION, f"gpu minor {a.minor}: no GPU {a.id} on this node")
+            raise refuse(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"gpu[{i}]: minor {a.minor} is {g.uuid} on this node, not {a.id} (that is minor {other.minor})",
+                f"gpu minor {a.minor} is {g.uuid} on this node, not {a.id} (that is minor {other.minor})",
             )
         out.append((a, g))
     return out
@@ -158,7 +152,7 @@ def _check_conflicts(pod_uid: str, chosen: Sequence[GpuLike], node: NodeView) ->
         for dev_id in e.device_ids:
             g = by_id.get(_PLUGIN_REPLICA.sub("", dev_id))
             if g is not None and node.pod_live(e.pod_uid):
-                raise _refuse(
+                raise refuse(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"GPU minor {g.minor} ({g.uuid}) is held by live pod {e.pod_uid} container {e.container_name}"
                     f" through the device plugin ({e.resource_name}, kubelet checkpoint)",
