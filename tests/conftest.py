@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from containerd import Containerd, missing_requirements, running_containerd
+from daemon import Crihook, running_crihook
 
 if TYPE_CHECKING:
     from cri import Cri
@@ -38,5 +39,23 @@ def containerd_cri(containerd: Containerd) -> Iterator[Cri]:
     from cri import Cri  # imports the generated CRI stubs: only tests that talk CRI pay for them
 
     with Cri(containerd.address) as client:
+        yield client
+        client.remove_all()
+
+
+@pytest.fixture
+def crihook_proxy(containerd: Containerd, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Crihook]:
+    """`crihook serve` (a real daemon process) in front of the session's containerd, default config.
+    For other config, use `daemon.running_crihook(containerd.address, work_dir, config=...)`."""
+    with running_crihook(containerd.address, tmp_path_factory.mktemp("crihook")) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+def proxy_cri(crihook_proxy: Crihook, containerd: Containerd) -> Iterator[Cri]:
+    """A CRI client that reaches containerd through crihook; pods left over are removed afterwards."""
+    from cri import Cri
+
+    with Cri(crihook_proxy.address) as client:
         yield client
         client.remove_all()
