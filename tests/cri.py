@@ -85,7 +85,8 @@ def container_config(
         metadata=api.ContainerMetadata(name=name, attempt=attempt),
         image=api.ImageSpec(image=image),
         command=list(command),
-        envs=[api.KeyValue(key=k, value=v) for k, v in (envs or {}).items()],
+        # KeyValue fields are bytes (see proto/runtime_v1.proto)
+        envs=[api.KeyValue(key=k.encode(), value=v.encode()) for k, v in (envs or {}).items()],
         labels={**kubelet_labels, **(labels or {})},
         annotations=dict(annotations or {}),
         devices=[
