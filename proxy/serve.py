@@ -1,0 +1,282 @@
+"""`crihook serve`: the node daemon.
+
+Start order is the contract with systemd and kubelet: the runtime answers (retry with back-off),
+the store is rebuilt from it, then the socket is bound and READY=1 sent. kubelet therefore never
+reaches a crihook that does not know the node's pods yet. SIGTERM drains in-flight calls and exits
+0; SIGHUP reloads the hook configuration without dropping a connection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import stat
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from crihook import config as cfgmod
+from crihook import log as logmod
+from crihook import metrics
+from crihook.hooks.base import ConfigError
+from crihook.hooks.chain import HookChain, build_chain
+from crihook.proto import runtime_v1_pb2 as cri
+from crihook.proto import runtime_v1_pb2_grpc as cri_grpc
+from crihook.proxy import systemd
+from crihook.proxy.intercept import Interceptor
+from crihook.proxy.relay import Relay
+from crihook.proxy.store import ContainerRecord, PodRecord, Store
+
+log = logging.getLogger("crihook.proxy")
+
+_POD_STATES = {0: "ready", 1: "notready"}
+_CONTAINER_STATES = {0: "created", 1: "running", 2: "exited", 3: "unknown"}
+
+
+class StartupError(Exception):
+    """Serving is impossible; the message is one line for the operator."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=str(cfgmod.DEFAULT_CONFIG), help="TOML config file (default: %(default)s)")
+    p.add_argument("--listen", "--koord-runtimeproxy-endpoint", dest="listen", help="unix:///path of crihook's socket")
+    p.add_argument(
+        "--runtime-endpoint",
+        "--remote-runtime-service-endpoint",
+        dest="runtime_endpoint",
+        help="containerd's CRI socket (unix:///...)",
+    )
+    p.add_argument(
+        "--image-endpoint",
+        "--remote-image-service-endpoint",
+        dest="image_endpoint",
+        help="image service socket; default: the runtime endpoint",
+    )
+    p.add_argument("--state-dir", dest="state_dir", help="where the store lives")
+    p.add_argument("--log-level", dest="log_level", choices=logmod.LEVELS)
+
+
+def load_config(args: argparse.Namespace) -> cfgmod.Config:
+    overrides = {
+        "proxy": {
+            k: getattr(args, k, None)
+            for k in ("listen", "runtime_endpoint", "image_endpoint", "state_dir", "log_level")
+        }
+    }
+    return cfgmod.load(args.config, overrides)
+
+
+def unix_path(endpoint: str, what: str) -> str:
+    if endpoint.startswith("unix://"):
+        path = endpoint[len("unix://") :]
+    elif endpoint.startswith("/"):
+        path = endpoint
+    else:
+        raise StartupError(f"{what} {endpoint!r} is not a unix socket endpoint (unix:///path)")
+    if not path.startswith("/"):
+        raise StartupError(f"{what} {endpoint!r} must be an absolute path")
+    return path
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args)
+        logmod.setup(cfg.proxy.log_level)
+    except (cfgmod.ConfigFileError, ValueError) as e:
+        print(f"crihook: {e}", file=sys.stderr)
+        return 2
+    try:
+        import uvloop
+
+        uvloop.run(Daemon(cfg, args.config).main())
+    except (StartupError, ConfigError) as e:
+        log.error("cannot start", extra={"error": str(e)})
+        print(f"crihook: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+@dataclass
+class Daemon:
+    cfg: cfgmod.Config
+    config_path: str | None = None
+    relay: Relay | None = None
+    store: Store | None = None
+    interceptor: Interceptor | None = None
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def chain(self, cfg: cfgmod.Config) -> HookChain:
+        return build_chain(cfg.hooks, cfg.node)
+
+    async def main(self) -> None:
+        cfg = self.cfg
+        listen = unix_path(cfg.proxy.listen, "listen")
+        backend = unix_path(cfg.proxy.runtime_endpoint, "runtime endpoint")
+        if cfg.proxy.image_backend != cfg.proxy.runtime_endpoint:
+            # One connection pairs with one backend; see docs/proxy.md.
+            raise StartupError("a separate image endpoint is not supported yet: leave image_endpoint empty")
+        chain = self.chain(cfg)
+        check_socket_dir(listen)
+        await wait_for_backend(backend, cfg.proxy.connect_timeout_seconds)
+        self.store = Store(cfg.proxy.state_dir)
+        state = self.store.load()
+        stats = self.store.reconcile(*await list_runtime(backend))
+        log.info("store rebuilt", extra={"file": state, **stats})
+        self.interceptor = Interceptor(chain, self.store)
+        self.relay = Relay(backend, self.interceptor, cfg.proxy.max_message_bytes)
+        await bind(self.relay, listen)
+        metrics_server = None
+        if cfg.proxy.metrics_listen:
+            try:
+                metrics_server = await metrics.serve(cfg.proxy.metrics_listen)
+            except (OSError, ValueError) as e:
+                raise StartupError(f"metrics endpoint {cfg.proxy.metrics_listen}: {e}") from None
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self._stop.set)
+        loop.add_signal_handler(signal.SIGINT, self._stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        tasks = []
+        interval = systemd.watchdog_interval()
+        if interval:
+            tasks.append(loop.create_task(systemd.watchdog(interval)))
+        systemd.notify("READY=1\nSTATUS=serving")
+        log.info(
+            "serving", extra={"listen": listen, "runtime": backend, "hooks": ",".join(h.hook.name for h in chain.hooks)}
+        )
+        self.ready.set()
+        await self._stop.wait()
+        systemd.notify("STOPPING=1")
+        cut = await self.relay.drain(cfg.proxy.drain_seconds)
+        await self.interceptor.close()
+        await self.store.close()
+        for t in tasks:
+            t.cancel()
+        if metrics_server is not None:
+            metrics_server.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(listen)
+        log.info("stopped", extra={"calls_cut_off": cut})
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def reload(self) -> None:
+        try:
+            cfg = cfgmod.load(self.config_path, {"proxy": {}}) if self.config_path else self.cfg
+            chain = self.chain(cfg)
+        except (cfgmod.ConfigFileError, ConfigError) as e:
+            log.error("reload failed, keeping the running configuration", extra={"error": str(e)})
+            return
+        assert self.interceptor is not None
+        self.interceptor.chain = chain
+        log.info("configuration reloaded", extra={"hooks": ",".join(h.hook.name for h in chain.hooks)})
+
+
+def check_socket_dir(listen: str) -> None:
+    """The socket's directory must not let anyone else replace the socket under kubelet."""
+    d = Path(listen).parent
+    try:
+        d.mkdir(parents=True, exist_ok=True, mode=0o755)
+        st = d.stat()
+    except OSError as e:
+        raise StartupError(f"cannot create socket directory {d}: {e.strerror}") from None
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or st.st_uid not in (0, os.geteuid()):
+        raise StartupError(
+            f"socket directory {d} is writable by others (mode {stat.filemode(st.st_mode)}, uid {st.st_uid}); "
+            "make it owned by root and not group/world-writable"
+        )
+
+
+def claim_socket_path(listen: str) -> None:
+    """Remove a stale socket; refuse if a live process still answers on it."""
+    if os.path.exists(listen):
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(listen)
+        except OSError:
+            os.unlink(listen)  # stale socket from a previous run
+        else:
+            raise StartupError(f"another process is already serving on {listen}")
+        finally:
+            probe.close()
+
+
+async def bind(relay: Relay, listen: str) -> None:
+    claim_socket_path(listen)
+    old = os.umask(0o177)  # the socket exists as 0600 from its first instant
+    try:
+        await relay.start(listen)
+    except OSError as e:
+        raise StartupError(f"cannot listen on {listen}: {e.strerror}") from None
+    finally:
+        os.umask(old)
+    os.chmod(listen, 0o600)
+
+
+async def wait_for_backend(path: str, patience: float) -> None:
+    """Call Version until the runtime answers, backing off from 0.1 s to 5 s."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience
+    delay = 0.1
+    last = ""
+    while True:
+        async with grpc.aio.insecure_channel(f"unix://{path}") as ch:
+            try:
+                v = await cri_grpc.RuntimeServiceStub(ch).Version(cri.VersionRequest(version="v1"), timeout=5)
+                log.info(
+                    "runtime reachable",
+                    extra={"runtime": v.runtime_name, "version": v.runtime_version, "api": v.runtime_api_version},
+                )
+                return
+            except grpc.aio.AioRpcError as e:
+                last = e.details() or e.code().name
+        if loop.time() + delay > deadline:
+            raise StartupError(f"runtime at {path} did not answer within {patience:.0f}s: {last}")
+        log.warning("waiting for runtime", extra={"runtime": path, "error": last, "retry_in": delay})
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 5.0)
+
+
+async def list_runtime(path: str) -> tuple[list[PodRecord], list[ContainerRecord]]:
+    opts: list[tuple[str, Any]] = [("grpc.max_receive_message_length", 64 << 20)]
+    async with grpc.aio.insecure_channel(f"unix://{path}", options=opts) as ch:
+        stub = cri_grpc.RuntimeServiceStub(ch)
+        sandboxes = await stub.ListPodSandbox(cri.ListPodSandboxRequest(), timeout=30)
+        containers = await stub.ListContainers(cri.ListContainersRequest(), timeout=30)
+    pods = [
+        PodRecord(
+            id=s.id,
+            name=s.metadata.name,
+            namespace=s.metadata.namespace,
+            uid=s.metadata.uid,
+            attempt=s.metadata.attempt,
+            state=_POD_STATES.get(s.state, "notready"),
+            labels=dict(s.labels),
+            annotations=dict(s.annotations),
+            created=s.created_at / 1e9,
+        )
+        for s in sandboxes.items
+    ]
+    ctrs = [
+        ContainerRecord(
+            id=c.id,
+            pod_id=c.pod_sandbox_id,
+            name=c.metadata.name,
+            attempt=c.metadata.attempt,
+            state=_CONTAINER_STATES.get(c.state, "unknown"),
+            labels=dict(c.labels),
+            annotations=dict(c.annotations),
+            created=c.created_at / 1e9,
+        )
+        for c in containers.containers
+    ]
+    return pods, ctrs

@@ -1,0 +1,213 @@
+"""Decoding lifecycle calls into hook views and writing hook results back, field by field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pytest
+
+from crihook.config import HooksConfig, NodeConfig
+from crihook.hooks.base import Device, Edit, HookContext, HookError, Mount, ResourcesPatch, Stage
+from crihook.hooks.chain import build_chain
+from crihook.proto import runtime_v1_pb2 as cri
+from crihook.proxy.intercept import METHODS, Interceptor, container_view, pod_view
+from crihook.proxy.relay import Rejected
+from crihook.proxy.store import Store
+
+CREATE = b"/runtime.v1.RuntimeService/CreateContainer"
+RUN = b"/runtime.v1.RuntimeService/RunPodSandbox"
+
+
+def unknown_field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field this schema does not know (as a newer kubelet might send)."""
+    return _varint((number << 3) | 2) + _varint(len(payload)) + payload
+
+
+def sandbox() -> cri.PodSandboxConfig:
+    cfg = cri.PodSandboxConfig(
+        metadata=cri.PodSandboxMetadata(name="train", namespace="ml", uid="u-1", attempt=1),
+        labels={"app": "train"},
+        annotations={"scheduling.koordinator.sh/device-allocated": '{"gpu":[{"minor":1}]}'},
+    )
+    cfg.linux.cgroup_parent = "/kubepods/podu-1"
+    return cfg
+
+
+def create_request() -> bytes:
+    cfg = cri.ContainerConfig(
+        metadata=cri.ContainerMetadata(name="main"),
+        image=cri.ImageSpec(image="busybox"),
+        envs=[cri.KeyValue(key=b"PATH", value=b"/bin"), cri.KeyValue(key=b"RAW", value=b"\xff\xfe not utf-8")],
+        mounts=[cri.Mount(container_path="/data", host_path="/srv/data", readonly=True)],
+        devices=[cri.Device(container_path="/dev/nvidia7", host_path="/dev/nvidia7", permissions="rwm")],
+    )
+    cfg.linux.resources.cpu_shares = 1024
+    raw_cfg = bytearray(cfg.SerializeToString())
+    # a field unknown to us inside the first Mount and inside ContainerConfig itself
+    mount = cri.Mount(container_path="/data", host_path="/srv/data", readonly=True).SerializeToString()
+    mount_with_unknown = mount + unknown_field(99, b"future-mount")
+    raw_cfg = raw_cfg.replace(
+        bytes([0x3A, len(mount)]) + mount, bytes([0x3A, len(mount_with_unknown)]) + mount_with_unknown
+    )
+    raw_cfg += unknown_field(99, b"future-config")
+    req = cri.CreateContainerRequest(pod_sandbox_id="sb-1", sandbox_config=sandbox())
+    req_raw = req.SerializeToString() + bytes([0x12]) + _varint(len(raw_cfg)) + bytes(raw_cfg)
+    return req_raw
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+class EditHook:
+    name = "edit"
+    priority = 10
+
+    def __init__(self, stages: set[Stage], edit: Edit | None = None, error: HookError | None = None) -> None:
+        self.stages = frozenset(stages)
+        self.edit = edit
+        self.error = error
+        self.seen: list[HookContext] = []
+
+    async def handle(self, ctx: HookContext) -> Edit | None:
+        self.seen.append(ctx)
+        if self.error is not None:
+            raise self.error
+        return self.edit
+
+
+def interceptor(tmp_path: Path, hook: EditHook, node: NodeConfig | None = None) -> Interceptor:
+    cfg = HooksConfig(allowed_host_paths=("/dev/nvidia*",))
+    chain = build_chain(cfg, node or NodeConfig(), factories={"edit": lambda opts: hook})
+    return Interceptor(chain, Store(tmp_path))
+
+
+def test_every_intercepted_method_is_a_runtime_method() -> None:
+    from crihook.proto.methods import METHODS as KNOWN
+
+    assert set(METHODS) <= {p.encode() for p in KNOWN}
+
+
+def test_views_decode_non_utf8_env_losslessly() -> None:
+    req = cri.CreateContainerRequest.FromString(create_request())
+    view = container_view(req.config)
+    assert view.env("RAW") is not None
+    assert view.env("RAW").encode("utf-8", "surrogateescape") == b"\xff\xfe not utf-8"
+    pod = pod_view(req.sandbox_config, pod_id=req.pod_sandbox_id)
+    assert pod.ref == "ml/train" and pod.id == "sb-1" and pod.cgroup_parent == "/kubepods/podu-1"
+
+
+async def test_no_change_forwards_kubelet_bytes(tmp_path: Path) -> None:
+    hook = EditHook({Stage.PRE_CREATE_CONTAINER})
+    ic = interceptor(tmp_path, hook)
+    raw = create_request()
+    call = ic.classify(CREATE)
+    assert call is not None and call.modifies
+    assert await ic.pre(call, raw) is raw
+    assert hook.seen[0].container.name == "main"
+    assert hook.seen[0].pod.annotations["scheduling.koordinator.sh/device-allocated"]
+
+
+async def test_edit_rewrites_only_what_changed_and_keeps_unknown_fields(tmp_path: Path) -> None:
+    edit = Edit(
+        env={"NVIDIA_VISIBLE_DEVICES": "GPU-1"},
+        remove_devices={"/dev/nvidia7"},
+        add_devices=[Device("/dev/nvidia1", "/dev/nvidia1")],
+        annotations={"crihook": "yes"},
+        resources=ResourcesPatch(cpu_quota=50000),
+    )
+    ic = interceptor(tmp_path, EditHook({Stage.PRE_CREATE_CONTAINER}, edit))
+    raw = create_request()
+    out = await ic.pre(ic.classify(CREATE), raw)
+    assert b"future-mount" in out and b"future-config" in out
+    cfg = cri.CreateContainerRequest.FromString(out).config
+    assert [(kv.key, kv.value) for kv in cfg.envs] == [
+        (b"PATH", b"/bin"),
+        (b"RAW", b"\xff\xfe not utf-8"),
+        (b"NVIDIA_VISIBLE_DEVICES", b"GPU-1"),
+    ]
+    assert [(d.container_path, d.host_path) for d in cfg.devices] == [("/dev/nvidia1", "/dev/nvidia1")]
+    assert cfg.annotations["crihook"] == "yes"
+    assert cfg.linux.resources.cpu_quota == 50000 and cfg.linux.resources.cpu_shares == 1024
+    assert cfg.mounts[0].readonly
+
+
+async def test_disallowed_host_path_refuses_the_call(tmp_path: Path) -> None:
+    edit = Edit(add_mounts=[Mount("/host", "/etc")])
+    ic = interceptor(tmp_path, EditHook({Stage.PRE_CREATE_CONTAINER}, edit))
+    with pytest.raises(Rejected) as err:
+        await ic.pre(ic.classify(CREATE), create_request())
+    assert err.value.code == grpc.StatusCode.PERMISSION_DENIED.value[0]
+    assert "hook edit: pod ml/train container main" in err.value.message and "/etc" in err.value.message
+
+
+async def test_hook_refusal_carries_its_code(tmp_path: Path) -> None:
+    err = HookError(grpc.StatusCode.FAILED_PRECONDITION, "GPU 3 is held by pod other/x")
+    ic = interceptor(tmp_path, EditHook({Stage.PRE_CREATE_CONTAINER}, error=err))
+    with pytest.raises(Rejected) as rej:
+        await ic.pre(ic.classify(CREATE), create_request())
+    assert rej.value.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
+    assert rej.value.message == "hook edit: pod ml/train container main: GPU 3 is held by pod other/x"
+
+
+async def test_malformed_request_is_invalid_argument(tmp_path: Path) -> None:
+    ic = interceptor(tmp_path, EditHook({Stage.PRE_CREATE_CONTAINER}))
+    with pytest.raises(Rejected) as err:
+        await ic.pre(ic.classify(CREATE), b"\x12\xff\xff\xff")
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "CreateContainer" in err.value.message
+
+
+async def test_pod_stage_edits_labels_annotations_cgroup(tmp_path: Path) -> None:
+    edit = Edit(labels={"l": "1"}, annotations={"a": "2"}, cgroup_parent="/kubepods/besteffort/podu-1")
+    ic = interceptor(tmp_path, EditHook({Stage.PRE_RUN_POD_SANDBOX}, edit))
+    raw = cri.RunPodSandboxRequest(config=sandbox(), runtime_handler="runc").SerializeToString()
+    out = cri.RunPodSandboxRequest.FromString(await ic.pre(ic.classify(RUN), raw))
+    assert out.config.labels["l"] == "1" and out.config.labels["app"] == "train"
+    assert out.config.annotations["a"] == "2"
+    assert out.config.linux.cgroup_parent == "/kubepods/besteffort/podu-1"
+    assert out.runtime_handler == "runc"
+
+
+async def test_lifecycle_bookkeeping_and_post_hooks(tmp_path: Path) -> None:
+    hook = EditHook({Stage.POST_STOP_CONTAINER, Stage.POST_REMOVE_POD_SANDBOX})
+    ic = interceptor(tmp_path, hook)
+    run = ic.classify(RUN)
+    assert run is not None and not run.modifies  # observed for the store only
+    ic.post(
+        run,
+        cri.RunPodSandboxRequest(config=sandbox()).SerializeToString(),
+        cri.RunPodSandboxResponse(pod_sandbox_id="sb-1").SerializeToString(),
+        0,
+    )
+    create = ic.classify(CREATE)
+    ic.post(create, create_request(), cri.CreateContainerResponse(container_id="c-1").SerializeToString(), 0)
+    assert ic.store.pods["sb-1"].namespace == "ml"
+    assert ic.store.containers["c-1"].pod_id == "sb-1"
+    stop = ic.classify(b"/runtime.v1.RuntimeService/StopContainer")
+    ic.post(stop, cri.StopContainerRequest(container_id="c-1").SerializeToString(), b"", 0)
+    # a failed call changes nothing
+    ic.post(
+        ic.classify(b"/runtime.v1.RuntimeService/RemoveContainer"),
+        cri.RemoveContainerRequest(container_id="c-1").SerializeToString(),
+        None,
+        5,
+    )
+    assert "c-1" in ic.store.containers
+    ic.post(
+        ic.classify(b"/runtime.v1.RuntimeService/RemovePodSandbox"),
+        cri.RemovePodSandboxRequest(pod_sandbox_id="sb-1").SerializeToString(),
+        b"",
+        0,
+    )
+    await ic.close()
+    assert ic.store.containers == {} and ic.store.pods == {}
+    assert [c.stage for c in hook.seen] == [Stage.POST_STOP_CONTAINER, Stage.POST_REMOVE_POD_SANDBOX]
+    assert hook.seen[0].pod.ref == "ml/train" and hook.seen[0].container.name == "main"
+    await ic.store.close()
