@@ -113,19 +113,19 @@ def stale(proto_dir: Path = PROTO_DIR) -> list[str]:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, proto_dir: Path = PROTO_DIR) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--check", action="store_true", help="list stale generated files and exit 1 if any")
     args = p.parse_args(argv)
     try:
         if args.check:
-            names = stale()
+            names = stale(proto_dir)
             for name in names:
-                print(f"stale: proto/{name}")
+                print(f"stale: {proto_dir.name}/{name}")
             return 1 if names else 0
-        for name in generated_names() - {p.name for p in generate(PROTO_DIR)}:
-            (PROTO_DIR / name).unlink()  # generated from a .proto that is gone
-            print(f"removed: proto/{name}")
+        for name in sorted(generated_names(proto_dir) - {p.name for p in generate(proto_dir)}):
+            (proto_dir / name).unlink()  # generated from a .proto that is gone
+            print(f"removed: {proto_dir.name}/{name}")
     except GenerateError as e:
         print(e, file=sys.stderr)
         return 2
