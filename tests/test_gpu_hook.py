@@ -1,0 +1,279 @@
+"""The gpu hook at its I/O edge: options, the checkpoint file, device nodes under dev_root, pod
+liveness from kubelet's pod directories, and the hook inside a real hook chain (allowlist included)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from gpu_fixtures import Entry, Inventory, gpus, make_dev_root, nvidia_plugin_resp, write_checkpoint
+
+from crihook import allocation as al
+from crihook.config import HooksConfig, NodeConfig
+from crihook.hooks import checkpoint as checkpoint_module
+from crihook.hooks.base import ConfigError, ContainerInfo, Device, Edit, HookContext, HookError, PodInfo, Stage
+from crihook.hooks.chain import build_chain
+from crihook.hooks.checkpoint import CheckpointReader
+from crihook.hooks.gpu import GpuHook, PodDirs, parse_options
+from crihook.hooks.gpu_edit import GpuOptions, HamiCore
+
+POD_UID = "0b1c2d3e-0000-4000-8000-000000000001"
+OTHER_UID = "0b1c2d3e-0000-4000-8000-000000000002"
+BOX = gpus(4, minor_offset=2)  # minors 2..5
+
+
+class Node:
+    """A node in a temporary directory: dev root, kubelet root with checkpoint and pod directories."""
+
+    def __init__(self, root: Path) -> None:
+        self.dev = make_dev_root(root / "dev", [g.minor for g in BOX])
+        self.kubelet = root / "kubelet"
+        self.checkpoint = self.kubelet / "device-plugins" / "kubelet_internal_checkpoint"
+        (self.kubelet / "pods").mkdir(parents=True)
+        self.config = NodeConfig(dev_root=str(self.dev), kubelet_checkpoint=str(self.checkpoint))
+        self.inventory = Inventory(BOX)
+
+    def pod_dir(self, uid: str) -> None:
+        (self.kubelet / "pods" / uid).mkdir()
+
+    def hook(self, **options: Any) -> GpuHook:
+        settings = parse_options(options, self.config)
+        reader = CheckpointReader(str(self.checkpoint), sleep=lambda s: None)
+        return GpuHook(settings.opts, self.inventory, reader, PodDirs(settings.pods_dir))
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    return Node(tmp_path)
+
+
+def pod(annotations: Mapping[str, str] | None = None, uid: str = POD_UID, **kw: Any) -> PodInfo:
+    return PodInfo("train", "ml", uid, annotations=dict(annotations or {}), **kw)
+
+
+def allocated(*minors: int) -> dict[str, str]:
+    return {al.DEVICE_ALLOCATED: json.dumps({"gpu": [{"minor": m} for m in minors]})}
+
+
+def handle(hook: GpuHook, p: PodInfo, c: ContainerInfo | None = None) -> Edit | None:
+    return hook.handle(HookContext(Stage.PRE_CREATE_CONTAINER, p, c or ContainerInfo("cuda")))
+
+
+def refusal(hook: GpuHook, p: PodInfo, c: ContainerInfo | None = None) -> HookError:
+    with pytest.raises(HookError) as info:
+        handle(hook, p, c)
+    return info.value
+
+
+# -- options ----------------------------------------------------------------------------------------
+
+
+def test_defaults_follow_the_node(node: Node) -> None:
+    s = parse_options({"node": node.config}, node.config)
+    assert s.opts == GpuOptions(dev_root=str(node.dev))
+    assert s.pods_dir == str(node.kubelet / "pods")
+
+
+def test_options(node: Node) -> None:
+    s = parse_options(
+        {
+            "inject": "cdi",
+            "deny_unallocated": False,
+            "plugin_resources": ["example.com/gpu"],
+            "hami_core": {"library": "/opt/hami/libvgpu.so", "cache_root": "/var/cache/hami", "lock_dir": ""},
+            "kubelet_pods_dir": "/srv/kubelet/pods/",
+        },
+        node.config,
+    )
+    assert s.opts.inject == "cdi" and s.opts.deny_unallocated is False
+    assert s.opts.plugin_resources == ("example.com/gpu",)
+    assert s.opts.hami_core == HamiCore(library="/opt/hami/libvgpu.so", cache_root="/var/cache/hami", lock_dir="")
+    assert s.pods_dir == "/srv/kubelet/pods"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"inject": "env"}, r"inject must be one of 'env\+devices', 'cdi', not 'env'"),
+        ({"deny_unallocated": "yes"}, r"deny_unallocated must be true or false"),
+        ({"plugin_resources": "nvidia.com/gpu"}, r"plugin_resources must be a list"),
+        ({"plugin_resources": [""]}, r"plugin_resources must be a list"),
+        ({"hami_core": "/opt"}, r"hami_core must be a table"),
+        ({"hami_core": {"libary": "/x"}}, r"hami_core: unknown option\(s\) libary"),
+        ({"hami_core": {"library": "lib/vgpu.so"}}, r"hami_core.library must be an absolute, normalised path"),
+        ({"hami_core": {"cache_root": "/a/../etc"}}, r"hami_core.cache_root must be an absolute"),
+        ({"hami_core": {"library": ""}}, r"hami_core.library must be an absolute"),
+        ({"kubelet_pods_dir": 3}, r"kubelet_pods_dir must be an absolute"),
+        ({"verbose": True}, r"unknown option\(s\) verbose \(known: inject, deny_unallocated"),
+    ],
+)
+def test_bad_options_are_named(node: Node, options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_options(options, node.config)
+
+
+# -- the checkpoint file ----------------------------------------------------------------------------
+
+
+def test_no_checkpoint_file_means_no_device_plugin(node: Node) -> None:
+    edit = handle(node.hook(), pod(allocated(3)))
+    assert edit is not None and edit.env["NVIDIA_VISIBLE_DEVICES"] == BOX[1].uuid
+    assert [d.host_path for d in edit.add_devices] == [
+        f"{node.dev}/nvidia3",
+        f"{node.dev}/nvidiactl",
+        f"{node.dev}/nvidia-uvm",
+        f"{node.dev}/nvidia-uvm-tools",
+    ]
+    assert edit.add_devices[0] == Device("/dev/nvidia3", f"{node.dev}/nvidia3", "rw")
+
+
+def test_gpu_held_by_a_live_plugin_pod_then_freed(node: Node) -> None:
+    write_checkpoint(node.checkpoint, [Entry(OTHER_UID, "trainer", [BOX[1].uuid])])
+    node.pod_dir(OTHER_UID)
+    hook = node.hook()
+    err = refusal(hook, pod(allocated(3)))
+    assert err.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert err.reason == (
+        f"annotation {al.DEVICE_ALLOCATED}: GPU minor 3 ({BOX[1].uuid}) is held by live pod {OTHER_UID} "
+        "container trainer through the device plugin (nvidia.com/gpu, kubelet checkpoint)"
+    )
+    (node.kubelet / "pods" / OTHER_UID).rmdir()  # kubelet cleaned the pod up; its entry lingers
+    edit = handle(hook, pod(allocated(3)))
+    assert edit is not None and edit.env["NVIDIA_VISIBLE_DEVICES"] == BOX[1].uuid
+
+
+def test_checkpoint_parsed_only_when_it_changes(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    parsed: list[int] = []
+    real = checkpoint_module.parse_checkpoint
+    monkeypatch.setattr(checkpoint_module, "parse_checkpoint", lambda data: parsed.append(1) or real(data))
+    write_checkpoint(node.checkpoint, [Entry(POD_UID, "cuda", [BOX[0].uuid], resp=nvidia_plugin_resp(BOX[:1]))])
+    hook = node.hook()
+    for _ in range(5):
+        assert handle(hook, pod()) is None  # the device plugin's allocation stands
+    assert len(parsed) == 1
+    write_checkpoint(node.checkpoint, [Entry(OTHER_UID, "cuda", [BOX[0].uuid])])
+    edit = handle(hook, pod())
+    assert edit is not None and edit.env == {"NVIDIA_VISIBLE_DEVICES": "void"}
+    assert len(parsed) == 2
+
+
+def test_damaged_checkpoint_fails_closed_until_repaired(node: Node) -> None:
+    node.checkpoint.parent.mkdir(parents=True)
+    node.checkpoint.write_text('{"Data": {"PodDeviceEntries": {}}}')
+    hook = node.hook()
+    for p in (pod(allocated(2)), pod()):
+        err = refusal(hook, p)
+        assert err.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert err.reason == (
+            f"kubelet checkpoint: Data.PodDeviceEntries: expected a list ({node.checkpoint}); "
+            "can not tell which GPUs the device plugin handed out"
+        )
+    write_checkpoint(node.checkpoint, [])
+    edit = handle(hook, pod(allocated(2)))
+    assert edit is not None and edit.env["NVIDIA_VISIBLE_DEVICES"] == BOX[0].uuid
+
+
+# -- device nodes, refusals, isolation between pods -------------------------------------------------
+
+
+def test_missing_device_node_under_dev_root(node: Node) -> None:
+    (node.dev / "nvidia4").unlink()
+    err = refusal(node.hook(), pod(allocated(2, 4)))
+    assert err.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"device node {node.dev}/nvidia4 of minor 4 is missing on this node" in err.reason
+
+
+def test_one_bad_pod_does_not_affect_another(node: Node) -> None:
+    hook = node.hook()
+    forged = pod({al.DEVICE_ALLOCATED: json.dumps({"gpu": [{"minor": 2, "id": "GPU-forged"}]})}, uid=OTHER_UID)
+    malformed = pod({al.DEVICE_ALLOCATED: '{"gpu": [{"minor": -1}]}'}, uid=OTHER_UID)
+    good = pod(allocated(2, 5))
+    want = f"{BOX[3].uuid},{BOX[0].uuid}"
+    for _ in range(3):
+        assert refusal(hook, forged).code == grpc.StatusCode.FAILED_PRECONDITION
+        assert refusal(hook, malformed).code == grpc.StatusCode.INVALID_ARGUMENT
+        edit = handle(hook, good)
+        assert edit is not None and edit.env["NVIDIA_VISIBLE_DEVICES"] == want
+
+
+def test_cdi_mode_from_options(node: Node) -> None:
+    edit = handle(node.hook(inject="cdi"), pod(allocated(4)))
+    assert edit is not None
+    assert edit.add_cdi_devices == [f"nvidia.com/gpu={BOX[2].uuid}"] and edit.add_devices == []
+
+
+def test_deny_unallocated_switch(node: Node) -> None:
+    leaky = ContainerInfo("cuda", devices=(Device("/dev/nvidia3", "/dev/nvidia3"),))
+    edit = handle(node.hook(), pod(), leaky)
+    assert edit is not None and edit.env == {"NVIDIA_VISIBLE_DEVICES": "void"}
+    assert edit.remove_devices == {"/dev/nvidia3"}
+    assert handle(node.hook(deny_unallocated=False), pod(), leaky) is None
+
+
+def test_pod_dirs(tmp_path: Path) -> None:
+    live = PodDirs(str(tmp_path))
+    (tmp_path / POD_UID).mkdir()
+    assert live(POD_UID)
+    assert not live(OTHER_UID)
+    assert live("../../etc")  # can not be checked: counts as live
+    assert live("")
+
+
+# -- inside the hook chain --------------------------------------------------------------------------
+
+HAMI = {"koordinator.sh/gpu-isolation-provider": "HAMi-core"}
+SHARED = {al.DEVICE_ALLOCATED: json.dumps({"gpu": [{"minor": 3, "resources": {al.GPU_MEMORY_RATIO: "50"}}]})}
+
+
+def chain_run(node: Node, hooks: HooksConfig, p: PodInfo) -> Any:
+    def make(options: Mapping[str, Any]) -> GpuHook:
+        settings = parse_options(options, options["node"])
+        reader = CheckpointReader(str(node.checkpoint))
+        return GpuHook(settings.opts, node.inventory, reader, PodDirs(settings.pods_dir))
+
+    chain = build_chain(hooks, node.config, {"gpu": make})
+    ctx = HookContext(Stage.PRE_CREATE_CONTAINER, p, ContainerInfo("cuda", envs=(("NVIDIA_VISIBLE_DEVICES", "all"),)))
+    return asyncio.run(chain.run(ctx))
+
+
+def test_chain_applies_the_edit_within_the_default_allowlist(node: Node) -> None:
+    out = chain_run(node, HooksConfig(), pod(allocated(3)))
+    assert out.error is None
+    assert out.ctx.container.env("NVIDIA_VISIBLE_DEVICES") == BOX[1].uuid
+    assert out.ctx.container.devices[0].host_path == f"{node.dev}/nvidia3"
+
+
+def test_chain_names_pod_container_annotation_and_cause(node: Node) -> None:
+    out = chain_run(node, HooksConfig(), pod(allocated(9)))
+    assert out.error is not None and out.error.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert out.error.reason == (
+        f"hook gpu: pod ml/train container cuda: annotation {al.DEVICE_ALLOCATED}: "
+        "gpu minor 9: no such GPU on this node"
+    )
+
+
+def test_hami_core_library_must_be_allowlisted(node: Node) -> None:
+    hami = {"library": "/opt/hami/libvgpu.so", "preload_file": "/opt/hami/ld.so.preload", "cache_root": "/opt/hami/c"}
+    narrow = HooksConfig(options={"gpu": {"hami_core": hami}})
+    out = chain_run(node, narrow, pod(SHARED, labels=HAMI))
+    assert out.error is not None and out.error.code == grpc.StatusCode.PERMISSION_DENIED
+    assert "host path '/opt/hami/libvgpu.so' is outside the allowed device and mount paths" in out.error.reason
+
+    allowed = (*HooksConfig().allowed_host_paths, "/opt/hami/*", "/tmp/vgpulock")
+    wide = HooksConfig(allowed_host_paths=allowed, options={"gpu": {"hami_core": hami}})
+    out = chain_run(node, wide, pod(SHARED, labels=HAMI))
+    assert out.error is None
+    c = out.ctx.container
+    assert c.env("CUDA_DEVICE_MEMORY_LIMIT_0") == f"{(16 << 30) // 2 // (1 << 20)}m"
+    assert c.env("CUDA_DEVICE_SM_LIMIT") == "100"
+    assert {(m.container_path, m.host_path, m.readonly) for m in c.mounts} == {
+        ("/opt/hami/libvgpu.so", "/opt/hami/libvgpu.so", True),
+        ("/etc/ld.so.preload", "/opt/hami/ld.so.preload", True),
+        ("/tmp/vgpu", f"/opt/hami/c/{POD_UID}_cuda", False),
+        ("/tmp/vgpulock", "/tmp/vgpulock", False),
+    }
