@@ -68,6 +68,7 @@ class RemoteHook:
         self._next_reload = time.monotonic() + reload_interval
         self._stubs: dict[str, tuple[grpc.aio.Channel, RuntimeHookServiceStub]] = {}
         self._closing: set[asyncio.Task[None]] = set()
+        self._reloading = asyncio.Lock()  # one directory scan at a time, whoever asks
 
     @property
     def servers(self) -> tuple[ServerConfig, ...]:
@@ -77,10 +78,12 @@ class RemoteHook:
     async def reload(self) -> None:
         """Re-read the configuration directory now, off the event loop, and let go of connections
         to servers no longer configured."""
-        if await asyncio.to_thread(self.config.refresh):
-            wanted = {s.endpoint for s in self.config.servers}
-            for endpoint in set(self._stubs) - wanted:
-                self._drop(endpoint)
+        async with self._reloading:
+            if not await asyncio.to_thread(self.config.refresh):
+                return
+        wanted = {s.endpoint for s in self.config.servers}
+        for endpoint in set(self._stubs) - wanted:
+            self._drop(endpoint)
 
     async def handle(self, ctx: HookContext) -> Edit | None:
         now = time.monotonic()

@@ -144,8 +144,9 @@ class ConfigDir:
             return gone is not None and gone.config is not None
         except OSError as e:
             st, error = None, e.strerror or str(e)
-        if st is not None and not stat.S_ISREG(st.st_mode):
-            return False
+        if st is not None and not stat.S_ISREG(st.st_mode):  # a directory or device named *.json: no server
+            gone = self._known.pop(name, None)
+            return gone is not None and gone.config is not None
         signature = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) if st is not None else (-1,)
         if before is not None and before.signature == signature:
             return False  # unchanged, or the same failure as last time (reported then)

@@ -451,6 +451,18 @@ async def test_malformed_file_is_reported_and_skipped(confdir, servers, chains, 
     assert envs(await chain.run(create_ctx()))["OK"] == "1"
 
 
+async def test_a_file_replaced_by_a_directory_stops_being_a_server(confdir, servers, chains) -> None:
+    s = await servers("a")
+    write_config(confdir, "a.json", s.endpoint, "Fail", ["PreCreateContainer"])
+    chain = chains()
+    await chain.run(create_ctx())
+    (confdir / "a.json").unlink()
+    (confdir / "a.json").mkdir()
+    await asyncio.sleep(0.01)
+    await chain.run(create_ctx())
+    assert len(s.calls) == 1
+
+
 async def test_missing_directory_means_no_servers(chains, confdir) -> None:
     chain = chains(config_dir=str(confdir / "absent"))
     out = await chain.run(create_ctx())
