@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import pytest
 from containerd import Containerd, missing_requirements, running_containerd
 from daemon import Crihook, running_crihook
+from fakenvml import fake_nvml  # noqa: F401  (the fake NVML library fixture, for every test area)
 
 if TYPE_CHECKING:
     from cri import Cri
