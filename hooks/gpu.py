@@ -136,7 +136,7 @@ def factory(options: Mapping[str, Any]) -> GpuHook:
     node = options.get("node")
     node = node if isinstance(node, NodeConfig) else NodeConfig()
     settings = parse_options(options, node)
-    from crihook.devices.nvml import GpuIndex  # NVML is loaded on first use, not here
+    from crihook.devices.nvml import GpuIndex, Nvml  # NVML is loaded on the first lookup, not here
 
-    gpus = GpuIndex(node.nvml_library)
+    gpus = GpuIndex(Nvml(node.nvml_library, node.sys_root.rstrip("/") or "/"))
     return GpuHook(settings.opts, gpus, CheckpointReader(node.kubelet_checkpoint), PodDirs(settings.pods_dir))

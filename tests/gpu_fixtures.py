@@ -16,6 +16,11 @@ from crihook.proto import deviceplugin_v1beta1_pb2 as dp
 
 NVIDIA_MAJOR = 195
 NVIDIACTL_MINOR = 255
+UVM_MAJOR = 510  # dynamic on a real node (/proc/devices); any free number does for a test
+UVERBS_MAJOR = 231  # /dev/infiniband/uverbsN is 231:(UVERBS_BASE + N)
+UVERBS_BASE = 192
+MISC_MAJOR = 10
+RDMA_CM_MINOR = 58  # rdma_cm is a dynamic misc device; any minor does for a test
 
 
 @dataclass(frozen=True)
@@ -142,28 +147,35 @@ def make_dev_root(root: Path, minors: Iterable[int], *, uvm: bool = True, char_d
     nodes = {f"nvidia{m}": (NVIDIA_MAJOR, m) for m in minors}
     nodes["nvidiactl"] = (NVIDIA_MAJOR, NVIDIACTL_MINOR)
     if uvm:
-        nodes["nvidia-uvm"] = (510, 0)
-        nodes["nvidia-uvm-tools"] = (510, 1)
+        nodes["nvidia-uvm"] = (UVM_MAJOR, 0)
+        nodes["nvidia-uvm-tools"] = (UVM_MAJOR, 1)
     for name, (major, minor) in nodes.items():
-        path = root / name
-        if path.exists():
-            continue
-        if char_devices:
-            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
-        else:
-            path.touch()
+        _node(root / name, major, minor, char_devices)
     return root
 
 
-def make_rdma_sys(sys_root: Path, dev_root: Path, functions: Mapping[str, Sequence[str]]) -> None:
+def make_rdma_sys(
+    sys_root: Path, dev_root: Path, functions: Mapping[str, Sequence[str]], *, char_devices: bool = False
+) -> None:
     """sysfs PCI functions with their `infiniband_verbs/uverbsN` entries, the matching
-    /dev/infiniband/uverbsN nodes, and rdma_cm."""
+    /dev/infiniband/uverbsN nodes, and rdma_cm; real character devices with `char_devices`."""
     ib = dev_root / "infiniband"
     ib.mkdir(parents=True, exist_ok=True)
-    (ib / "rdma_cm").touch()
+    nodes = {"rdma_cm": (MISC_MAJOR, RDMA_CM_MINOR)}
     for address, verbs in functions.items():
         fn = sys_root / "bus" / "pci" / "devices" / address
         (fn / "infiniband_verbs").mkdir(parents=True, exist_ok=True)
         for v in verbs:
             (fn / "infiniband_verbs" / v).mkdir(exist_ok=True)
-            (ib / v).touch()
+            nodes[v] = (UVERBS_MAJOR, UVERBS_BASE + int(v.removeprefix("uverbs")))
+    for name, (major, minor) in nodes.items():
+        _node(ib / name, major, minor, char_devices)
+
+
+def _node(path: Path, major: int, minor: int, char_device: bool) -> None:
+    if path.exists():
+        return
+    if char_device:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+    else:
+        path.touch()

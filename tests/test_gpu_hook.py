@@ -277,3 +277,29 @@ def test_hami_core_library_must_be_allowlisted(node: Node) -> None:
         ("/tmp/vgpu", f"/opt/hami/c/{POD_UID}_cuda", False),
         ("/tmp/vgpulock", "/tmp/vgpulock", False),
     }
+
+
+# -- the registered hook, with NVML answered by the fake library -----------------------------------
+
+
+def test_registered_hook_over_nvml_makes_no_nvml_call_when_warm(tmp_path: Path, fake_nvml: Any) -> None:
+    from crihook.hooks.chain import discover_factories
+
+    fake = fake_nvml("dgx-h100")
+    dev = make_dev_root(tmp_path / "dev", [g["minor"] for g in fake.doc["gpus"]])
+    node_cfg = NodeConfig(
+        dev_root=str(dev),
+        sys_root=str(fake.sys_root),
+        kubelet_checkpoint=str(tmp_path / "kubelet" / "device-plugins" / "kubelet_internal_checkpoint"),
+        nvml_library=str(fake.library),
+    )
+    hook = discover_factories()["gpu"]({"node": node_cfg})
+    assert (hook.name, hook.priority, hook.stages) == ("gpu", 200, frozenset({Stage.PRE_CREATE_CONTAINER}))
+    last = fake.doc["gpus"][-1]
+    p = pod({al.DEVICE_ALLOCATED: json.dumps({"gpu": [{"minor": last["minor"], "id": last["uuid"]}]})})
+    first = handle(hook, p)
+    assert first is not None and first.env["NVIDIA_VISIBLE_DEVICES"] == last["uuid"]
+    calls = fake.call_count()
+    for _ in range(3):
+        assert handle(hook, p) == first
+    assert fake.call_count() == calls
