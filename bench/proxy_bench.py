@@ -1,0 +1,268 @@
+"""What crihook costs kubelet: the same client, in the same process, against the same containerd,
+straight and through crihook (and through a bare grpc-aio forwarder, the design we did not pick),
+with targets interleaved call by call so machine noise hits all of them alike.
+
+    python bench/proxy_bench.py [--rounds 2000] [--seconds 2] [--pods 20]
+
+Needs root, containerd and runc (the test suite's private containerd is started and stopped here).
+Prints p50/p99 latency added per method, pod start latency, throughput at 1/16/64 concurrent
+callers as a ratio of direct, and crihook's resident memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from containerd import running_containerd  # noqa: E402
+from cri import container_config, pod_config  # noqa: E402
+
+from crihook.proto import runtime_v1_pb2 as api  # noqa: E402
+
+RUNTIME = "/runtime.v1.RuntimeService/"
+IMAGE = "/runtime.v1.ImageService/"
+LIMITS = [("grpc.max_receive_message_length", 16 << 20), ("grpc.max_send_message_length", 16 << 20)]
+
+
+def ident(b: bytes) -> bytes:
+    return b
+
+
+def wait_socket(path: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"{proc.args} did not start (exit {proc.poll()})")
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def daemons(work: Path, backend: str) -> Iterator[dict[str, tuple[str, int | None]]]:
+    """crihook and the aio forwarder in front of `backend`; yields target -> (socket, pid)."""
+    cfg = work / "crihook.toml"
+    cfg.write_text(f'[proxy]\nstate_dir = "{work}/state"\nmetrics_listen = ""\nlog_level = "warning"\n')
+    crihook_sock = str(work / "crihook.sock")
+    aio_sock = str(work / "aio.sock")
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "crihook.cli",
+                "serve",
+                "--config",
+                str(cfg),
+                "--listen",
+                f"unix://{crihook_sock}",
+                "--runtime-endpoint",
+                f"unix://{backend}",
+            ]
+        ),
+        subprocess.Popen(
+            [sys.executable, str(ROOT / "bench" / "aio_forwarder.py"), aio_sock, backend], stdout=subprocess.DEVNULL
+        ),
+    ]
+    try:
+        wait_socket(crihook_sock, procs[0])
+        wait_socket(aio_sock, procs[1])
+        yield {
+            "direct": (backend, None),
+            "crihook": (crihook_sock, procs[0].pid),
+            "aio-forwarder": (aio_sock, procs[1].pid),
+        }
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(10)
+
+
+def pct(samples: list[float], q: float) -> float:
+    s = sorted(samples)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def interleaved(targets: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {name: [] for name in targets}
+    for _ in range(rounds):
+        for name, fn in targets.items():
+            start = time.perf_counter()
+            fn()
+            out[name].append(time.perf_counter() - start)
+    return out
+
+
+def report_latency(title: str, samples: dict[str, list[float]]) -> None:
+    base50, base99 = pct(samples["direct"], 0.5), pct(samples["direct"], 0.99)
+    cells = []
+    for name, s in samples.items():
+        p50, p99 = pct(s, 0.5), pct(s, 0.99)
+        extra = "" if name == "direct" else f" (+{(p50 - base50) * 1e3:.3f} / +{(p99 - base99) * 1e3:.3f})"
+        cells.append(f"{name} {p50 * 1e3:.3f}/{p99 * 1e3:.3f}{extra}")
+    print(f"{title:<34} p50/p99 ms: " + " | ".join(cells), flush=True)
+
+
+async def throughput(sock: str, concurrency: int, seconds: float) -> float:
+    async with grpc.aio.insecure_channel(f"unix://{sock}", options=LIMITS) as ch:
+        call = ch.unary_unary(RUNTIME + "Version", request_serializer=ident, response_deserializer=ident)
+        req = api.VersionRequest(version="v1").SerializeToString()
+        for _ in range(50):
+            await call(req)
+        stop = time.perf_counter() + seconds
+        done = 0
+
+        async def worker() -> None:
+            nonlocal done
+            while time.perf_counter() < stop:
+                await call(req)
+                done += 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return done / (time.perf_counter() - start)
+
+
+def rss_mib(pid: int) -> tuple[float, float]:
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=2000)
+    ap.add_argument("--seconds", type=float, default=2.0, help="per throughput slice")
+    ap.add_argument("--pods", type=int, default=20, help="pod starts per target")
+    args = ap.parse_args()
+    with running_containerd() as ctrd, tempfile.TemporaryDirectory() as tmp, daemons(Path(tmp), str(ctrd.socket)) as t:
+        chans = {name: grpc.insecure_channel(f"unix://{sock}", options=LIMITS) for name, (sock, _) in t.items()}
+
+        def caller(service: str, method: str, request: object) -> dict[str, Callable[[], object]]:
+            body = request.SerializeToString()  # type: ignore[attr-defined]
+
+            def bound(ch: grpc.Channel) -> Callable[[], object]:
+                call = ch.unary_unary(service + method, request_serializer=ident, response_deserializer=ident)
+                return lambda: call(body, timeout=30)
+
+            return {name: bound(ch) for name, ch in chans.items()}
+
+        print(f"crihook proxy benchmark: {args.rounds} rounds, targets interleaved call by call", flush=True)
+        for title, fns in (
+            ("Version", caller(RUNTIME, "Version", api.VersionRequest(version="v1"))),
+            ("ImageStatus", caller(IMAGE, "ImageStatus", api.ImageStatusRequest(image=api.ImageSpec(image="x")))),
+        ):
+            interleaved(fns, 100)
+            report_latency(title, interleaved(fns, args.rounds))
+
+        # ListContainers over 200 containers (created, not started: the list is what matters)
+        direct = chans["direct"]
+        run_pod = direct.unary_unary(RUNTIME + "RunPodSandbox", request_serializer=ident, response_deserializer=ident)
+        pod_cfg = pod_config("bench-list")
+        pod_id = api.RunPodSandboxResponse.FromString(
+            run_pod(api.RunPodSandboxRequest(config=pod_cfg).SerializeToString(), timeout=60)
+        ).pod_sandbox_id
+        create = {
+            name: ch.unary_unary(RUNTIME + "CreateContainer", request_serializer=ident, response_deserializer=ident)
+            for name, ch in chans.items()
+        }
+        remove = direct.unary_unary(RUNTIME + "RemoveContainer", request_serializer=ident, response_deserializer=ident)
+        for i in range(200):
+            req = api.CreateContainerRequest(
+                pod_sandbox_id=pod_id, config=container_config(f"c{i}", pod_cfg), sandbox_config=pod_cfg
+            )
+            create["direct"](req.SerializeToString(), timeout=60)
+        fns = caller(RUNTIME, "ListContainers", api.ListContainersRequest())
+        interleaved(fns, 50)
+        report_latency("ListContainers (200 containers)", interleaved(fns, max(200, args.rounds // 4)))
+
+        # CreateContainer: each target creates a container, removed outside the timing
+        created: list[bytes] = []
+        counter = iter(range(10**9))
+
+        def create_one(name: str) -> Callable[[], object]:
+            def fn() -> None:
+                req = api.CreateContainerRequest(
+                    pod_sandbox_id=pod_id,
+                    config=container_config(f"{name}-{next(counter)}", pod_cfg),
+                    sandbox_config=pod_cfg,
+                )
+                created.append(create[name](req.SerializeToString(), timeout=60))
+
+            return fn
+
+        samples = interleaved({name: create_one(name) for name in chans}, max(60, args.rounds // 20))
+        report_latency("CreateContainer", samples)
+        for raw in created:
+            cid = api.CreateContainerResponse.FromString(raw).container_id
+            remove(api.RemoveContainerRequest(container_id=cid).SerializeToString(), timeout=60)
+
+        # pod start: RunPodSandbox -> CreateContainer -> StartContainer, torn down untimed
+        def pod_start(name: str) -> Callable[[], object]:
+            ch = chans[name]
+            run = ch.unary_unary(RUNTIME + "RunPodSandbox", request_serializer=ident, response_deserializer=ident)
+            start = ch.unary_unary(RUNTIME + "StartContainer", request_serializer=ident, response_deserializer=ident)
+
+            def fn() -> None:
+                cfg = pod_config(f"bench-{name}-{next(counter)}")
+                pid = api.RunPodSandboxResponse.FromString(
+                    run(api.RunPodSandboxRequest(config=cfg).SerializeToString(), timeout=60)
+                ).pod_sandbox_id
+                cid = api.CreateContainerResponse.FromString(
+                    create[name](
+                        api.CreateContainerRequest(
+                            pod_sandbox_id=pid, config=container_config("app", cfg), sandbox_config=cfg
+                        ).SerializeToString(),
+                        timeout=60,
+                    )
+                ).container_id
+                start(api.StartContainerRequest(container_id=cid).SerializeToString(), timeout=60)
+                started.append(pid)
+
+            return fn
+
+        started: list[str] = []
+        samples = interleaved({name: pod_start(name) for name in chans}, args.pods)
+        report_latency("pod start (run+create+start)", samples)
+        for name in ("direct",):
+            ch = chans[name]
+            stop = ch.unary_unary(RUNTIME + "StopPodSandbox", request_serializer=ident, response_deserializer=ident)
+            rm = ch.unary_unary(RUNTIME + "RemovePodSandbox", request_serializer=ident, response_deserializer=ident)
+            for pid in [*started, pod_id]:
+                stop(api.StopPodSandboxRequest(pod_sandbox_id=pid).SerializeToString(), timeout=60)
+                rm(api.RemovePodSandboxRequest(pod_sandbox_id=pid).SerializeToString(), timeout=60)
+        d50 = statistics.median(samples["direct"])
+        c50 = statistics.median(samples["crihook"])
+        print(f"pod start through crihook: {(c50 / d50 - 1) * 100:+.1f} % vs direct (median)", flush=True)
+
+        for concurrency in (1, 16, 64):
+            totals = {name: 0.0 for name in t}
+            for _ in range(3):
+                for name, (sock, _pid) in t.items():
+                    totals[name] += asyncio.run(throughput(sock, concurrency, args.seconds))
+            base = totals["direct"]
+            print(
+                f"throughput Version x{concurrency:<3} calls/s: "
+                + " | ".join(f"{n} {v / 3:,.0f} ({v / base:.2f}x)" for n, v in totals.items()),
+                flush=True,
+            )
+        rss, peak = rss_mib(t["crihook"][1])  # type: ignore[arg-type]
+        print(f"crihook RSS {rss:.1f} MiB (peak {peak:.1f} MiB)", flush=True)
+        for ch in chans.values():
+            ch.close()
+
+
+if __name__ == "__main__":
+    main()
