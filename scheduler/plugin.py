@@ -1,0 +1,510 @@
+"""DeviceShare: the cluster's device state and the scheduling-framework steps over it.
+
+One class serves the extender, the simulator and the tests. State is a set of numpy arrays (one row
+per node, one column per GPU slot) so that Filter and Score over thousands of nodes are a few
+vectorised operations; per-pod bookkeeping (what each pod holds) makes Unreserve an exact rollback.
+Pure: no I/O, no clock, no randomness except through a policy's own seeded generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from crihook import allocation
+from crihook.allocation import (
+    CONTAINER_DEVICES,
+    DEVICE_ALLOCATED,
+    GPU,
+    GPU_CORE,
+    GPU_MEMORY,
+    GPU_MEMORY_RATIO,
+    RDMA,
+    RDMA_TYPE,
+    DeviceAllocation,
+)
+from crihook.scheduler import topology
+from crihook.scheduler.devices import NodeDevices
+from crihook.scheduler.pod import Pod
+from crihook.scheduler.request import STRATEGIES, PodRequest, RequestError, parse_request
+
+
+class Unschedulable(Exception):
+    """The pod does not fit the node (any more); str() is the reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    uid: str
+    node: str
+    gpus: tuple[DeviceAllocation, ...] = ()
+    nics: tuple[DeviceAllocation, ...] = ()
+
+
+@dataclass(slots=True)
+class _Held:
+    """What one pod holds, in minors, so the charge can be undone or replayed on a new Device."""
+
+    node: str
+    gpus: list[tuple[int, int, int]]  # (minor, core, memory bytes)
+    nics: list[tuple[int, int]]  # (minor, percent)
+    cpu: int
+    memory: int
+    alloc: Allocation | None = None  # set for pods this plugin reserved (not for live pods)
+
+
+class Policy(Protocol):
+    """How nodes are scored and GPUs picked inside a node. `rows` are node rows that passed Filter,
+    `fits` (len(rows), G) the GPU slots that can take one share of the request."""
+
+    def observe(self, req: PodRequest) -> None: ...
+
+    def scores(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> np.ndarray: ...
+
+    def pick(self, st: Cluster, req: PodRequest, row: int, fits: np.ndarray) -> list[int]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PluginConfig:
+    strategy: str = "fragmentation"  # cluster default: fragmentation | binpack | spread
+    policy: Policy | None = None  # replaces the node/GPU scoring (the simulator's baselines)
+
+
+class Cluster:
+    """The arrays. Rows are reused when nodes go; columns grow to the largest GPU count."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, int] = {}
+        self.nodes: list[NodeDevices | None] = []
+        self.slots: list[dict[int, int]] = []  # per row: minor -> column
+        self.free_rows: list[int] = []
+        self.width = 0
+        self.core_free = np.zeros((0, 0), np.int64)
+        self.mem_free = np.zeros((0, 0), np.int64)
+        self.mem_total = np.ones((0, 0), np.int64)
+        self.usable = np.zeros((0, 0), bool)  # present and healthy
+        self.cpu_free = np.zeros(0, np.int64)
+        self.hmem_free = np.zeros(0, np.int64)
+        self.host_known = np.zeros(0, bool)
+        self.live = np.zeros(0, bool)
+        self.version = np.zeros(0, np.int64)  # bumped on every change of a row
+        self.epoch = 0  # bumped when rows or columns are re-laid out
+        self.nic_free: list[dict[int, int]] = []
+
+    def _grow(self, rows: int, width: int) -> None:
+        n0, w0 = self.core_free.shape
+        n1, w1 = max(rows, n0), max(width, w0)
+        if (n1, w1) == (n0, w0):
+            return
+        if n1 > n0:
+            n1 = max(n1, 2 * n0, 16)
+
+        def grow2(a: np.ndarray, fill: int | bool) -> np.ndarray:
+            b = np.full((n1, w1), fill, a.dtype)
+            b[:n0, :w0] = a
+            return b
+
+        def grow1(a: np.ndarray, fill: int | bool) -> np.ndarray:
+            b = np.full(n1, fill, a.dtype)
+            b[:n0] = a
+            return b
+
+        self.core_free, self.mem_free = grow2(self.core_free, 0), grow2(self.mem_free, 0)
+        self.mem_total, self.usable = grow2(self.mem_total, 1), grow2(self.usable, False)
+        self.cpu_free, self.hmem_free = grow1(self.cpu_free, 0), grow1(self.hmem_free, 0)
+        self.host_known, self.live = grow1(self.host_known, False), grow1(self.live, False)
+        self.version = grow1(self.version, 0)
+        self.width = w1
+        self.epoch += 1
+
+    def left(self, rows: np.ndarray | slice) -> np.ndarray:
+        """Idle capacity of each GPU slot in percent: the smaller of compute and memory."""
+        mem_pct = (100 * (self.mem_free[rows] + 1) - 1) // self.mem_total[rows]
+        return np.where(self.usable[rows], np.clip(np.minimum(self.core_free[rows], mem_pct), 0, 100), 0)
+
+
+class DeviceShare:
+    """In-memory cluster device state + the scheduling-framework steps. Pure: no I/O, deterministic.
+    Not thread-safe by itself: callers serialise (the extender holds a lock)."""
+
+    def __init__(self, config: PluginConfig | None = None) -> None:
+        self.config = config or PluginConfig()
+        if self.config.strategy not in STRATEGIES:
+            raise ValueError(f"strategy {self.config.strategy!r} is not one of {', '.join(STRATEGIES)}")
+        if self.config.policy is None:
+            from crihook.scheduler.score import DefaultPolicy
+
+            self.policy: Policy = DefaultPolicy()
+        else:
+            self.policy = self.config.policy
+        self.st = Cluster()
+        self.held: dict[str, _Held] = {}
+        self.by_node: dict[str, set[str]] = {}
+
+    # ----- cluster state -----------------------------------------------------------------------
+    def set_node(self, node: NodeDevices) -> None:
+        st = self.st
+        row = st.rows.get(node.name)
+        if row is None:
+            row = st.free_rows.pop() if st.free_rows else len(st.nodes)
+            if row == len(st.nodes):
+                st.nodes.append(None)
+                st.slots.append({})
+                st.nic_free.append({})
+            st.rows[node.name] = row
+        st._grow(row + 1, len(node.gpus))
+        st.nodes[row] = node
+        st.slots[row] = {g.minor: i for i, g in enumerate(node.gpus)}
+        st.core_free[row] = 0
+        st.mem_free[row] = 0
+        st.mem_total[row] = 1
+        st.usable[row] = False
+        for i, g in enumerate(node.gpus):
+            st.core_free[row, i] = 100
+            st.mem_free[row, i] = g.memory
+            st.mem_total[row, i] = max(g.memory, 1)
+            st.usable[row, i] = g.healthy
+        st.host_known[row] = node.cpu_milli > 0
+        st.cpu_free[row] = node.cpu_milli
+        st.hmem_free[row] = node.memory if node.memory > 0 else 2**62
+        st.nic_free[row] = {n.minor: 100 if n.healthy else 0 for n in node.nics}
+        st.live[row] = True
+        st.version[row] += 1
+        for uid in self.by_node.get(node.name, ()):
+            self._charge(self.held[uid], +1)
+
+    def remove_node(self, name: str) -> None:
+        st = self.st
+        row = st.rows.pop(name, None)
+        if row is None:
+            return
+        st.nodes[row] = None
+        st.slots[row] = {}
+        st.nic_free[row] = {}
+        st.live[row] = False
+        st.usable[row] = False
+        st.version[row] += 1
+        st.free_rows.append(row)
+
+    def add_pod(self, pod: Pod, node: str) -> None:
+        """Charge a live pod: its allocation annotation, and its host requests. Finished pods and
+        pods already known (reserved here) are left alone."""
+        if pod.finished:
+            self.remove_pod(pod.uid)
+            return
+        uid = pod.uid or pod.key
+        old = self.held.get(uid)
+        if old is not None and old.node == node:
+            return
+        self.remove_pod(uid)
+        gpus: list[tuple[int, int, int]] = []
+        nics: list[tuple[int, int]] = []
+        text = pod.annotations.get(DEVICE_ALLOCATED)
+        if text:
+            allocs = allocation.parse_device_allocated(text, (GPU, RDMA_TYPE))
+            for a in allocs.get(GPU, ()):
+                mem = a.resources.get(GPU_MEMORY)
+                if mem is None:
+                    mem = a.resources.get(GPU_MEMORY_RATIO, 100) * self._gpu_memory(node, a.minor) // 100
+                gpus.append((a.minor, a.resources.get(GPU_CORE, 100), mem))
+            nics = [(a.minor, a.resources.get(RDMA, 100)) for a in allocs.get(RDMA_TYPE, ())]
+        try:
+            req = parse_request(pod)
+            cpu, mem_host = req.cpu_milli, req.host_memory
+        except RequestError:
+            cpu = mem_host = 0  # it runs already; charge what its annotation says
+        held = _Held(node, gpus, nics, cpu, mem_host)
+        self._hold(uid, held)
+
+    def remove_pod(self, uid: str) -> None:
+        held = self.held.pop(uid, None)
+        if held is None:
+            return
+        self.by_node.get(held.node, set()).discard(uid)
+        self._charge(held, -1)
+
+    def _gpu_memory(self, node: str, minor: int) -> int:
+        row = self.st.rows.get(node)
+        if row is None:
+            return 0
+        col = self.st.slots[row].get(minor)
+        return 0 if col is None else int(self.st.mem_total[row, col])
+
+    def _hold(self, uid: str, held: _Held) -> None:
+        self.held[uid] = held
+        self.by_node.setdefault(held.node, set()).add(uid)
+        self._charge(held, +1)
+
+    def _charge(self, held: _Held, sign: int) -> None:
+        """Apply (+1) or undo (-1) a pod's charge on its node, if the node is known."""
+        st = self.st
+        row = st.rows.get(held.node)
+        if row is None:
+            return
+        slots = st.slots[row]
+        for minor, core, mem in held.gpus:
+            col = slots.get(minor)
+            if col is not None:
+                st.core_free[row, col] -= sign * core
+                st.mem_free[row, col] -= sign * mem
+        for minor, pct in held.nics:
+            if minor in st.nic_free[row]:
+                st.nic_free[row][minor] -= sign * pct
+        st.cpu_free[row] -= sign * held.cpu
+        st.hmem_free[row] -= sign * held.memory
+        st.version[row] += 1
+
+    # ----- framework steps ---------------------------------------------------------------------
+    def pre_filter(self, pod: Pod) -> PodRequest:
+        req = parse_request(pod)
+        if req.wants_devices:
+            self.policy.observe(req)
+        return req
+
+    def filter(self, req: PodRequest, node: str) -> str | None:
+        return self.filter_nodes(req, [node])[1].get(node)
+
+    def filter_nodes(self, req: PodRequest, nodes: Iterable[str] | None = None) -> tuple[list[str], dict[str, str]]:
+        """(names that fit, {name: reason} for those that do not), in the order given."""
+        names, rows, missing = self._rows(nodes)
+        ok, fits = self._feasible(req, rows)
+        failed = {n: "node has no Device object (no GPUs known)" for n in missing}
+        for i in np.flatnonzero(~ok):
+            failed[names[i]] = self._reason(req, int(rows[i]), fits[i])
+        return [names[i] for i in np.flatnonzero(ok)], failed
+
+    def score(self, req: PodRequest, node: str) -> int:
+        return round(self.score_nodes(req, [node]).get(node, 0.0))
+
+    def score_nodes(self, req: PodRequest, nodes: Iterable[str] | None = None) -> dict[str, float]:
+        """Scores in 0..100 (higher is better) for the nodes that fit; floats keep the ordering
+        exact for callers that pick the best node themselves."""
+        names, rows, _ = self._rows(nodes)
+        ok, fits = self._feasible(req, rows)
+        idx = np.flatnonzero(ok)
+        if not req.count or idx.size == 0:
+            return {names[i]: 100.0 for i in idx}
+        strategy = req.strategy or self.config.strategy
+        if strategy == "fragmentation" or self.config.policy is not None:
+            s = self.policy.scores(self.st, req, rows[idx], fits[idx])
+        else:
+            used = 100 * (self.st.usable[rows[idx]].sum(axis=1)) - self.st.left(rows[idx]).sum(axis=1)
+            cap = np.maximum(100 * self.st.usable[rows[idx]].sum(axis=1), 1)
+            s = 100.0 * used / cap if strategy == "binpack" else 100.0 - 100.0 * used / cap
+        return {names[i]: float(v) for i, v in zip(idx, s, strict=True)}
+
+    def reserve(self, req: PodRequest, node: str) -> Allocation:
+        held = self.held.get(req.uid)
+        if held is not None:
+            if held.node == node and held.alloc is not None:
+                return held.alloc
+            raise Unschedulable(f"pod {req.key} already holds devices on node {held.node}")
+        row = self.st.rows.get(node)
+        if row is None:
+            raise Unschedulable(f"node {node} has no Device object (no GPUs known)")
+        rows = np.array([row])
+        ok, fits = self._feasible(req, rows)
+        if not ok[0]:
+            raise Unschedulable(self._reason(req, row, fits[0]))
+        cols = self._choose(req, row, fits[0])
+        if cols is None:
+            raise Unschedulable(self._reason(req, row, fits[0]))
+        nd = self.st.nodes[row]
+        assert nd is not None
+        gpus = []
+        charge = []
+        for col in sorted(cols, key=lambda c: nd.gpus[c].minor):
+            g = nd.gpus[col]
+            mem = req.memory_on(g.memory)
+            res = {GPU_CORE: req.core, GPU_MEMORY: mem, GPU_MEMORY_RATIO: mem * 100 // max(g.memory, 1)}
+            gpus.append(DeviceAllocation(minor=g.minor, id=g.uuid, resources=res))
+            charge.append((g.minor, req.core, mem))
+        nic_minors = self._pick_nics(req, row, [nd.gpus[c] for c in cols])
+        if nic_minors is None:
+            raise Unschedulable(f"node {node}: no free RDMA NIC for pod {req.key}")
+        nics = tuple(
+            DeviceAllocation(minor=m, id=next(n.id for n in nd.nics if n.minor == m), resources={RDMA: req.rdma_share})
+            for m in nic_minors
+        )
+        alloc = Allocation(req.uid, node, tuple(gpus), nics)
+        held = _Held(node, charge, [(m, req.rdma_share) for m in nic_minors], req.cpu_milli, req.host_memory, alloc)
+        self._hold(req.uid, held)
+        return alloc
+
+    def unreserve(self, uid: str) -> None:
+        held = self.held.get(uid)
+        if held is not None and held.alloc is not None:
+            self.remove_pod(uid)
+
+    def pre_bind(self, req: PodRequest, alloc: Allocation) -> dict[str, str]:
+        allocs: dict[str, tuple[DeviceAllocation, ...]] = {}
+        if alloc.gpus:
+            allocs[GPU] = alloc.gpus
+        if alloc.nics:
+            allocs[RDMA_TYPE] = alloc.nics
+        if not allocs:
+            return {}
+        out = {DEVICE_ALLOCATED: allocation.format_device_allocated(allocs)}
+        if alloc.gpus and req.gpu_containers:
+            minors = [g.minor for g in alloc.gpus]
+            per: dict[str, dict[str, list[int]]] = {}
+            if all(n > 0 for _, n in req.gpu_containers):  # whole GPUs per container: split them
+                at = 0
+                for name, n in req.gpu_containers:
+                    per[name] = {GPU: minors[at : at + n]} if name not in per else per[name]
+                    at += n if at + n <= len(minors) else 0
+            else:  # shares: every GPU container sees the pod's GPUs
+                per = {name: {GPU: minors} for name, _ in req.gpu_containers}
+            out[CONTAINER_DEVICES] = allocation.format_container_devices(per)
+        return out
+
+    # ----- internals ---------------------------------------------------------------------------
+    def _rows(self, nodes: Iterable[str] | None) -> tuple[list[str], np.ndarray, list[str]]:
+        st = self.st
+        if nodes is None:
+            names = sorted(st.rows)
+            return names, np.array([st.rows[n] for n in names], dtype=np.int64), []
+        names, rows, missing = [], [], []
+        for n in nodes:
+            r = st.rows.get(n)
+            if r is None:
+                missing.append(n)
+            else:
+                names.append(n)
+                rows.append(r)
+        return names, np.array(rows, dtype=np.int64), missing
+
+    def gpu_fits(self, req: PodRequest, rows: np.ndarray) -> np.ndarray:
+        """(len(rows), G): GPU slots with room for one share of the request."""
+        st = self.st
+        fits = st.usable[rows] & (st.core_free[rows] >= req.core)
+        need = req.memory if req.memory else req.ratio * st.mem_total[rows] // 100
+        fits &= st.mem_free[rows] >= need
+        if req.selectors:
+            for i, r in enumerate(rows):
+                nd = st.nodes[r]
+                assert nd is not None
+                for col, g in enumerate(nd.gpus):
+                    if fits[i, col] and req.selectors.refuses(g.model, g.uuid):
+                        fits[i, col] = False
+        return fits
+
+    def _feasible(self, req: PodRequest, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        st = self.st
+        fits = self.gpu_fits(req, rows)
+        ok = fits.sum(axis=1) >= req.count
+        host = ~st.host_known[rows] | ((st.cpu_free[rows] >= req.cpu_milli) & (st.hmem_free[rows] >= req.host_memory))
+        ok &= host
+        for i in np.flatnonzero(ok):
+            r = int(rows[i])
+            nd = st.nodes[r]
+            if (nd is not None and nd.partitions and req.count and not req.shared) or req.rdma:
+                ok[i] = self._choose(req, r, fits[i]) is not None and (
+                    not req.rdma or self._pick_nics(req, r, self._gpus_for_nics(req, r, fits[i])) is not None
+                )
+        return ok, fits
+
+    def _gpus_for_nics(self, req: PodRequest, row: int, fits: np.ndarray) -> list:
+        nd = self.st.nodes[row]
+        assert nd is not None
+        cols = self._choose(req, row, fits) or []
+        return [nd.gpus[c] for c in cols]
+
+    def _choose(self, req: PodRequest, row: int, fits: np.ndarray) -> list[int] | None:
+        """The GPU slots for the request on one node, or None when no valid choice exists."""
+        if req.count == 0:
+            return []
+        st = self.st
+        nd = st.nodes[row]
+        assert nd is not None
+        cand = [int(c) for c in np.flatnonzero(fits)]
+        if len(cand) < req.count:
+            return None
+        if req.joint and req.rdma:
+            nic_pcie = {n.pcie for n in nd.nics if st.nic_free[row].get(n.minor, 0) >= req.rdma_share}
+            cand = [c for c in cand if nd.gpus[c].pcie in nic_pcie]
+            if len(cand) < req.count:
+                return None
+        if nd.partitions and not req.shared:
+            minors = {nd.gpus[c].minor: c for c in cand}
+            part = topology.pick_partition(nd, set(minors), req.count, req.partition, self._busy_minors(row))
+            if part is not None:
+                return [minors[m] for m in sorted(part.minors)]
+            if nd.partition_policy == "Honor" or (req.partition is not None and req.partition.restricted):
+                return None
+        if req.count > 1 and nd.links:
+            left = st.left(np.array([row]))[0]
+            load = {nd.gpus[c].minor: 100 - int(left[c]) for c in cand}
+            chosen = topology.best_set(nd.links, sorted(load), req.count, load if req.shared else None)
+            by_minor = {nd.gpus[c].minor: c for c in cand}
+            return [by_minor[m] for m in chosen]
+        mask = np.zeros_like(fits)
+        mask[cand] = True
+        return self.policy.pick(st, req, row, mask)
+
+    def _busy_minors(self, row: int) -> set[int]:
+        nd = self.st.nodes[row]
+        assert nd is not None
+        left = self.st.left(np.array([row]))[0]
+        return {g.minor for i, g in enumerate(nd.gpus) if left[i] < 100 or not g.healthy}
+
+    def _pick_nics(self, req: PodRequest, row: int, gpus: Sequence) -> list[int] | None:
+        if not req.rdma:
+            return []
+        nd = self.st.nodes[row]
+        assert nd is not None
+        free = self.st.nic_free[row]
+        nics = [n for n in nd.nics if n.healthy and free.get(n.minor, 0) >= req.rdma_share]
+        if req.joint and gpus:
+            out = []
+            for pcie in sorted({g.pcie for g in gpus}):
+                near = [n for n in nics if n.pcie == pcie and n.minor not in out]
+                if not near:
+                    return None
+                # the fullest NIC that still fits: keeps whole NICs for whole-NIC pods
+                out.append(min(near, key=lambda n: (free[n.minor], n.minor)).minor)
+            return out if len(out) >= req.rdma else out + self._more_nics(nics, out, req.rdma - len(out), free)
+        return self._more_nics(nics, [], req.rdma, free)
+
+    @staticmethod
+    def _more_nics(nics: Sequence, taken: list[int], k: int, free: dict[int, int]) -> list[int] | None:
+        rest = sorted((n for n in nics if n.minor not in taken), key=lambda n: (free[n.minor], n.minor))
+        return [n.minor for n in rest[:k]] if len(rest) >= k else None
+
+    def _reason(self, req: PodRequest, row: int, fits: np.ndarray) -> str:
+        st = self.st
+        nd = st.nodes[row]
+        assert nd is not None
+        if st.host_known[row] and st.cpu_free[row] < req.cpu_milli:
+            return f"node {nd.name}: not enough CPU ({st.cpu_free[row]}m free, {req.cpu_milli}m asked)"
+        if st.host_known[row] and st.hmem_free[row] < req.host_memory:
+            return f"node {nd.name}: not enough memory ({st.hmem_free[row]} bytes free, {req.host_memory} asked)"
+        if req.count and not nd.gpus:
+            return f"node {nd.name} has no GPUs"
+        n_fit = int(fits.sum())
+        if n_fit < req.count:
+            why: dict[str, int] = {}
+            for col, g in enumerate(nd.gpus):
+                if fits[col]:
+                    continue
+                if not g.healthy:
+                    r = "unhealthy"
+                elif req.selectors and req.selectors.refuses(g.model, g.uuid):
+                    r = str(req.selectors.refuses(g.model, g.uuid))
+                elif st.core_free[row, col] < req.core:
+                    r = "not enough free GPU core"
+                else:
+                    r = "not enough free GPU memory"
+                why[r] = why.get(r, 0) + 1
+            detail = "; ".join(f"{n} {r}" for r, n in sorted(why.items()))
+            share = "whole GPU" if not req.shared else f"{req.core}% core and {req.ratio or req.memory}"
+            share += "" if not req.shared else ("% memory" if req.ratio else " bytes memory")
+            return f"node {nd.name}: {n_fit} of {len(nd.gpus)} GPUs can take a {share}, {req.count} needed ({detail})"
+        if req.rdma:
+            return f"node {nd.name}: not enough free RDMA NICs{' on the GPUs PCIe switches' if req.joint else ''}"
+        if nd.partitions:
+            return f"node {nd.name}: no free GPU partition of size {req.count} matches the pod's partition spec"
+        return f"node {nd.name}: no valid GPU choice"

@@ -1,0 +1,141 @@
+"""The default node score: fragmentation growth against the workload learned online.
+
+For every node that fits, the pod is placed hypothetically (on each GPU that can take a share, or
+on the best-fitting whole GPUs) and the growth of the node's fragmentation (scheduler/frag.py) is
+measured against the pod shapes seen so far. The node and GPU with the least growth win. The
+score is 100 * sigmoid(-growth / 100 %), a float, so its order is exact.
+
+Results are cached per request shape and node version: a pod changes one node, so the next pod of
+the same shape recomputes one row, not the cluster.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from crihook.scheduler.frag import Shape, Typical, node_frag
+
+if TYPE_CHECKING:
+    from crihook.scheduler.plugin import Cluster
+    from crihook.scheduler.request import PodRequest
+
+NO_HOST = 2**62  # CPU left on nodes whose allocatable is not known: never the limit
+
+
+def share_pct(req: PodRequest) -> int:
+    """One share of the request in percent of a GPU (memory in bytes counts by its core)."""
+    return max(req.core, req.ratio, 1)
+
+
+def shape_of(req: PodRequest) -> Shape:
+    return Shape(req.cpu_milli, share_pct(req) if req.count else 0, req.count)
+
+
+def host_cpu(st: Cluster, rows: np.ndarray) -> np.ndarray:
+    return np.where(st.host_known[rows], st.cpu_free[rows], NO_HOST)
+
+
+def placements(
+    typ: Typical, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Fragmentation before (K,), after each option (K, O) (inf where invalid) and the left percent
+    (K, G). A one-GPU share has one option per GPU slot (option o = slot o); anything else has one
+    option: the best-fitting slots (least idle first, then lowest slot)."""
+    left = st.left(rows)
+    cpu = host_cpu(st, rows)
+    before = node_frag(typ, cpu, left)
+    pct = share_pct(req)
+    k, g = left.shape
+    if req.count == 1 and req.shared:
+        opt = np.repeat(left[:, None, :], g, axis=1)  # (K, O=G, G)
+        idx = np.arange(g)
+        opt[:, idx, idx] -= pct
+        after = node_frag(typ, np.repeat(cpu - req.cpu_milli, g), opt.reshape(k * g, g)).reshape(k, g)
+        return before, np.where(fits, after, np.inf), left
+    cols = best_fit_cols(left, fits, req.count)
+    new = left.copy()
+    np.put_along_axis(new, cols, np.take_along_axis(new, cols, axis=1) - pct, axis=1)
+    after = node_frag(typ, cpu - req.cpu_milli, new)[:, None]
+    return before, after, left
+
+
+def best_fit_cols(left: np.ndarray, fits: np.ndarray, count: int) -> np.ndarray:
+    order = np.argsort(np.where(fits, left, 10_000), axis=1, kind="stable")
+    return order[:, :count]
+
+
+@dataclass(slots=True)
+class _Cached:
+    epoch: int
+    gen: int
+    version: np.ndarray
+    value: np.ndarray
+    choice: np.ndarray
+
+
+class DefaultPolicy:
+    """Least fragmentation growth, workload learned from the pods that arrive."""
+
+    def __init__(self, coverage: float = 0.95, refresh: int = 1024) -> None:
+        self.coverage = coverage
+        self.refresh = refresh
+        self.shapes: Counter[Shape] = Counter()
+        self.seen = 0
+        self.gen = 0
+        self.typ = Typical.of({}, coverage)
+        self.cache: dict[tuple, _Cached] = {}
+
+    def observe(self, req: PodRequest) -> None:
+        """Learn the workload: re-derive the typical shapes at 1, 2, 4 … pods, then every `refresh`."""
+        self.shapes[shape_of(req)] += 1
+        self.seen += 1
+        n = self.seen
+        if ((n & (n - 1)) == 0 and n < self.refresh) or n % self.refresh == 0:
+            self.typ = Typical.of(self.shapes, self.coverage)
+            self.gen += 1
+            self.cache.clear()
+
+    def _evaluate(
+        self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(growth (K,), chosen option (K,))."""
+        before, after, left = placements(self.typ, st, req, rows, fits)
+        if after.shape[1] == 1:
+            return after[:, 0] - before, np.zeros(len(rows), np.int64)
+        # least growth, then the fullest GPU (keeps idle GPUs whole), then the lowest slot
+        tie = np.where(np.isfinite(after), left, 1000) / 1000.0
+        best = np.argmin(np.round(after, 6) + 1e-7 * tie, axis=1)
+        return after[np.arange(len(rows)), best] - before, best
+
+    def scores(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> np.ndarray:
+        growth = self._growth(st, req, rows, fits)
+        return 100.0 / (1.0 + np.exp(np.clip(growth / 100.0, -50, 50)))
+
+    def _growth(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> np.ndarray:
+        if req.selectors:
+            return self._evaluate(st, req, rows, fits)[0]
+        key = (req.count, req.core, req.ratio, req.memory, req.cpu_milli)
+        ent = self.cache.get(key)
+        n = st.version.size
+        if ent is None or ent.epoch != st.epoch or ent.gen != self.gen or ent.version.size != n:
+            ent = _Cached(st.epoch, self.gen, np.full(n, -1, np.int64), np.zeros(n), np.zeros(n, np.int64))
+            self.cache[key] = ent
+        pos = np.flatnonzero(ent.version[rows] != st.version[rows])
+        if pos.size:
+            stale = rows[pos]
+            value, choice = self._evaluate(st, req, stale, fits[pos])
+            ent.value[stale] = value
+            ent.choice[stale] = choice
+            ent.version[stale] = st.version[stale]
+        return ent.value[rows]
+
+    def pick(self, st: Cluster, req: PodRequest, row: int, fits: np.ndarray) -> list[int]:
+        rows = np.array([row])
+        if req.count == 1 and req.shared:
+            _, choice = self._evaluate(st, req, rows, fits[None, :])
+            return [int(choice[0])]
+        return [int(c) for c in best_fit_cols(st.left(rows), fits[None, :], req.count)[0]]
