@@ -14,7 +14,10 @@ import asyncio
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterable
+import threading
+import time
+from collections.abc import Callable, Coroutine, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,6 +123,55 @@ class HookServer:
             return answer
 
         return handle
+
+
+class ServerThread:
+    """Hook servers on an event loop of their own thread, for tests that block on CRI calls while
+    the servers answer crihook. Scripts set with `on` from the test thread apply to the next call."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.servers: list[HookServer] = []
+        self._thread = threading.Thread(target=self.loop.run_forever, name="hook-servers", daemon=True)
+        self._thread.start()
+
+    def start(self, socket: Path) -> HookServer:
+        server = self._run(HookServer(socket).start())
+        self.servers.append(server)
+        return server
+
+    def stop(self, server: HookServer) -> None:
+        self._run(server.stop())
+        self.servers.remove(server)
+
+    def close(self) -> None:
+        for server in list(self.servers):
+            self.stop(server)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+    def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
+
+
+@contextmanager
+def server_thread() -> Iterator[ServerThread]:
+    thread = ServerThread()
+    try:
+        yield thread
+    finally:
+        thread.close()
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    """Poll until `condition()` is truthy (post hooks run after kubelet's call has returned)."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met within {timeout}s")
+        time.sleep(0.05)
+    return value
 
 
 def write_config(
