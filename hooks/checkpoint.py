@@ -17,6 +17,7 @@ import base64
 import binascii
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -30,6 +31,7 @@ from crihook.proto import deviceplugin_v1beta1_pb2 as dp
 
 MAX_CHECKPOINT_BYTES = 64 << 20  # thousands of pods' entries fit in a few MiB
 NO_TOPOLOGY = -1  # the NUMA key kubelet uses when a plugin reports no topology, and for the old list layout
+_REPLICA = re.compile(r"::[0-9]+\Z")
 
 
 class CheckpointError(ValueError):
@@ -66,13 +68,39 @@ class PodDeviceEntry:
         return tuple(d for ids in self.devices_by_numa.values() for d in ids)
 
 
+def base_device_id(device_id: str) -> str:
+    """The device a plugin id names: time-sliced replicas are `<id>::<n>` (NVIDIA's plugin and others)."""
+    return _REPLICA.sub("", device_id)
+
+
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
+    """The parsed file, indexed once so a hook's per-call questions cost dictionary lookups, not a
+    walk over every pod's entries."""
+
     entries: tuple[PodDeviceEntry, ...] = ()
     registered: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # resource -> healthy ids
+    _by_container: Mapping[tuple[str, str], tuple[PodDeviceEntry, ...]] = field(init=False, repr=False, compare=False)
+    _by_device: Mapping[str, tuple[PodDeviceEntry, ...]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        by_container: dict[tuple[str, str], list[PodDeviceEntry]] = {}
+        by_device: dict[str, list[PodDeviceEntry]] = {}
+        for e in self.entries:
+            by_container.setdefault((e.pod_uid, e.container_name), []).append(e)
+            for dev_id in e.device_ids:
+                holders = by_device.setdefault(base_device_id(dev_id), [])
+                if not holders or holders[-1] is not e:
+                    holders.append(e)
+        object.__setattr__(self, "_by_container", {k: tuple(v) for k, v in by_container.items()})
+        object.__setattr__(self, "_by_device", {k: tuple(v) for k, v in by_device.items()})
 
     def for_container(self, pod_uid: str, container: str) -> tuple[PodDeviceEntry, ...]:
-        return tuple(e for e in self.entries if e.pod_uid == pod_uid and e.container_name == container)
+        return self._by_container.get((pod_uid, container), ())
+
+    def holders(self, device_id: str) -> tuple[PodDeviceEntry, ...]:
+        """The entries holding `device_id`, or a time-sliced replica of it."""
+        return self._by_device.get(device_id, ())
 
 
 def parse_checkpoint(data: bytes) -> Checkpoint:

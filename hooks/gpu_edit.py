@@ -34,7 +34,6 @@ DEVICE_PERMISSIONS = "rw"  # what NVIDIA's device plugin grants
 MiB = 1 << 20
 
 _GPU_NODE = re.compile(r"(?:.*/)?nvidia[0-9]+")  # /dev/nvidiaN, as a container or host path
-_PLUGIN_REPLICA = re.compile(r"::[0-9]+\Z")  # time-sliced replicas: "GPU-<uuid>::3"
 _PATH_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 
 
@@ -145,13 +144,9 @@ def _check_conflicts(pod_uid: str, chosen: Sequence[GpuLike], node: NodeView) ->
     """Fail when the checkpoint shows a chosen GPU held through the device plugin by another pod
     that is still alive. Device ids are compared as text (UUID, or NVML index for plugins run with
     the index id strategy), so this costs no NVML call."""
-    by_id = {g.uuid: g for g in chosen} | {str(g.index): g for g in chosen}
-    for e in node.checkpoint.entries:
-        if e.pod_uid == pod_uid:
-            continue
-        for dev_id in e.device_ids:
-            g = by_id.get(_PLUGIN_REPLICA.sub("", dev_id))
-            if g is not None and node.pod_live(e.pod_uid):
+    for g in chosen:
+        for e in (*node.checkpoint.holders(g.uuid), *node.checkpoint.holders(str(g.index))):
+            if e.pod_uid != pod_uid and node.pod_live(e.pod_uid):
                 raise refuse(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"GPU minor {g.minor} ({g.uuid}) is held by live pod {e.pod_uid} container {e.container_name}"

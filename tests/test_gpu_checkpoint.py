@@ -179,6 +179,23 @@ def test_for_container() -> None:
     assert cp.for_container("p3", "a") == ()
 
 
+def test_holders_by_device_and_replica() -> None:
+    doc = checkpoint_doc(
+        [
+            Entry("p1", "a", ["GPU-1::0", "GPU-1::3"], resource="nvidia.com/gpu.shared"),
+            Entry("p2", "b", ["GPU-1::1", "GPU-2"]),
+            Entry("p3", "c", ["3"]),
+            Entry("p4", "d", ["GPU-1x"]),
+        ]
+    )
+    cp = parse_checkpoint(json.dumps(doc).encode())
+    assert [(e.pod_uid, e.container_name) for e in cp.holders("GPU-1")] == [("p1", "a"), ("p2", "b")]
+    assert [e.pod_uid for e in cp.holders("GPU-2")] == ["p2"]
+    assert [e.pod_uid for e in cp.holders("3")] == ["p3"]
+    assert cp.holders("GPU-1::0") == () and cp.holders("GPU-9") == ()
+    assert Checkpoint().holders("GPU-1") == ()
+
+
 # -- properties ------------------------------------------------------------------------------------
 
 json_values = st.recursive(
