@@ -8,22 +8,22 @@ dir), so tests point them at trees and daemons they made; parsing is kept in sma
 from __future__ import annotations
 
 import argparse
-import ctypes
 import enum
 import json
+import logging
 import os
 import stat
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import grpc
 import yaml
 
 from crihook.config import DEFAULT_CONFIG, Config, ConfigFileError, NodeConfig, ProxyConfig, load
+from crihook.devices.nvml import NodeGpus, Nvml
 
 VERSION_METHOD = "/runtime.v1.RuntimeService/Version"
 KUBELET_API_VERSION = "0.1.0"  # what kubelet itself sends in VersionRequest
@@ -292,39 +292,24 @@ def check_kubelet(proxy: ProxyConfig, node: NodeConfig) -> Finding:
     )
 
 
-def load_nvml(node: NodeConfig) -> ModuleType:
-    import pynvml
-
-    if node.nvml_library and pynvml.nvmlLib is None:
-        pynvml.nvmlLib = ctypes.CDLL(node.nvml_library)  # pynvml loads libnvidia-ml.so.1 only when unset
-    return pynvml
-
-
-def check_nvml(node: NodeConfig, nvml: Any = None) -> Finding:
-    """The driver answers through NVML and every GPU has its device node."""
+def check_nvml(node: NodeConfig, gpus: NodeGpus | None = None) -> Finding:
+    """The driver answers through NVML (the same access layer the gpu hook uses) and every GPU has
+    its device node."""
     name = "NVIDIA driver"
     driver_fix = (
         "nvidia-smi must list the GPUs; if it does not, (re)install the NVIDIA driver and check lsmod | grep nvidia. "
         "If libnvidia-ml.so.1 lives outside the loader path, set node.nvml_library"
     )
-    try:
-        nvml = nvml or load_nvml(node)
-    except OSError as e:
-        return Finding(name, Level.FAIL, f"can not load {node.nvml_library}: {e}", driver_fix)
-    try:
-        nvml.nvmlInit()
-    except nvml.NVMLError as e:
-        return Finding(name, Level.FAIL, f"NVML does not start: {e}", driver_fix)
-    try:
-        driver = nvml.nvmlSystemGetDriverVersion()
-        driver = driver.decode() if isinstance(driver, bytes) else driver
-        minors = [
-            nvml.nvmlDeviceGetMinorNumber(nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(nvml.nvmlDeviceGetCount())
-        ]
-    except nvml.NVMLError as e:
-        return Finding(name, Level.FAIL, f"NVML started but a query failed: {e}", driver_fix)
-    finally:
-        nvml.nvmlShutdown()
+    if gpus is None:
+        nvml = Nvml(node.nvml_library, node.sys_root)
+        try:
+            gpus = nvml.snapshot(topology=False)
+        finally:
+            nvml.close()
+    if gpus.reason:
+        return Finding(name, Level.FAIL, gpus.reason, driver_fix)
+    driver = gpus.driver_version
+    minors = [g.minor for g in gpus.gpus]
     if not minors:
         return Finding(name, Level.WARN, f"driver {driver} is loaded but NVML sees no GPU", driver_fix)
     dev = node.dev_root.rstrip("/")
@@ -337,6 +322,14 @@ def check_nvml(node: NodeConfig, nvml: Any = None) -> Finding:
             f"{found}; device nodes missing: {', '.join(missing)}",
             "crihook hands these nodes to containers: create them with nvidia-modprobe -c <minor> "
             "(or nvidia-smi once as root), or set node.dev_root",
+        )
+    sick = [f"minor {g.minor} ({g.health_reason or 'unhealthy'})" for g in gpus.gpus if not g.healthy]
+    if sick:
+        return Finding(
+            name,
+            Level.WARN,
+            f"{found}; unhealthy: {', '.join(sick)}",
+            "the reporter marks these GPUs unhealthy so the scheduler skips them; check nvidia-smi -q and dmesg (Xid)",
         )
     return Finding(name, Level.OK, found + "; device nodes present")
 
@@ -427,14 +420,14 @@ def check_state_dir(proxy: ProxyConfig) -> Finding:
     return Finding(name, Level.OK, found)
 
 
-def diagnose(config_path: str | None, timeout: float = 3.0, nvml: Any = None) -> list[Finding]:
+def diagnose(config_path: str | None, timeout: float = 3.0, gpus: NodeGpus | None = None) -> list[Finding]:
     config, finding = check_config(config_path)
     findings = [finding]
     runtime_finding, runtime = check_runtime(config.proxy, timeout)
     findings.append(runtime_finding)
     findings.append(check_proxy(config.proxy, runtime, timeout))
     findings.append(check_kubelet(config.proxy, config.node))
-    findings.append(check_nvml(config.node, nvml))
+    findings.append(check_nvml(config.node, gpus))
     findings.append(check_checkpoint(config.node))
     findings.append(check_state_dir(config.proxy))
     return findings
@@ -452,6 +445,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Findings carry every reason; the layers below (NVML) would say the same again in log lines.
+    logging.getLogger("crihook").addHandler(logging.NullHandler())
     findings = diagnose(args.config, args.timeout)
     if args.json:
         json.dump([asdict(f) for f in findings], sys.stdout, indent=2)

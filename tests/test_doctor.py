@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from crihook import doctor
 from crihook.config import NodeConfig, ProxyConfig
+from crihook.devices.nvml import GpuInfo, NodeGpus
 from crihook.doctor import Finding, Level
 from crihook.proxy.store import PodRecord, Store
 
@@ -272,35 +273,24 @@ def test_kubelet_checks(tmp_path: Path) -> None:
             assert "--container-runtime-endpoint=unix:///var/run/crihook/crihook.sock" in f.fix
 
 
-class FakeNvml:
-    """The part of pynvml doctor uses, for GPUs with the given minors."""
-
-    class NVMLError(Exception):
-        pass
-
-    def __init__(self, minors: list[int], driver: bytes | str = b"550.54.15", init_error: str = "") -> None:
-        self.minors, self.driver, self.init_error = minors, driver, init_error
-        self.open = False
-
-    def nvmlInit(self) -> None:
-        if self.init_error:
-            raise self.NVMLError(self.init_error)
-        self.open = True
-
-    def nvmlShutdown(self) -> None:
-        self.open = False
-
-    def nvmlSystemGetDriverVersion(self) -> bytes | str:
-        return self.driver
-
-    def nvmlDeviceGetCount(self) -> int:
-        return len(self.minors)
-
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
-        return i
-
-    def nvmlDeviceGetMinorNumber(self, handle: int) -> int:
-        return self.minors[handle]
+def node_gpus(minors: list[int], driver: str = "550.54.15", sick: int | None = None) -> NodeGpus:
+    """What the NVML layer reports for GPUs with these minors."""
+    return NodeGpus(
+        driver_version=driver,
+        gpus=tuple(
+            GpuInfo(
+                index=i,
+                minor=m,
+                uuid=f"GPU-{m}",
+                name="Tesla V100",
+                memory_total=16 << 30,
+                pci_bus_id=f"0000:{i + 1:02x}:00.0",
+                healthy=m != sick,
+                health_reason="XID 79" if m == sick else "",
+            )
+            for i, m in enumerate(minors)
+        ),
+    )
 
 
 def dev_tree(root: Path, minors: list[int]) -> Path:
@@ -313,33 +303,49 @@ def dev_tree(root: Path, minors: list[int]) -> Path:
 
 def test_nvml_healthy_and_broken(tmp_path: Path) -> None:
     node = NodeConfig(dev_root=str(dev_tree(tmp_path, [0, 3])))
-    nvml = FakeNvml([3, 0])
-    f = doctor.check_nvml(node, nvml)
+    f = doctor.check_nvml(node, node_gpus([3, 0]))
     assert f == Finding("NVIDIA driver", Level.OK, "driver 550.54.15, 2 GPU(s), minors 0, 3; device nodes present")
-    assert not nvml.open
-    f = doctor.check_nvml(node, FakeNvml([0, 3, 5], driver="550.54.15"))
+    f = doctor.check_nvml(node, node_gpus([0, 3, 5]))
     assert f.level is Level.FAIL and f.found.endswith(f"device nodes missing: {node.dev_root}/nvidia5")
     assert "nvidia-modprobe" in f.fix
-    f = doctor.check_nvml(node, FakeNvml([], driver="550.54.15"))
+    f = doctor.check_nvml(node, node_gpus([]))
     assert f.level is Level.WARN and "sees no GPU" in f.found
-    f = doctor.check_nvml(node, FakeNvml([0], init_error="Driver Not Loaded"))
+    f = doctor.check_nvml(node, node_gpus([0, 3], sick=3))
+    assert (f.level, f.found.endswith("unhealthy: minor 3 (XID 79)")) == (Level.WARN, True)
+    f = doctor.check_nvml(node, NodeGpus(reason="NVML does not start: Driver Not Loaded"))
     assert (f.level, f.found) == (Level.FAIL, "NVML does not start: Driver Not Loaded") and "nvidia-smi" in f.fix
+
+
+def test_nvml_through_the_library(tmp_path: Path, fake_nvml: Any) -> None:
+    """The real pynvml, loaded from node.nvml_library, asked by the same layer the gpu hook uses."""
+    fake = fake_nvml("pcie-l40s")
+    minors = [g["minor"] for g in fake.doc["gpus"]]
+    node = NodeConfig(
+        dev_root=str(dev_tree(tmp_path, minors)), nvml_library=str(fake.library), sys_root=str(fake.sys_root)
+    )
+    f = doctor.check_nvml(node)
+    assert f.level is Level.OK, f
+    assert f.found.startswith(f"driver {fake.doc['driver_version']}, {len(minors)} GPU(s)")
 
 
 def test_nvml_library_that_does_not_load(tmp_path: Path) -> None:
     f = doctor.check_nvml(NodeConfig(nvml_library=str(tmp_path / "libnvidia-ml.so.1")))
-    assert f.level is Level.FAIL and f.found.startswith(f"can not load {tmp_path}/libnvidia-ml.so.1")
+    assert f.level is Level.FAIL and f"{tmp_path}/libnvidia-ml.so.1" in f.found and "can not be loaded" in f.found
     assert "node.nvml_library" in f.fix
 
 
 def test_real_nvml_without_a_driver() -> None:
-    """On a machine with no NVIDIA driver, pynvml itself reports it and doctor says so."""
+    """On a machine with no NVIDIA driver, the loader's own failure is what doctor reports."""
     import ctypes.util
+
+    import pynvml
 
     if ctypes.util.find_library("nvidia-ml"):
         pytest.skip("this machine has an NVIDIA driver")
+    if pynvml.nvmlLib is not None:
+        pytest.skip("an NVML library (the fake) is already loaded in this test process")
     f = doctor.check_nvml(NodeConfig())
-    assert f.level is Level.FAIL and f.found.startswith("NVML does not start:")
+    assert f.level is Level.FAIL and "NVML" in f.found, f
 
 
 def entry(uid: str, name: str, resource: str, ids: Any, alloc: str | None = None) -> dict[str, Any]:
@@ -511,7 +517,7 @@ def test_healthy_node(containerd: Any, short_tmp: Path) -> None:
     )
     try:
         wait_for_socket(listen, serve)
-        findings = doctor.diagnose(str(config), timeout=5.0, nvml=FakeNvml([0, 1]))
+        findings = doctor.diagnose(str(config), timeout=5.0, gpus=node_gpus([0, 1]))
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.communicate(timeout=30)
