@@ -25,6 +25,8 @@ GPU_MODEL = "node.koordinator.sh/gpu-model"
 # PCIe common-ancestor levels, NVML's names (nvmlGpuTopologyLevel_t): smaller is closer.
 PCIE_LEVELS = {"internal": 0, "single": 10, "multiple": 20, "hostbridge": 30, "node": 40, "system": 50}
 WORST_PCIE = PCIE_LEVELS["system"]
+_LEVEL_VALUES = frozenset(PCIE_LEVELS.values())
+_LEVEL_TEXT = ", ".join(f"{v} {k}" for k, v in PCIE_LEVELS.items())
 MAX_MINOR = 1 << 20  # /dev/nvidiaN minors are small; this only rejects garbage
 
 
@@ -214,8 +216,10 @@ def node_from_device(
 
 
 def parse_topology(text: str, dev: str, minors: set[int]) -> Links:
-    """`{"minors": [0, 1, …], "nvlink": [[…]], "pcie": [["internal"|"single"|…]]}`: square matrices
-    in the order of `minors`; the diagonal is ignored."""
+    """The reporter's link matrix (devices/report.py, docs/devices.md): `{"minors": [0, 1, …],
+    "nvlinks": [[…]], "pcie": [[…]], …}`, square matrices in the order of `minors` with NVLink counts
+    and NVML's PCIe common-ancestor levels (0 internal, 10 single switch, …, 50 system); the diagonal
+    is ignored, as are keys the allocator does not use (nvlinkVersions, nvswitch)."""
     where = f"annotations[{TOPOLOGY!r}]"
     doc = _json(text, dev, where)
     if not isinstance(doc, dict):
@@ -230,7 +234,7 @@ def parse_topology(text: str, dev: str, minors: set[int]) -> Links:
     n = len(order)
     nvlink: dict[tuple[int, int], int] = {}
     pcie: dict[tuple[int, int], int] = {}
-    for key, out in (("nvlink", nvlink), ("pcie", pcie)):
+    for key, out in (("nvlinks", nvlink), ("pcie", pcie)):
         rows = doc.get(key)
         if rows is None:
             continue
@@ -239,12 +243,14 @@ def parse_topology(text: str, dev: str, minors: set[int]) -> Links:
         for i in range(n):
             for j in range(i + 1, n):
                 v = rows[i][j]
-                if key == "nvlink":
-                    val = _int(v, dev, f"{where}.nvlink[{i}][{j}]", hi=64)
-                elif v in PCIE_LEVELS:
-                    val = PCIE_LEVELS[v]
+                if key == "nvlinks":
+                    val = _int(v, dev, f"{where}.nvlinks[{i}][{j}]", hi=64)
+                elif isinstance(v, int) and not isinstance(v, bool) and v in _LEVEL_VALUES:
+                    val = v
                 else:
-                    raise DeviceError(dev, f"{where}.pcie[{i}][{j}]", f"{v!r} is not one of {', '.join(PCIE_LEVELS)}")
+                    raise DeviceError(
+                        dev, f"{where}.pcie[{i}][{j}]", f"{v!r} is not an NVML topology level ({_LEVEL_TEXT})"
+                    )
                 a, b = order[i], order[j]
                 out[(min(a, b), max(a, b))] = val
     return Links(nvlink, pcie)
