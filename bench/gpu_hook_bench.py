@@ -1,0 +1,138 @@
+"""What the gpu hook adds to one CreateContainer, with the NVML cache warm.
+
+    .venv/bin/python bench/gpu_hook_bench.py [--calls 5000] [--checkpoint-pods 200]
+
+The node: the fake NVML library with the 8-GPU NVSwitch topology (tests/fakenvml/dgx-h100.json),
+device nodes and a kubelet checkpoint in a temporary directory, the checkpoint holding
+`--checkpoint-pods` other pods' device-plugin GPUs (none of them a GPU the pods below ask for, so the
+conflict check reads every entry). The hook is the registered entry point, built as `crihook serve`
+builds it. Three containers: one given all 8 GPUs by the scheduler, one given a shared GPU under
+HAMi-core, and one given none (it gets NVIDIA_VISIBLE_DEVICES=void).
+
+Prints µs per call (p50, p99, max) two ways: `handle()` called directly, and a whole hook-chain run
+of the installed hooks (gpu, rdma, remote with no servers), which adds the worker-thread hand-off the
+proxy uses for blocking hooks. Also counts NVML calls during the timed runs (expected: 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+import fakenvml
+from gpu_fixtures import Entry, make_dev_root, write_checkpoint
+
+from crihook import allocation as al
+from crihook.config import HooksConfig, NodeConfig
+from crihook.hooks.base import ContainerInfo, Device, HookContext, PodInfo, Stage
+from crihook.hooks.chain import build_chain, discover_factories
+
+TOPOLOGY = "dgx-h100"
+
+
+def percentiles(samples: list[float]) -> str:
+    q = statistics.quantiles(samples, n=100)
+    return f"p50 {q[49] * 1e6:7.1f} µs   p99 {q[98] * 1e6:7.1f} µs   max {max(samples) * 1e6:8.1f} µs"
+
+
+def timed(fn: Callable[[], Any], calls: int) -> list[float]:
+    out = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=5000)
+    ap.add_argument("--checkpoint-pods", type=int, default=200)
+    args = ap.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="gpu-hook-bench-"))
+    doc = fakenvml.topology(TOPOLOGY)
+    config = root / "topology.json"
+    config.write_text(json.dumps(doc))
+    os.environ[fakenvml.CONFIG_ENV] = str(config)
+    fakenvml.make_sys_tree(root / "sys", doc)
+    gpus = doc["gpus"]
+    dev = make_dev_root(root / "dev", [g["minor"] for g in gpus])
+    checkpoint = root / "kubelet" / "device-plugins" / "kubelet_internal_checkpoint"
+    (root / "kubelet" / "pods").mkdir(parents=True)
+    others = [Entry(f"pod-{i:04d}", "main", [f"GPU-elsewhere-{i}"]) for i in range(args.checkpoint_pods)]
+    write_checkpoint(checkpoint, others)
+    node = NodeConfig(
+        dev_root=str(dev),
+        sys_root=str(root / "sys"),
+        kubelet_checkpoint=str(checkpoint),
+        nvml_library=str(fakenvml.build()),
+    )
+    hook = discover_factories()["gpu"]({"node": node})
+    library = fakenvml.FakeNvml(fakenvml.build(), config, root / "sys", doc)
+
+    whole = al.format_device_allocated(
+        {"gpu": tuple(al.DeviceAllocation(g["minor"], g["uuid"], {al.GPU_CORE: 100}) for g in gpus)}
+    )
+    shared = json.dumps({"gpu": [{"minor": gpus[3]["minor"], "resources": {al.GPU_MEMORY_RATIO: "25"}}]})
+    image_like = ContainerInfo(
+        "cuda",
+        envs=(("NVIDIA_VISIBLE_DEVICES", "all"), ("PATH", "/usr/bin")),
+        devices=(Device("/dev/nvidia0", "/dev/nvidia0"),),
+        labels={"io.kubernetes.container.name": "cuda"},
+    )
+    cases = {
+        "8 GPUs, scheduler's choice": PodInfo("train", "ml", "uid-train", annotations={al.DEVICE_ALLOCATED: whole}),
+        "1 shared GPU, HAMi-core": PodInfo(
+            "infer",
+            "ml",
+            "uid-infer",
+            labels={"koordinator.sh/gpu-isolation-provider": "HAMi-core"},
+            annotations={al.DEVICE_ALLOCATED: shared},
+        ),
+        "no GPU (void)": PodInfo("web", "default", "uid-web"),
+    }
+    chain = build_chain(HooksConfig(allowed_host_paths=("{dev_root}/*", "/usr/local/vgpu/*", "/tmp/vgpulock")), node)
+
+    print(f"node: fake NVML {TOPOLOGY} ({len(gpus)} GPUs), checkpoint with {args.checkpoint_pods} other pods")
+    print(f"hooks in the chain: {', '.join(r.hook.name for r in chain.hooks)}; {args.calls} calls per row\n")
+    for label, pod in cases.items():
+        ctx = HookContext(Stage.PRE_CREATE_CONTAINER, pod, image_like)
+        assert hook.handle(ctx) is not None, label  # fills this hook's NVML cache
+
+        async def once(ctx: HookContext = ctx) -> None:
+            out = await chain.run(ctx)
+            assert out.error is None, out.error
+
+        async def through_chain() -> list[float]:
+            samples = []
+            for _ in range(args.calls):
+                start = time.perf_counter()
+                await once()
+                samples.append(time.perf_counter() - start)
+            return samples
+
+        asyncio.run(once())  # the chain's own gpu hook fills its cache
+        before = library.call_count()
+        direct = timed(lambda ctx=ctx: hook.handle(ctx), args.calls)
+        in_chain = asyncio.run(through_chain())
+        nvml_calls = library.call_count() - before
+        print(f"{label}")
+        print(f"  gpu hook handle():    {percentiles(direct)}")
+        print(f"  whole hook chain:     {percentiles(in_chain)}")
+        print(f"  NVML calls while timed: {nvml_calls}")
+
+
+if __name__ == "__main__":
+    main()
