@@ -578,6 +578,14 @@ class FakeKube:
             rv = meta.get("resourceVersion") if want_rv is None else want_rv
             if rv and rv != cur["metadata"]["resourceVersion"]:
                 raise conflict(res, name, STALE)
+            if meta.get("uid") and meta["uid"] != cur["metadata"]["uid"] and want_rv is not None:
+                # a patch: metadata.uid is immutable (a PUT checks it as a precondition, below)
+                raise ApiError(
+                    422,
+                    "Invalid",
+                    f'{res.kind} "{name}" is invalid: metadata.uid: Invalid value: "{meta["uid"]}": field is immutable',
+                    {"name": name, "kind": res.kind},
+                )
             if meta.get("uid") and meta["uid"] != cur["metadata"]["uid"]:
                 raise conflict(
                     res,

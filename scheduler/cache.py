@@ -1,0 +1,325 @@
+"""The scheduler's view of the cluster, kept from the API server with the `kubernetes` client.
+
+Three list+watch loops (Devices, Nodes, assigned Pods) feed the DeviceShare allocator under the
+extender's lock. Each loop lists first and replaces what it had (objects gone from the list are
+removed), then watches from the list's resourceVersion; a 410 Gone, an error or a broken stream
+leads to a fresh list, so nothing is missed and a restart rebuilds the same state from the API
+server alone (Device objects plus the allocation annotations of live pods). `ready` turns true once
+all three initial lists are in.
+
+Responses are read raw (`_preload_content=False`): the allocator wants the JSON as the API server
+sent it, and decoding thousands of pods into client models would cost more than the scheduling.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from crihook.allocation import AnnotationError
+from crihook.scheduler.devices import DeviceError, node_from_device
+from crihook.scheduler.extender import ApiFailure
+from crihook.scheduler.plugin import DeviceShare
+from crihook.scheduler.pod import PodError, pod_from_json
+
+log = logging.getLogger("crihook.scheduler")
+
+DEVICE_GROUP = "scheduling.koordinator.sh"
+DEVICE_VERSION = "v1alpha1"
+DEVICE_PLURAL = "devices"
+# as kube-scheduler's own pod informer: finished pods hold nothing and drop out of the watch
+POD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
+WATCH_SECONDS = 300  # server-side timeout of one watch; the stream then restarts from its version
+READ_TIMEOUT = WATCH_SECONDS + 30  # the socket gives up only after the server should have ended it
+BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+class Expired(Exception):
+    """The watch's resourceVersion is too old (410): list again."""
+
+
+def _failure(e: ApiException) -> ApiFailure:
+    try:
+        message = json.loads(e.body).get("message") or e.reason
+    except (TypeError, ValueError, AttributeError):
+        message = e.reason or str(e)
+    return ApiFailure(int(e.status or 0), f"{e.status} {message}")
+
+
+class KubeApi:
+    """The calls a bind makes, as extender.PodApi."""
+
+    def __init__(self, api_client: client.ApiClient, timeout: float = 10.0) -> None:
+        self.core = client.CoreV1Api(api_client)
+        self.timeout = timeout
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            resp = self.core.read_namespaced_pod(name, namespace, _preload_content=False, _request_timeout=self.timeout)
+        except ApiException as e:
+            raise _failure(e) from None
+        return json.loads(resp.data)
+
+    def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Mapping[str, str]) -> None:
+        # metadata.uid is immutable, so naming it makes the patch fail (422) on a pod created again
+        # under the same name instead of annotating a pod this bind is not about
+        body = {"metadata": {"uid": uid, "annotations": dict(annotations)}}
+        try:
+            self.core.patch_namespaced_pod(name, namespace, body, _preload_content=False, _request_timeout=self.timeout)
+        except ApiException as e:
+            raise _failure(e) from None
+
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+        binding = client.V1Binding(
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=uid),
+            target=client.V1ObjectReference(kind="Node", name=node, api_version="v1"),
+        )
+        try:
+            # the API server answers a Status the generated client can not decode as a Binding: read it raw
+            self.core.create_namespaced_pod_binding(
+                name, namespace, binding, _preload_content=False, _request_timeout=self.timeout
+            )
+        except ApiException as e:
+            raise _failure(e) from None
+
+
+class Reflector:
+    """One list+watch loop in a thread. `replace(items)` gets every list, `event(type, obj)` every
+    watch event; both run on this thread."""
+
+    def __init__(
+        self,
+        name: str,
+        list_call: Callable[..., Any],
+        replace: Callable[[list[dict[str, Any]]], None],
+        event: Callable[[str, dict[str, Any]], None],
+        **selector: str,
+    ) -> None:
+        self.name = name
+        self.list_call = list_call
+        self.replace = replace
+        self.event = event
+        self.selector = selector
+        self.synced = threading.Event()
+        self._stop = threading.Event()
+        self._resp: Any = None
+        self._thread = threading.Thread(target=self._run, name=f"watch-{name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        resp = self._resp
+        if resp is not None:
+            resp.close()  # unblocks the read of a quiet watch
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                rv = self._list()
+                failures = 0
+                while not self._stop.is_set():
+                    rv = self._watch(rv)
+            except Expired:
+                log.info("watch expired, listing again", extra={"resource": self.name})
+            except Exception as e:
+                if self._stop.is_set():
+                    return
+                delay = BACKOFF[min(failures, len(BACKOFF) - 1)]
+                failures += 1
+                log.warning("list/watch failed", extra={"resource": self.name, "error": str(e), "retry_in": delay})
+                self._stop.wait(delay)
+
+    def _list(self) -> str:
+        resp = self.list_call(_preload_content=False, _request_timeout=READ_TIMEOUT, **self.selector)
+        body = json.loads(resp.data)
+        self.replace(body.get("items") or [])
+        self.synced.set()
+        return str((body.get("metadata") or {}).get("resourceVersion") or "")
+
+    def _watch(self, rv: str) -> str:
+        resp = self.list_call(
+            watch=True,
+            resource_version=rv,
+            allow_watch_bookmarks=True,
+            timeout_seconds=WATCH_SECONDS,
+            _preload_content=False,
+            _request_timeout=READ_TIMEOUT,
+            **self.selector,
+        )
+        self._resp = resp
+        try:
+            for ev in _events(resp):
+                kind, obj = ev.get("type"), ev.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise Expired()
+                    raise ApiFailure(int(obj.get("code") or 0), str(obj.get("message")))
+                rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                if kind != "BOOKMARK":
+                    self.event(kind, obj)
+        finally:
+            self._resp = None
+            resp.release_conn()
+        return rv
+
+
+def _events(resp: Any) -> Iterator[dict[str, Any]]:
+    """The JSON events of a watch response, one per line."""
+    while True:
+        line = resp.readline()
+        if not line:
+            return
+        if line.strip():
+            yield json.loads(line)
+
+
+class ClusterCache:
+    """Devices, Nodes and assigned Pods from the API server into `plugin`, under `lock`."""
+
+    def __init__(self, api_client: client.ApiClient, plugin: DeviceShare, lock: threading.Lock) -> None:
+        self.plugin = plugin
+        self.lock = lock
+        self.devices: dict[str, dict[str, Any]] = {}
+        self.nodes: dict[str, tuple[dict[str, str], dict[str, Any]]] = {}  # name -> (labels, allocatable)
+        self.pods: dict[str, str] = {}  # uid -> node, pods charged to the allocator
+        core = client.CoreV1Api(api_client)
+        custom = client.CustomObjectsApi(api_client)
+
+        def list_devices(**kw: Any) -> Any:
+            return custom.list_cluster_custom_object(DEVICE_GROUP, DEVICE_VERSION, DEVICE_PLURAL, **kw)
+
+        self.reflectors = [
+            Reflector("devices", list_devices, self._replace_devices, self._device_event),
+            Reflector("nodes", core.list_node, self._replace_nodes, self._node_event),
+            Reflector(
+                "pods",
+                core.list_pod_for_all_namespaces,
+                self._replace_pods,
+                self._pod_event,
+                field_selector=POD_SELECTOR,
+            ),
+        ]
+
+    def start(self) -> None:
+        for r in self.reflectors:
+            r.start()
+
+    def stop(self) -> None:
+        for r in self.reflectors:
+            r.stop()
+
+    def ready(self) -> bool:
+        return all(r.synced.is_set() for r in self.reflectors)
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        return all(r.synced.wait(timeout) for r in self.reflectors)
+
+    # --- nodes and devices: a node is schedulable for devices when both objects are known ---
+
+    def _refresh(self, name: str) -> None:
+        """Caller holds self.lock."""
+        dev, node = self.devices.get(name), self.nodes.get(name)
+        if dev is None or node is None:
+            self.plugin.remove_node(name)
+            return
+        try:
+            self.plugin.set_node(node_from_device(dev, node[0], node[1]))
+        except DeviceError as e:
+            log.warning("Device ignored", extra={"node": name, "error": str(e)})
+            self.plugin.remove_node(name)
+
+    @staticmethod
+    def _name(obj: Mapping[str, Any]) -> str:
+        return str((obj.get("metadata") or {}).get("name") or "")
+
+    def _replace_devices(self, items: list[dict[str, Any]]) -> None:
+        with self.lock:
+            gone = set(self.devices) - {self._name(d) for d in items}
+            self.devices = {self._name(d): d for d in items}
+            for name in gone | set(self.devices):
+                self._refresh(name)
+
+    def _device_event(self, kind: str, obj: dict[str, Any]) -> None:
+        name = self._name(obj)
+        with self.lock:
+            if kind == "DELETED":
+                self.devices.pop(name, None)
+            else:
+                self.devices[name] = obj
+            self._refresh(name)
+
+    @staticmethod
+    def _node_facts(obj: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        allocatable = (obj.get("status") or {}).get("allocatable") or {}
+        return dict(labels), dict(allocatable)
+
+    def _replace_nodes(self, items: list[dict[str, Any]]) -> None:
+        with self.lock:
+            before = self.nodes
+            self.nodes = {self._name(n): self._node_facts(n) for n in items}
+            for name in set(before) | set(self.nodes):
+                if before.get(name) != self.nodes.get(name):
+                    self._refresh(name)
+
+    def _node_event(self, kind: str, obj: dict[str, Any]) -> None:
+        name = self._name(obj)
+        with self.lock:
+            old = self.nodes.get(name)
+            if kind == "DELETED":
+                self.nodes.pop(name, None)
+            else:
+                self.nodes[name] = self._node_facts(obj)
+            if old != self.nodes.get(name):  # status heartbeats change nothing we use
+                self._refresh(name)
+
+    # --- pods ---
+
+    def _charge(self, obj: dict[str, Any]) -> None:
+        """Caller holds self.lock."""
+        try:
+            pod = pod_from_json(obj)
+        except PodError as e:
+            log.warning("pod ignored", extra={"error": str(e)})
+            return
+        uid = pod.uid or pod.key
+        if not pod.node_name or pod.finished:
+            if uid in self.pods:
+                self.pods.pop(uid)
+                self.plugin.remove_pod(uid)
+            return
+        try:
+            self.plugin.add_pod(pod, pod.node_name)
+        except AnnotationError as e:
+            # the node hook refuses such a pod too; it holds nothing we could account for
+            log.warning("pod allocation annotation ignored", extra={"pod": pod.key, "error": str(e)})
+            return
+        self.pods[uid] = pod.node_name
+
+    def _replace_pods(self, items: list[dict[str, Any]]) -> None:
+        with self.lock:
+            listed = {str((p.get("metadata") or {}).get("uid") or "") for p in items}
+            for uid in set(self.pods) - listed:
+                self.pods.pop(uid)
+                self.plugin.remove_pod(uid)
+            for p in items:
+                self._charge(p)
+
+    def _pod_event(self, kind: str, obj: dict[str, Any]) -> None:
+        with self.lock:
+            if kind == "DELETED":
+                uid = str((obj.get("metadata") or {}).get("uid") or "")
+                self.pods.pop(uid, None)
+                self.plugin.remove_pod(uid)  # also frees a reservation of a pod deleted while pending
+            else:
+                self._charge(obj)

@@ -1,0 +1,225 @@
+"""Admission webhook for pods (AdmissionReview v1): seed 001's mutating and validating rules.
+
+Mutating, on CREATE: `koordinator.sh/gpu: X` becomes `gpu-core: X` + `gpu-memory-ratio: X`, and a
+container using the share API without `koordinator.sh/gpu.shared` gets one (ratio / 100 when the
+ratio is a multiple of 100, else 1). Optionally GPU pods of the default scheduler are switched to ours
+(seed 000's upgrade path). Validating: the request must pass the allocator's own normalisation
+(`request.parse_request`), so the webhook and the scheduler can never disagree, and only the
+scheduler may set the allocation annotations the node hooks trust.
+
+Pure: dicts in, dicts out; the HTTP server is in server.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from crihook import quantity
+from crihook.allocation import (
+    CONTAINER_DEVICES,
+    DEVICE_ALLOCATED,
+    GPU_CORE,
+    GPU_MEMORY,
+    GPU_MEMORY_RATIO,
+    GPU_SHARED,
+    KOORD_GPU,
+    NVIDIA_GPU,
+)
+from crihook.scheduler.pod import PodError, pod_from_json
+from crihook.scheduler.request import RequestError, parse_request
+
+ADMISSION_API = "admission.k8s.io/v1"
+PROTECTED = (DEVICE_ALLOCATED, CONTAINER_DEVICES)
+DEFAULT_SCHEDULER = "default-scheduler"
+SHARE_NAMES = (GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO)
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookConfig:
+    # Users allowed to write the allocation annotations: the scheduler's service account.
+    scheduler_users: Collection[str] = ("system:serviceaccount:kube-system:crihook-scheduler",)
+    # When set, GPU pods that name no scheduler or the default one are given this one.
+    scheduler_name: str = ""
+
+
+class ReviewError(ValueError):
+    """The AdmissionReview itself is malformed (answered with HTTP 400, not a denial)."""
+
+
+def _escape(key: str) -> str:
+    """A JSON pointer token (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _shared_for(resources: Mapping[str, Any]) -> str | None:
+    """The gpu.shared value seed 001 injects for one container's share request, or None when the
+    container does not use the share API in a form the rule covers (validation then explains)."""
+    if GPU_SHARED in resources or NVIDIA_GPU in resources:
+        return None
+    if GPU_MEMORY_RATIO in resources:
+        try:
+            ratio = quantity.parse(resources[GPU_MEMORY_RATIO])
+        except quantity.QuantityError:
+            return None
+        if ratio <= 0:
+            return None
+        whole = ratio % 100 == 0 and ratio == ratio.to_integral_value()
+        return str(int(ratio / Decimal(100))) if whole else "1"
+    if GPU_MEMORY in resources:
+        try:
+            return "1" if quantity.parse(resources[GPU_MEMORY]) > 0 else None
+        except quantity.QuantityError:
+            return None
+    return None
+
+
+def mutate_pod(pod: dict[str, Any], config: WebhookConfig) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The mutated pod and the JSON patch from `pod` to it. `pod` is not changed."""
+    out = copy.deepcopy(pod)
+    ops: list[dict[str, Any]] = []
+    spec = out.get("spec")
+    if not isinstance(spec, dict):
+        return out, ops
+    for field in ("initContainers", "containers"):
+        containers = spec.get(field)
+        if not isinstance(containers, list):
+            continue
+        for i, c in enumerate(containers):
+            res = c.get("resources") if isinstance(c, dict) else None
+            if not isinstance(res, dict):
+                continue
+            for kind in ("limits", "requests"):
+                values = res.get(kind)
+                if not isinstance(values, dict):
+                    continue
+                base = f"/spec/{field}/{i}/resources/{kind}/"
+                # koordinator.sh/gpu alone converts; beside core or memory it is left for validation to refuse
+                if KOORD_GPU in values and not any(n in values for n in SHARE_NAMES):
+                    x = values.pop(KOORD_GPU)
+                    ops.append({"op": "remove", "path": base + _escape(KOORD_GPU)})
+                    for name in (GPU_CORE, GPU_MEMORY_RATIO):
+                        values[name] = x
+                        ops.append({"op": "add", "path": base + _escape(name), "value": x})
+                if KOORD_GPU not in values and (shared := _shared_for(values)) is not None:
+                    values[GPU_SHARED] = shared
+                    ops.append({"op": "add", "path": base + _escape(GPU_SHARED), "value": shared})
+    if config.scheduler_name and spec.get("schedulerName", DEFAULT_SCHEDULER) in ("", DEFAULT_SCHEDULER):
+        try:
+            wants = parse_request(pod_from_json(out)).wants_devices
+        except (PodError, RequestError):
+            wants = False  # validation will say why; do not move an invalid pod to our scheduler
+        if wants:
+            op = "replace" if "schedulerName" in spec else "add"
+            spec["schedulerName"] = config.scheduler_name
+            ops.append({"op": op, "path": "/spec/schedulerName", "value": config.scheduler_name})
+    return out, ops
+
+
+def validate_pod(
+    operation: str, pod: Mapping[str, Any], old: Mapping[str, Any] | None, user: str, config: WebhookConfig
+) -> tuple[int, str] | None:
+    """None when allowed, else (HTTP code, message) for the denial."""
+    if user not in config.scheduler_users:
+        anns = _annotations(pod)
+        before = _annotations(old) if old is not None else {}
+        for key in PROTECTED:
+            if anns.get(key) != before.get(key):
+                return 403, (
+                    f"annotation {key} is written by the crihook scheduler only; remove it from the pod "
+                    f"(user {user or '<unknown>'} may not set or change it)"
+                )
+    if operation != "CREATE":
+        return None  # resource requests are immutable after creation; the annotations were checked above
+    try:
+        parse_request(pod_from_json(pod))
+    except (PodError, RequestError) as e:
+        return 400, str(e)
+    return None
+
+
+def _annotations(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    meta = (obj or {}).get("metadata") or {}
+    anns = meta.get("annotations") if isinstance(meta, dict) else None
+    return anns if isinstance(anns, dict) else {}
+
+
+def _request(review: Any) -> dict[str, Any]:
+    if not isinstance(review, dict) or review.get("kind") != "AdmissionReview":
+        raise ReviewError("expected an AdmissionReview object")
+    if review.get("apiVersion") != ADMISSION_API:
+        raise ReviewError(f"AdmissionReview apiVersion {review.get('apiVersion')!r} is not {ADMISSION_API}")
+    req = review.get("request")
+    if not isinstance(req, dict) or not isinstance(req.get("uid"), str) or not req["uid"]:
+        raise ReviewError("AdmissionReview.request.uid is missing")
+    return req
+
+
+def _response(uid: str, allowed: bool, **extra: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": ADMISSION_API,
+        "kind": "AdmissionReview",
+        "response": {"uid": uid, "allowed": allowed, **extra},
+    }
+
+
+def _pod_of(req: dict[str, Any], key: str) -> dict[str, Any] | None:
+    obj = req.get(key)
+    if obj is None:
+        return None
+    if not isinstance(obj, dict):
+        raise ReviewError(f"AdmissionReview.request.{key} is not an object")
+    # On CREATE the object may not carry its namespace yet; the request does.
+    obj = dict(obj)
+    meta = dict(obj.get("metadata") or {})
+    if not meta.get("namespace") and req.get("namespace"):
+        meta["namespace"] = req["namespace"]
+    if not meta.get("name") and req.get("name"):
+        meta["name"] = req["name"]
+    obj["metadata"] = meta
+    return obj
+
+
+def _is_pod(req: dict[str, Any]) -> bool:
+    res = req.get("resource") or {}
+    return res.get("group", "") == "" and res.get("resource") == "pods" and not req.get("subResource")
+
+
+def mutate(review: Any, config: WebhookConfig) -> dict[str, Any]:
+    """The AdmissionReview response for the mutating webhook."""
+    req = _request(review)
+    uid = req["uid"]
+    if req.get("operation") != "CREATE" or not _is_pod(req):
+        return _response(uid, True)
+    pod = _pod_of(req, "object")
+    if pod is None:
+        raise ReviewError("AdmissionReview.request.object is missing")
+    _, ops = mutate_pod(pod, config)
+    if not ops:
+        return _response(uid, True)
+    patch = base64.b64encode(json.dumps(ops, separators=(",", ":")).encode()).decode()
+    return _response(uid, True, patchType="JSONPatch", patch=patch)
+
+
+def validate(review: Any, config: WebhookConfig) -> dict[str, Any]:
+    """The AdmissionReview response for the validating webhook."""
+    req = _request(review)
+    uid = req["uid"]
+    op = req.get("operation")
+    if op not in ("CREATE", "UPDATE") or not _is_pod(req):
+        return _response(uid, True)
+    pod = _pod_of(req, "object")
+    if pod is None:
+        raise ReviewError("AdmissionReview.request.object is missing")
+    user = ((req.get("userInfo") or {}).get("username")) or ""
+    denial = validate_pod(op, pod, _pod_of(req, "oldObject"), user, config)
+    if denial is None:
+        return _response(uid, True)
+    code, message = denial
+    reason = "Forbidden" if code == 403 else "BadRequest"
+    return _response(uid, False, status={"code": code, "reason": reason, "message": message})
