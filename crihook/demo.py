@@ -1,0 +1,438 @@
+"""`crihook demo`: the whole path on a machine with no GPU and no kubelet, in seconds.
+
+A simulated 8-GPU node (the fake NVML library of tests/fakenvml, so the real `pynvml` and the real
+discovery code run), its Device object as the reporter builds it, the allocator placing pods of every
+request form, and `crihook serve` with the gpu hook in front of a runtime: a private containerd when
+this machine can run one (root, containerd, runc), else the embedded in-process CRI runtime. kubelet's
+part is played by a CRI client that sends the calls kubelet would send. It prints what each container
+got and removes everything it made.
+
+The fake NVML library and the containerd harness live in the source tree's tests/, so the demo runs
+from a checkout (README: `bash demo.sh`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+TOPOLOGIES = ("dgx1-v100", "dgx-h100", "pcie-l40s")
+NODE = "demo-node"
+GiB = 1 << 30
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--topology", choices=TOPOLOGIES, default="dgx1-v100", help="simulated node (default %(default)s)")
+    p.add_argument(
+        "--runtime",
+        choices=("auto", "containerd", "embedded"),
+        default="auto",
+        help="auto: a private containerd when this machine can run one, else the embedded runtime",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object per pod instead of the table")
+    p.add_argument("--keep", action="store_true", help="keep the work directory (node tree, logs) and say where")
+
+
+# -- the pods: every request form of the seed proposals -------------------------------------------
+
+
+def _pod(
+    name: str,
+    containers: dict[str, dict[str, Any]],
+    annotations: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "demo",
+            "uid": f"demo-{name}",
+            "annotations": annotations or {},
+            "labels": labels or {},
+        },
+        "spec": {
+            "containers": [
+                {"name": c, "image": "cuda", "resources": {"requests": dict(r), "limits": dict(r)}}
+                for c, r in containers.items()
+            ]
+        },
+    }
+
+
+def demo_pods(model_hint: str) -> list[tuple[str, dict[str, Any]]]:
+    """(what it shows, pod JSON as a user writes it) for every request form."""
+    one = {"nvidia.com/gpu": "1"}
+    return [
+        ("4 whole GPUs: the best NVLink-connected group", _pod("train-4", {"main": {"nvidia.com/gpu": "4"}})),
+        ("one whole GPU per container", _pod("split", {"a": one, "b": one})),
+        (
+            "half a GPU (core + memory ratio)",
+            _pod("share-half", {"main": {"koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "50"}}),
+        ),
+        ("koordinator.sh/gpu: 30 (the webhook converts it)", _pod("koord-gpu", {"main": {"koordinator.sh/gpu": "30"}})),
+        (
+            "25% core and 4Gi, HAMi-core isolation",
+            _pod(
+                "share-hami",
+                {
+                    "main": {
+                        "koordinator.sh/gpu.shared": "1",
+                        "koordinator.sh/gpu-core": "25",
+                        "koordinator.sh/gpu-memory": "4Gi",
+                    }
+                },
+                labels={"koordinator.sh/gpu-isolation-provider": "HAMi-core"},
+            ),
+        ),
+        (
+            f"20% of a GPU of type {model_hint}",
+            _pod("by-type", {"main": {"koordinator.sh/gpu": "20"}}, annotations={"nvidia.com/use-gputype": model_hint}),
+        ),
+        (
+            "a GPU type this node lacks",
+            _pod("wrong-type", {"main": one}, annotations={"nvidia.com/use-gputype": "MI300"}),
+        ),
+        ("more GPUs than are left", _pod("too-big", {"main": {"nvidia.com/gpu": "4"}})),
+        ("no GPU asked, image says NVIDIA_VISIBLE_DEVICES=all", _pod("cpu-only", {"main": {}})),
+    ]
+
+
+# -- the simulated node ---------------------------------------------------------------------------
+
+
+@dataclass
+class SimNode:
+    work: Path
+    topology: str
+    doc: dict[str, Any] = field(default_factory=dict)
+    char_devices: bool = False
+
+    @property
+    def config(self) -> Path:
+        return self.work / "topology.json"
+
+    @property
+    def sys_root(self) -> Path:
+        return self.work / "sys"
+
+    @property
+    def dev_root(self) -> Path:
+        return self.work / "dev"
+
+    @property
+    def kubelet(self) -> Path:
+        return self.work / "kubelet"
+
+    @property
+    def hami(self) -> Path:
+        return self.work / "hami"
+
+
+def build_node(work: Path, topology: str, char_devices: bool) -> tuple[SimNode, Path]:
+    """The node's files, and the fake NVML library that describes it."""
+    import fakenvml
+    from gpu_fixtures import make_dev_root, write_checkpoint
+
+    node = SimNode(work, topology, fakenvml.topology(topology), char_devices)
+    work.mkdir(parents=True)
+    node.config.write_text(json.dumps(node.doc))
+    fakenvml.make_sys_tree(node.sys_root, node.doc)
+    make_dev_root(node.dev_root, [g["minor"] for g in node.doc["gpus"]], char_devices=char_devices)
+    (node.kubelet / "pods").mkdir(parents=True)
+    write_checkpoint(node.kubelet / "device-plugins" / "kubelet_internal_checkpoint", [])
+    node.hami.mkdir()
+    (node.hami / "libvgpu.so").write_bytes(b"\x7fELF stand-in for HAMi-core\n")
+    (node.hami / "ld.so.preload").write_text(f"{node.hami}/libvgpu.so\n")
+    return node, fakenvml.build()
+
+
+def proxy_config(node: SimNode, library: Path) -> str:
+    return f"""
+[node]
+name = "{NODE}"
+dev_root = "{node.dev_root}"
+sys_root = "{node.sys_root}"
+kubelet_checkpoint = "{node.kubelet}/device-plugins/kubelet_internal_checkpoint"
+nvml_library = "{library}"
+
+[hooks]
+allowed_host_paths = ["{{dev_root}}/nvidia*", "{{dev_root}}/infiniband/*", "{node.hami}/*"]
+
+[hooks.gpu.hami_core]
+library = "{node.hami}/libvgpu.so"
+preload_file = "{node.hami}/ld.so.preload"
+cache_root = "{node.hami}/containers"
+lock_dir = "{node.hami}/lock"
+"""
+
+
+def device_object(node: SimNode, library: Path) -> dict[str, Any]:
+    """Discovery through the real pynvml and the reporter's object, as the API server would hold it."""
+    from crihook.devices import report
+    from crihook.devices.nvml import Nvml
+
+    nvml = Nvml(str(library), str(node.sys_root))
+    try:
+        gpus = nvml.snapshot()
+    finally:
+        nvml.close()
+    if gpus.reason:
+        raise SystemExit(f"crihook demo: the simulated node's NVML failed: {gpus.reason}")
+    want = report.desired(report.Observed(gpus))
+    obj = report.device_object(NODE, "demo-node-uid", want, None)
+    assert obj is not None
+    obj["status"] = want.status
+    return obj
+
+
+# -- runtimes -------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def embedded_runtime(work: Path) -> Iterator[str]:
+    """The in-process runtime on its own event loop thread; yields its address."""
+    from crihook import embedded_runtime as er
+
+    sock = str(work / "runtime.sock")
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    holder: dict[str, Any] = {}
+
+    async def start() -> None:
+        holder["server"], _ = await er.serve(sock)
+        ready.set()
+
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(start(), loop).result(10)
+    try:
+        yield f"unix://{sock}"
+    finally:
+        asyncio.run_coroutine_threadsafe(holder["server"].stop(0), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+@contextlib.contextmanager
+def containerd_runtime() -> Iterator[str]:
+    from containerd import running_containerd
+
+    with running_containerd() as daemon:
+        yield daemon.address
+
+
+def choose_runtime(wanted: str) -> str:
+    if wanted != "auto":
+        return wanted
+    from containerd import missing_requirements
+
+    return "containerd" if missing_requirements() is None else "embedded"
+
+
+# -- kubelet's part -------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    pod: str
+    shows: str
+    scheduled: str = ""  # what the allocator chose, or why not
+    containers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    refused: str = ""  # the runtime call that failed, with crihook's message
+
+
+def schedule(plugin: Any, pod_json: dict[str, Any]) -> tuple[dict[str, str], str]:
+    """Webhook, then PreFilter / Filter / Score / Reserve / PreBind on the one node: the annotations
+    to add and a one-line account of the decision."""
+    from crihook.scheduler.plugin import Unschedulable
+    from crihook.scheduler.pod import PodError, pod_from_json
+    from crihook.scheduler.request import RequestError
+    from crihook.scheduler.webhook import WebhookConfig, mutate_pod
+
+    mutated, _ = mutate_pod(pod_json, WebhookConfig())
+    try:
+        req = plugin.pre_filter(pod_from_json(mutated))
+    except (PodError, RequestError) as e:
+        return {}, f"rejected: {e}"
+    if not req.wants_devices:
+        return {}, "no device request: passed through"
+    reason = plugin.filter(req, NODE)
+    if reason is not None:
+        return {}, f"unschedulable: {reason}"
+    try:
+        alloc = plugin.reserve(req, NODE)
+    except Unschedulable as e:
+        return {}, f"unschedulable: {e}"
+    annotations = plugin.pre_bind(req, alloc)
+    parts = []
+    for g in alloc.gpus:
+        core = g.resources.get("koordinator.sh/gpu-core", 100)
+        mem = int(g.resources.get("koordinator.sh/gpu-memory", 0))
+        parts.append(f"minor {g.minor}" + ("" if int(core) >= 100 else f" ({core}% core, {mem / GiB:.0f}Gi)"))
+    return annotations, ", ".join(parts)
+
+
+def container_view(cri: Any, cid: str) -> dict[str, Any]:
+    spec = json.loads(cri.container_status(cid, verbose=True).info["info"])["runtimeSpec"]
+    env = dict(e.split("=", 1) for e in spec["process"]["env"])
+    shown = {k: v for k, v in sorted(env.items()) if k.startswith(("NVIDIA_", "CUDA_", "LD_PRELOAD"))}
+    devices = sorted(d["path"] for d in spec["linux"].get("devices", []) if d["path"].startswith("/dev/nvidia"))
+    mounts = sorted(m["destination"] for m in spec.get("mounts", []) if "vgpu" in m["destination"])
+    return {"env": shown, "devices": devices, "mounts": mounts}
+
+
+def run_pods(address: str, plugin: Any, pods: list[tuple[str, dict[str, Any]]], forged: str) -> list[Outcome]:
+    from cri import Cri, CriError, container_config, pod_config
+
+    out: list[Outcome] = []
+    with Cri(address) as cri:
+        try:
+            for shows, pod_json in pods:
+                meta = pod_json["metadata"]
+                outcome = Outcome(meta["name"], shows)
+                annotations, outcome.scheduled = schedule(plugin, pod_json)
+                if outcome.scheduled.startswith(("rejected", "unschedulable")):
+                    out.append(outcome)
+                    continue
+                run_one(cri, pod_json, annotations, outcome, pod_config, container_config, CriError)
+                out.append(outcome)
+            outcome = Outcome("forged", "an allocation the scheduler never made (minor 99)")
+            outcome.scheduled = "not scheduled by crihook: annotation written by hand"
+            forged_pod = _pod("forged", {"main": {}})
+            run_one(
+                cri,
+                forged_pod,
+                {"scheduling.koordinator.sh/device-allocated": forged},
+                outcome,
+                pod_config,
+                container_config,
+                CriError,
+            )
+            out.append(outcome)
+        finally:
+            cri.remove_all()
+    return out
+
+
+def run_one(
+    cri: Any,
+    pod_json: dict[str, Any],
+    annotations: dict[str, str],
+    outcome: Outcome,
+    pod_config: Any,
+    container_config: Any,
+    cri_error: type[Exception],
+) -> None:
+    meta = pod_json["metadata"]
+    cfg = pod_config(
+        meta["name"],
+        namespace=meta["namespace"],
+        uid=meta["uid"],
+        labels=meta["labels"],
+        annotations={**meta["annotations"], **annotations},
+    )
+    try:
+        pod_id = cri.run_pod(cfg)
+        for c in pod_json["spec"]["containers"]:
+            # CUDA base images set NVIDIA_VISIBLE_DEVICES=all; crihook decides what it really is
+            cc = container_config(c["name"], cfg, envs={"NVIDIA_VISIBLE_DEVICES": "all"})
+            cid = cri.create_container(pod_id, cc, cfg)
+            cri.start_container(cid)
+            outcome.containers[c["name"]] = container_view(cri, cid)
+    except cri_error as e:
+        outcome.refused = str(e)
+
+
+# -- output ---------------------------------------------------------------------------------------
+
+
+def render(outcomes: list[Outcome], runtime: str, topology: str, seconds: float) -> str:
+    lines = [f"crihook demo: simulated {topology} node, runtime {runtime}, crihook serve with the gpu hook", ""]
+    for o in outcomes:
+        lines.append(f"pod demo/{o.pod}: {o.shows}")
+        lines.append(f"  scheduler: {o.scheduled}")
+        if o.refused:
+            lines.append(f"  refused:   {o.refused}")
+        for name, view in o.containers.items():
+            env = " ".join(f"{k}={v}" for k, v in view["env"].items())
+            lines.append(f"  container {name}: {env}")
+            lines.append(f"    devices: {' '.join(view['devices']) or '(no GPU device)'}")
+            if view["mounts"]:
+                lines.append(f"    mounts:  {' '.join(view['mounts'])}")
+        lines.append("")
+    lines.append(f"done in {seconds:.1f}s; everything the demo made is removed")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not (TESTS / "fakenvml" / "fakenvml.c").exists():
+        print(
+            "crihook demo: run it from a source checkout (it builds the fake NVML library in tests/)", file=sys.stderr
+        )
+        return 2
+    if shutil.which("gcc") is None:
+        print("crihook demo: needs gcc to build the fake NVML library (apt-get install gcc)", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(TESTS))
+    started = time.monotonic()
+    runtime = choose_runtime(args.runtime)
+    work = Path(tempfile.mkdtemp(prefix="crihook-demo-"))
+    try:
+        outcomes = demo(work, args.topology, runtime)
+    finally:
+        if args.keep:
+            print(f"crihook demo: work directory kept at {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        for o in outcomes:
+            print(json.dumps(o.__dict__, sort_keys=True))
+    else:
+        print(render(outcomes, runtime, args.topology, time.monotonic() - started))
+    return 0
+
+
+def demo(work: Path, topology: str, runtime: str) -> list[Outcome]:
+    from daemon import running_crihook
+    from fakenvml import CONFIG_ENV
+
+    from crihook.scheduler.devices import node_from_device
+    from crihook.scheduler.plugin import DeviceShare
+
+    node, library = build_node(work / "node", topology, char_devices=runtime == "containerd")
+    os.environ[CONFIG_ENV] = str(node.config)  # the fake NVML reads its node from here at nvmlInit
+    device = device_object(node, library)
+    plugin = DeviceShare()
+    plugin.set_node(node_from_device(device, device["metadata"].get("labels", {})))
+    # "Tesla V100-SXM2-32GB" -> V100, "NVIDIA H100 80GB HBM3" -> H100: what a user writes in use-gputype
+    model = next(w for w in node.doc["gpus"][0]["name"].split() if any(c.isdigit() for c in w)).split("-")[0]
+    forged = json.dumps({"gpu": [{"minor": 99, "resources": {"koordinator.sh/gpu-core": "100"}}]})
+    backend = containerd_runtime() if runtime == "containerd" else embedded_runtime(work)
+    with (
+        backend as address,
+        running_crihook(
+            address, work / "crihook", proxy_config(node, library), {CONFIG_ENV: str(node.config)}
+        ) as proxy,
+    ):
+        try:
+            return run_pods(proxy.address, plugin, demo_pods(model), forged)
+        except Exception:
+            print(proxy.log_tail(), file=sys.stderr)
+            raise
