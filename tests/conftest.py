@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -9,9 +10,18 @@ import pytest
 from containerd import Containerd, missing_requirements, running_containerd
 from daemon import Crihook, running_crihook
 from fakenvml import fake_nvml  # noqa: F401  (the fake NVML library fixture, for every test area)
+from hypothesis import HealthCheck, settings
 
 if TYPE_CHECKING:
     from cri import Cri
+
+# Property and fuzz tests run hypothesis' default example count in the normal suite; bench/fuzz.sh
+# selects "fuzz" (CRIHOOK_HYPOTHESIS_PROFILE=fuzz, or pytest --hypothesis-profile=fuzz) for the long run.
+settings.register_profile(
+    "fuzz", max_examples=10_000, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+if os.environ.get("CRIHOOK_HYPOTHESIS_PROFILE"):
+    settings.load_profile(os.environ["CRIHOOK_HYPOTHESIS_PROFILE"])
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
