@@ -93,6 +93,20 @@ class HookChain:
         """False lets the proxy forward a call untouched without decoding it."""
         return bool(self._by_stage[stage])
 
+    async def close(self) -> None:
+        """Release what hooks hold (a remote hook's channels) once this chain is replaced or the
+        daemon stops; a hook that has no `close` holds nothing."""
+        for reg in self.hooks:
+            close = getattr(reg.hook, "close", None)
+            if close is None:
+                continue
+            try:
+                result = close()
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("hook close failed", extra={"hook": reg.hook.name})
+
     async def run(self, ctx: HookContext) -> Outcome:
         out = Outcome(ctx)
         try:

@@ -13,7 +13,7 @@ import logging
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -303,6 +303,16 @@ class Interceptor:
             return ctx, lambda new: write_pod(msg.config, ctx.pod, new.pod)
         if stage is Stage.PRE_CREATE_CONTAINER:
             pod = pod_view(msg.sandbox_config, pod_id=msg.pod_sandbox_id)
+            rec = self.store.pods.get(msg.pod_sandbox_id)
+            if rec is not None:
+                # kubelet sends its own copy of the sandbox config; what the hooks made of the pod at
+                # RunPodSandbox (labels, annotations, cgroup parent) is in the store
+                pod = replace(
+                    pod,
+                    labels=rec.labels,
+                    annotations=rec.annotations,
+                    cgroup_parent=rec.cgroup_parent or pod.cgroup_parent,
+                )
             ctx = HookContext(stage, pod, container_view(msg.config))
             return ctx, lambda new: write_container(msg.config, ctx.container, new.container)  # type: ignore[arg-type]
         # StartContainer and UpdateContainerResources carry only an id: the rest comes from the store.

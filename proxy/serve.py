@@ -113,6 +113,7 @@ class Daemon:
     interceptor: Interceptor | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _closing: set[asyncio.Task[None]] = field(default_factory=set)
 
     def chain(self, cfg: cfgmod.Config) -> HookChain:
         return build_chain(cfg.hooks, cfg.node)
@@ -157,6 +158,7 @@ class Daemon:
         systemd.notify("STOPPING=1")
         cut = await self.relay.drain(cfg.proxy.drain_seconds)
         await self.interceptor.close()
+        await self.interceptor.chain.close()
         await self.store.close()
         for t in tasks:
             t.cancel()
@@ -177,8 +179,19 @@ class Daemon:
             log.error("reload failed, keeping the running configuration", extra={"error": str(e)})
             return
         assert self.interceptor is not None
-        self.interceptor.chain = chain
+        old, self.interceptor.chain = self.interceptor.chain, chain
+        # Calls already running keep the old chain's hooks until they finish: close it in the
+        # background, after the longest hook budget has passed.
+        grace = max((r.timeout for r in old.hooks), default=0.0)
+        task = asyncio.get_running_loop().create_task(_close_later(old, grace))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
         log.info("configuration reloaded", extra={"hooks": ",".join(h.hook.name for h in chain.hooks)})
+
+
+async def _close_later(chain: HookChain, grace: float) -> None:
+    await asyncio.sleep(grace)
+    await chain.close()
 
 
 def check_socket_dir(listen: str) -> None:

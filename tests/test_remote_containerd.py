@@ -159,8 +159,10 @@ def test_server_edits_reach_the_pod_and_the_running_container(servers: ServerThr
     (create,) = s.requests(CREATE)
     assert (create.container_meta.name, create.container_meta.attempt) == ("main", 2)
     assert create.pod_meta.uid == pod.metadata.uid and create.pod_meta.attempt == 1
-    # the pod as CreateContainer's sandbox_config describes it (kubelet's copy, without the server's label)
+    # the pod as the hooks left it at RunPodSandbox (kubelet's copy of the sandbox config lacks the server's edits)
     assert create.pod_labels["app"] == "train" and create.pod_annotations["team"] == "vision"
+    assert create.pod_labels["koordinator.test/qos"] == "LS"
+    assert create.pod_annotations["koordinator.test/seen"] == "yes"
     assert create.pod_cgroup_parent == pod.linux.cgroup_parent
     assert dict(create.container_envs) == {"A": "1", "B": "2"}
     assert create.container_annotations["c"] == "3"
