@@ -211,3 +211,34 @@ async def test_lifecycle_bookkeeping_and_post_hooks(tmp_path: Path) -> None:
     assert [c.stage for c in hook.seen] == [Stage.POST_STOP_CONTAINER, Stage.POST_REMOVE_POD_SANDBOX]
     assert hook.seen[0].pod.ref == "ml/train" and hook.seen[0].container.name == "main"
     await ic.store.close()
+
+
+async def test_chain_close_releases_hooks_once_and_survives_a_failing_close() -> None:
+    closed: list[str] = []
+
+    class Holder:
+        stages = frozenset({Stage.PRE_CREATE_CONTAINER})
+        priority = 0
+
+        def __init__(self, name: str, fail: bool = False, is_async: bool = True) -> None:
+            self.name, self.fail, self.is_async = name, fail, is_async
+
+        def handle(self, ctx: HookContext) -> None:
+            return None
+
+        def close(self) -> object:
+            if self.fail:
+                raise RuntimeError("boom")
+            closed.append(self.name)
+            if self.is_async:
+
+                async def done() -> None:
+                    closed.append(f"{self.name}:awaited")
+
+                return done()
+            return None
+
+    hooks = {"a": Holder("a"), "b": Holder("b", fail=True), "c": Holder("c", is_async=False)}
+    chain = build_chain(HooksConfig(), NodeConfig(), factories={n: (lambda opts, h=h: h) for n, h in hooks.items()})
+    await chain.close()
+    assert closed == ["a", "a:awaited", "c"]
