@@ -14,9 +14,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("crihook.proxy.serve", "run the CRI proxy in front of containerd"),
     "doctor": ("crihook.doctor", "check this node's setup and say how to fix what is wrong"),
     "inspect": ("crihook.inspect", "show what crihook decided and did for a pod or container"),
-    "demo": ("crihook.demo", "run pods through crihook on a simulated GPU node (no GPU or kubelet needed)"),
-    "scheduler": ("crihook.scheduler.server", "serve the kube-scheduler extender and the pod admission webhook"),
     "report": ("crihook.devices.reporter", "publish this node's GPUs and RDMA NICs as a Device and node resources"),
+    "scheduler": ("crihook.scheduler.server", "serve the kube-scheduler extender and the pod admission webhook"),
+    "simulate": ("crihook.scheduler.simulate", "replay a cluster trace through the GPU allocator"),
+    "demo": ("crihook.demo", "run pods through crihook on a simulated GPU node (no GPU or kubelet needed)"),
 }
 
 
