@@ -143,6 +143,7 @@ class DeviceShare:
         self.st = Cluster()
         self.held: dict[str, _Held] = {}
         self.by_node: dict[str, set[str]] = {}
+        self._all: tuple[list[str], np.ndarray] | None = None  # every node in name order
 
     # ----- cluster state -----------------------------------------------------------------------
     def set_node(self, node: NodeDevices) -> None:
@@ -155,6 +156,7 @@ class DeviceShare:
                 st.slots.append({})
                 st.nic_free.append({})
             st.rows[node.name] = row
+            self._all = None
         st._grow(row + 1, len(node.gpus))
         st.nodes[row] = node
         st.slots[row] = {g.minor: i for i, g in enumerate(node.gpus)}
@@ -181,6 +183,7 @@ class DeviceShare:
         row = st.rows.pop(name, None)
         if row is None:
             return
+        self._all = None
         st.nodes[row] = None
         st.slots[row] = {}
         st.nic_free[row] = {}
@@ -267,13 +270,17 @@ class DeviceShare:
     def filter(self, req: PodRequest, node: str) -> str | None:
         return self.filter_nodes(req, [node])[1].get(node)
 
-    def filter_nodes(self, req: PodRequest, nodes: Iterable[str] | None = None) -> tuple[list[str], dict[str, str]]:
-        """(names that fit, {name: reason} for those that do not), in the order given."""
+    def filter_nodes(
+        self, req: PodRequest, nodes: Iterable[str] | None = None, reasons: bool = True
+    ) -> tuple[list[str], dict[str, str]]:
+        """(names that fit, {name: reason} for those that do not), in the order given; all known
+        nodes in name order when `nodes` is None. `reasons=False` skips the messages."""
         names, rows, missing = self._rows(nodes)
         ok, fits = self._feasible(req, rows)
         failed = {n: "node has no Device object (no GPUs known)" for n in missing}
-        for i in np.flatnonzero(~ok):
-            failed[names[i]] = self._reason(req, int(rows[i]), fits[i])
+        if reasons:
+            for i in np.flatnonzero(~ok):
+                failed[names[i]] = self._reason(req, int(rows[i]), fits[i])
         return [names[i] for i in np.flatnonzero(ok)], failed
 
     def score(self, req: PodRequest, node: str) -> int:
@@ -285,10 +292,11 @@ class DeviceShare:
         names, rows, _ = self._rows(nodes)
         ok, fits = self._feasible(req, rows)
         idx = np.flatnonzero(ok)
-        if not req.count or idx.size == 0:
-            return {names[i]: 100.0 for i in idx}
         strategy = req.strategy or self.config.strategy
-        if strategy == "fragmentation" or self.config.policy is not None:
+        custom = self.config.policy is not None
+        if idx.size == 0 or (not req.count and not custom and not self.st.host_known[rows[idx]].any()):
+            return {names[i]: 100.0 for i in idx}
+        if strategy == "fragmentation" or custom or not req.count:
             s = self.policy.scores(self.st, req, rows[idx], fits[idx])
         else:
             used = 100 * (self.st.usable[rows[idx]].sum(axis=1)) - self.st.left(rows[idx]).sum(axis=1)
@@ -365,8 +373,10 @@ class DeviceShare:
     def _rows(self, nodes: Iterable[str] | None) -> tuple[list[str], np.ndarray, list[str]]:
         st = self.st
         if nodes is None:
-            names = sorted(st.rows)
-            return names, np.array([st.rows[n] for n in names], dtype=np.int64), []
+            if self._all is None:
+                names = sorted(st.rows)
+                self._all = (names, np.array([st.rows[n] for n in names], dtype=np.int64))
+            return self._all[0], self._all[1], []
         names, rows, missing = [], [], []
         for n in nodes:
             r = st.rows.get(n)

@@ -12,6 +12,7 @@ the same shape recomputes one row, not the cluster.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -69,12 +70,43 @@ def best_fit_cols(left: np.ndarray, fits: np.ndarray, count: int) -> np.ndarray:
 
 
 @dataclass(slots=True)
-class _Cached:
+class _Entry:
     epoch: int
-    gen: int
     version: np.ndarray
     value: np.ndarray
     choice: np.ndarray
+
+
+Evaluate = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+class ShapeCache:
+    """Per-node results by request shape, valid while the node's version is unchanged: a pod
+    changes one node, so the next pod of the same shape recomputes one row, not the cluster."""
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple, _Entry] = {}
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+    def get(
+        self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray, evaluate: Evaluate
+    ) -> tuple[np.ndarray, np.ndarray]:
+        if req.selectors:  # the selection changes which GPUs count: not a shape of its own
+            return evaluate(rows, fits)
+        key = (req.count, req.core, req.ratio, req.memory, req.cpu_milli)
+        ent = self.entries.get(key)
+        n = st.version.size
+        if ent is None or ent.epoch != st.epoch or ent.version.size != n:
+            ent = _Entry(st.epoch, np.full(n, -1, np.int64), np.zeros(n), np.zeros(n, np.int64))
+            self.entries[key] = ent
+        pos = np.flatnonzero(ent.version[rows] != st.version[rows])
+        if pos.size:
+            stale = rows[pos]
+            ent.value[stale], ent.choice[stale] = evaluate(stale, fits[pos])
+            ent.version[stale] = st.version[stale]
+        return ent.value[rows], ent.choice[rows]
 
 
 class DefaultPolicy:
@@ -85,9 +117,8 @@ class DefaultPolicy:
         self.refresh = refresh
         self.shapes: Counter[Shape] = Counter()
         self.seen = 0
-        self.gen = 0
         self.typ = Typical.of({}, coverage)
-        self.cache: dict[tuple, _Cached] = {}
+        self.cache = ShapeCache()
 
     def observe(self, req: PodRequest) -> None:
         """Learn the workload: re-derive the typical shapes at 1, 2, 4 … pods, then every `refresh`."""
@@ -96,7 +127,6 @@ class DefaultPolicy:
         n = self.seen
         if ((n & (n - 1)) == 0 and n < self.refresh) or n % self.refresh == 0:
             self.typ = Typical.of(self.shapes, self.coverage)
-            self.gen += 1
             self.cache.clear()
 
     def _evaluate(
@@ -116,22 +146,7 @@ class DefaultPolicy:
         return 100.0 / (1.0 + np.exp(np.clip(growth / 100.0, -50, 50)))
 
     def _growth(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> np.ndarray:
-        if req.selectors:
-            return self._evaluate(st, req, rows, fits)[0]
-        key = (req.count, req.core, req.ratio, req.memory, req.cpu_milli)
-        ent = self.cache.get(key)
-        n = st.version.size
-        if ent is None or ent.epoch != st.epoch or ent.gen != self.gen or ent.version.size != n:
-            ent = _Cached(st.epoch, self.gen, np.full(n, -1, np.int64), np.zeros(n), np.zeros(n, np.int64))
-            self.cache[key] = ent
-        pos = np.flatnonzero(ent.version[rows] != st.version[rows])
-        if pos.size:
-            stale = rows[pos]
-            value, choice = self._evaluate(st, req, stale, fits[pos])
-            ent.value[stale] = value
-            ent.choice[stale] = choice
-            ent.version[stale] = st.version[stale]
-        return ent.value[rows]
+        return self.cache.get(st, req, rows, fits, lambda r, f: self._evaluate(st, req, r, f))[0]
 
     def pick(self, st: Cluster, req: PodRequest, row: int, fits: np.ndarray) -> list[int]:
         rows = np.array([row])
