@@ -113,6 +113,7 @@ class Daemon:
     interceptor: Interceptor | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    reporter: Any = None
     _closing: set[asyncio.Task[None]] = field(default_factory=set)
 
     def chain(self, cfg: cfgmod.Config) -> HookChain:
@@ -149,6 +150,7 @@ class Daemon:
         interval = systemd.watchdog_interval()
         if interval:
             tasks.append(loop.create_task(systemd.watchdog(interval)))
+        self.reporter = reporter = start_reporter(cfg, chain)
         systemd.notify("READY=1\nSTATUS=serving")
         log.info(
             "serving", extra={"listen": listen, "runtime": backend, "hooks": ",".join(h.hook.name for h in chain.hooks)}
@@ -159,6 +161,8 @@ class Daemon:
         cut = await self.relay.drain(cfg.proxy.drain_seconds)
         await self.interceptor.close()
         await self.interceptor.chain.close()
+        if reporter is not None:
+            await asyncio.to_thread(reporter.stop)
         await self.store.close()
         for t in tasks:
             t.cancel()
@@ -180,6 +184,8 @@ class Daemon:
             return
         assert self.interceptor is not None
         old, self.interceptor.chain = self.interceptor.chain, chain
+        if self.reporter is not None:
+            self.reporter.index = gpu_index(chain)
         # Calls already running keep the old chain's hooks until they finish: close it in the
         # background, after the longest hook budget has passed.
         grace = max((r.timeout for r in old.hooks), default=0.0)
@@ -192,6 +198,37 @@ class Daemon:
 async def _close_later(chain: HookChain, grace: float) -> None:
     await asyncio.sleep(grace)
     await chain.close()
+
+
+def gpu_index(chain: HookChain) -> Any:
+    """The gpu hook's GPU index, which the reporter's rounds keep fresh (None without the hook)."""
+    from crihook.devices.nvml import GpuIndex
+
+    for reg in chain.hooks:
+        gpus = getattr(reg.hook, "gpus", None)
+        if isinstance(gpus, GpuIndex):
+            return gpus
+    return None
+
+
+def start_reporter(cfg: cfgmod.Config, chain: HookChain) -> Any:
+    """The device reporter on its own thread when a kubeconfig is configured. It is not on the CRI
+    path: if it can not start, crihook serves all the same and says why."""
+    if not cfg.reporter.kubeconfig:
+        return None
+    from crihook.devices.reporter import Reporter, api_client_from
+
+    index = gpu_index(chain)
+    try:
+        reporter = Reporter(
+            cfg, api_client_from(cfg.reporter.kubeconfig), nvml=index.nvml if index else None, index=index
+        )
+    except Exception as e:  # unreadable kubeconfig or partition table: the operator's to fix
+        log.error("device reporter not started", extra={"kubeconfig": cfg.reporter.kubeconfig, "error": str(e)})
+        return None
+    reporter.start()
+    log.info("device reporter started", extra={"node": reporter.node_name, "every_s": cfg.reporter.interval_seconds})
+    return reporter
 
 
 def check_socket_dir(listen: str) -> None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -429,6 +430,21 @@ class FakeKube:
         from kubernetes import client
 
         return client.ApiClient(self.configuration())
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig file for this server, for code that takes one (crihook's `kubeconfig` settings)."""
+        import yaml
+
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "u", "user": {"token": "t"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
+            "current-context": "fake",
+        }
+        path.write_text(yaml.safe_dump(doc))
+        return path
 
     # --- fault knobs ---
 

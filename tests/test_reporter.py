@@ -541,19 +541,7 @@ def test_partition_table_errors_name_the_field(text: str, error: str) -> None:
 
 def test_report_once_command(fake_nvml, kube: FakeKube, tmp_path: Path, capsys) -> None:
     fake = fake_nvml("dgx-h100")
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "c", "cluster": {"server": kube.url}}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "x",
-            }
-        )
-    )
+    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
     conf = tmp_path / "config.toml"
     conf.write_text(
         f'[node]\nname = "{NODE}"\nsys_root = "{fake.sys_root}"\nnvml_library = "{fake.library}"\n'
