@@ -13,7 +13,7 @@ import logging
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -30,16 +30,8 @@ log = logging.getLogger("crihook.proxy")
 INVALID_ARGUMENT = 3
 NOT_FOUND = 5
 
-_RESOURCE_FIELDS = (
-    "cpu_period",
-    "cpu_quota",
-    "cpu_shares",
-    "memory_limit_in_bytes",
-    "oom_score_adj",
-    "cpuset_cpus",
-    "cpuset_mems",
-    "memory_swap_limit_in_bytes",
-)
+# the scalar fields of runtime.v1.LinuxContainerResources that hooks see (same names as the proto's)
+_RESOURCE_FIELDS = tuple(f.name for f in fields(LinuxResources) if f.name != "unified")
 
 
 @dataclass(frozen=True, slots=True)
