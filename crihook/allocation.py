@@ -132,9 +132,14 @@ def _allocation(e: Any, dtype: str, where: str) -> DeviceAllocation:
         raise AnnotationError(ann, f"{where}.extension.vfs", "expected a list")
     vfs = []
     for j, vf in enumerate(vfs_in):
-        bus = vf.get("busID") if isinstance(vf, dict) else None
+        at = f"{where}.extension.vfs[{j}]"
+        if not isinstance(vf, dict):
+            raise AnnotationError(ann, at, "expected an object")
+        if "busID" not in vf:
+            raise AnnotationError(ann, f"{at}.busID", "missing")
+        bus = vf["busID"]
         if not isinstance(bus, str) or not PCI_ADDRESS.fullmatch(bus):
-            raise AnnotationError(ann, f"{where}.extension.vfs[{j}].busID", "expected a PCI address")
+            raise AnnotationError(ann, f"{at}.busID", "expected a PCI address")
         vfs.append(bus)
     return DeviceAllocation(minor, dev_id, resources, tuple(vfs), ext)
 

@@ -116,7 +116,9 @@ def test_types_filter_skips_other_types_unchecked() -> None:
         ('{"rdma":[{"minor":0,"id":"../../etc"}]}', "rdma[0].id", "is not a PCI address"),
         ('{"rdma":[{"minor":0,"extension":[]}]}', "rdma[0].extension", "expected an object"),
         ('{"rdma":[{"minor":0,"extension":{"vfs":{}}}]}', "rdma[0].extension.vfs", "expected a list"),
-        ('{"rdma":[{"minor":0,"extension":{"vfs":[{}]}}]}', "rdma[0].extension.vfs[0].busID", "PCI address"),
+        ('{"rdma":[{"minor":0,"extension":{"vfs":[{}]}}]}', "rdma[0].extension.vfs[0].busID", "missing"),
+        ('{"rdma":[{"minor":0,"extension":{"vfs":[3]}}]}', "rdma[0].extension.vfs[0]", "expected an object"),
+        ('{"rdma":[{"minor":0,"extension":{"vfs":[{"busID":"x"}]}}]}', "rdma[0].extension.vfs[0].busID", "PCI address"),
         (
             '{"rdma":[{"minor":0,"extension":{"vfs":[{"busID":"0000:09:00.2/../.."}]}}]}',
             "rdma[0].extension.vfs[0].busID",

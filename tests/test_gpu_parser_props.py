@@ -148,12 +148,7 @@ def test_the_path_reader_itself() -> None:
 def _check_annotation_error(e: al.AnnotationError, doc: Any) -> None:
     assert str(e).startswith(f"annotation {e.annotation}: ")
     assert e.reason
-    where = e.where
-    if where.endswith(".busID") and e.reason == "expected a PCI address":
-        # Known deviation of crihook/allocation.py: a VF entry that is not an object, or has no busID,
-        # is reported at `vfs[j].busID` rather than at `vfs[j]` / as missing. The VF entry must exist.
-        where = where.removesuffix(".busID")
-    assert names_a_field(doc, where, missing=e.reason == "missing"), (e.where, doc)
+    assert names_a_field(doc, e.where, missing=e.reason == "missing"), (e.where, doc)
 
 
 @settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
