@@ -1,11 +1,12 @@
 """Choosing GPUs inside a node by interconnect (seed 003) and by partition table (seed 002).
 
-Pair affinity a(i, j) = NVLink lanes(i, j) + (50 - PCIe level(i, j)) / 50: any NVLink lane outweighs
-any PCIe difference, and among equal NVLink the closer PCIe ancestor wins.
-- Whole GPUs: the set with the largest total pair affinity; among equals, the one that leaves the
-  remaining GPUs best connected (most affinity among them), so later multi-GPU pods still find good
-  groups; then the lowest minors.
-- Shared GPUs (gpu.shared = k with shares): one score, S = mean pair affinity - LOAD_WEIGHT * mean
+- Whole GPUs: the set with the most NVLink lanes over its pairs, then the smallest summed PCIe
+  level (closest common ancestors); among equals, the one that leaves the remaining GPUs best
+  connected by the same measure, so later multi-GPU pods still find good groups; then the lowest
+  minors.
+- Pair affinity a(i, j) = NVLink lanes(i, j) + (50 - PCIe level(i, j)) / 50 (a lane outweighs any
+  PCIe difference between one pair) is used for shared GPUs:
+  with gpu.shared = k and shares, one score, S = mean pair affinity - LOAD_WEIGHT * mean
   load of the chosen GPUs (load = percent used / 100). With LOAD_WEIGHT = 1 an idle GPU over a PCIe
   hop beats a fully loaded NVLink peer, a half-loaded NVLink peer beats an idle PCIe one.
 """
@@ -51,15 +52,21 @@ def best_set(links: Links, free: Sequence[int], k: int, load: Mapping[int, int] 
                 ),
             )
         )
-    rest_cache: dict[tuple[int, ...], float] = {}
+    rest_cache: dict[tuple[int, ...], tuple[int, int]] = {}
 
-    def key(s: tuple[int, ...]) -> tuple[float, float, list[int]]:
+    def key(s: tuple[int, ...]) -> tuple[tuple[int, int], tuple[int, int], list[int]]:
         rest = tuple(m for m in free if m not in s)
         if rest not in rest_cache:
-            rest_cache[rest] = set_affinity(links, rest)
-        return (round(set_affinity(links, s), 9), round(rest_cache[rest], 9), [-m for m in s])
+            rest_cache[rest] = link_key(links, rest)
+        return (link_key(links, s), rest_cache[rest], [-m for m in s])
 
     return list(max(sets, key=key))
+
+
+def link_key(links: Links, gpus: Sequence[int]) -> tuple[int, int]:
+    """(total NVLink lanes, minus the summed PCIe levels) over all pairs: compared in that order."""
+    pairs = list(itertools.combinations(gpus, 2))
+    return sum(links.lanes(a, b) for a, b in pairs), -sum(links.level(a, b) for a, b in pairs)
 
 
 def _count(n: int, k: int) -> int:
