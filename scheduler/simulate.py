@@ -200,9 +200,13 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def at_100(curve: dict[int, float]) -> float:
+    """The curve at 100 % arrival; small traces jump over it, then the two neighbours interpolate."""
     if 100 in curve:
         return curve[100]
-    raise TraceError("the trace never reaches 100 % arrival")
+    lo, hi = max((x for x in curve if x < 100), default=None), min((x for x in curve if x > 100), default=None)
+    if lo is None or hi is None:
+        raise TraceError("the trace never reaches 100 % arrival")
+    return curve[lo] + (curve[hi] - curve[lo]) * (100 - lo) / (hi - lo)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
