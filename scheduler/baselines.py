@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from crihook.scheduler.frag import Typical
-from crihook.scheduler.score import ShapeCache, best_fit_cols, host_cpu, placements, share_pct
+from crihook.scheduler.score import ShapeCache, best_fit_cols, bucket, host_cpu, placements, share_pct
 
 if TYPE_CHECKING:
     from crihook.scheduler.plugin import Cluster
@@ -47,9 +47,7 @@ class FGD:
 
     def _quantised(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> np.ndarray:
         before, after, _ = placements(self.typ, st, req, rows, fits)
-        with np.errstate(over="ignore", invalid="ignore"):
-            q = np.floor(100.0 / (1.0 + np.exp(np.clip((after - before[:, None]) / 100.0, -50, 50))))
-        return np.where(np.isfinite(after), q, -1.0)
+        return np.where(np.isfinite(after), bucket(after - before[:, None]), -1.0)
 
     def _best(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         q = self._quantised(st, req, rows, fits)

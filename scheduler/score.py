@@ -2,8 +2,11 @@
 
 For every node that fits, the pod is placed hypothetically (on each GPU that can take a share, or
 on the best-fitting whole GPUs) and the growth of the node's fragmentation (scheduler/frag.py) is
-measured against the pod shapes seen so far. The node and GPU with the least growth win. The
-score is 100 * sigmoid(-growth / 100 %), a float, so its order is exact.
+measured against the pod shapes seen so far. The score is the bucket floor(100 * sigmoid(-growth /
+one GPU)): growths within about 4 % of a GPU of each other tie, and ties go to the first node in
+the scheduler's node order. Minimising the growth exactly was measured to be worse on the Alibaba
+trace (5.5 % unallocated at 100 % arrival instead of 4.7 %, seed 42): it chases tiny differences
+that come from the workload estimate, where the buckets spread pods over equally good nodes.
 
 Results are cached per request shape and node version: a pod changes one node, so the next pod of
 the same shape recomputes one row, not the cluster.
@@ -62,6 +65,12 @@ def placements(
     np.put_along_axis(new, cols, np.take_along_axis(new, cols, axis=1) - pct, axis=1)
     after = node_frag(typ, cpu - req.cpu_milli, new)[:, None]
     return before, after, left
+
+
+def bucket(growth: np.ndarray) -> np.ndarray:
+    """Score buckets 0..100 of fragmentation growth (percent of a GPU): floor(100 * sigmoid(-growth / 100))."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.floor(100.0 / (1.0 + np.exp(np.clip(growth / 100.0, -50, 50))))
 
 
 def best_fit_cols(left: np.ndarray, fits: np.ndarray, count: int) -> np.ndarray:
@@ -132,20 +141,12 @@ class DefaultPolicy:
     def _evaluate(
         self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """(growth (K,), chosen option (K,))."""
-        before, after, left = placements(self.typ, st, req, rows, fits)
-        if after.shape[1] == 1:
-            return after[:, 0] - before, np.zeros(len(rows), np.int64)
-        # least growth, then the fullest GPU (keeps idle GPUs whole), then the lowest slot
-        tie = np.where(np.isfinite(after), left, 1000) / 1000.0
-        best = np.argmin(np.round(after, 6) + 1e-7 * tie, axis=1)
-        return after[np.arange(len(rows)), best] - before, best
+        """(score (K,), chosen option (K,)): the best bucket over the options, the first option in it."""
+        before, after, _ = placements(self.typ, st, req, rows, fits)
+        q = np.where(np.isfinite(after), bucket(after - before[:, None]), -1.0)
+        return q.max(axis=1), np.argmax(q, axis=1)
 
     def scores(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> np.ndarray:
-        growth = self._growth(st, req, rows, fits)
-        return 100.0 / (1.0 + np.exp(np.clip(growth / 100.0, -50, 50)))
-
-    def _growth(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> np.ndarray:
         return self.cache.get(st, req, rows, fits, lambda r, f: self._evaluate(st, req, r, f))[0]
 
     def pick(self, st: Cluster, req: PodRequest, row: int, fits: np.ndarray) -> list[int]:
