@@ -75,6 +75,7 @@ class CallRecord:
     started: float  # seconds since the run began
     seconds: float
     code: str  # "OK" or the gRPC status name
+    detail: str = ""  # the status message of a failed call
 
 
 @dataclass
@@ -159,6 +160,8 @@ class Report:
             out.append("failed calls by code: " + ", ".join(f"{k} {v}" for k, v in sorted(codes.items())))
             slowest = max(c.seconds for c in self.errors())
             out.append(f"slowest failed call: {slowest * 1000:.0f} ms (deadline {CALL_TIMEOUT * 1000:.0f} ms)")
+            for message in sorted({f"{c.op}: {c.code}: {c.detail[:160]}" for c in self.errors()})[:5]:
+                out.append(f"  {message}")
         for w in self.windows:
             notes = ", ".join(f"{k} {v}" for k, v in w.notes.items())
             back = self.recovered(w)
@@ -198,14 +201,14 @@ class Load:
 
     def call(self, op: str, fn: Callable[[], T]) -> T:
         started = self.now()
-        code = "OK"
+        code, detail = "OK", ""
         try:
             return fn()
         except CriError as e:
-            code = e.code.name
+            code, detail = e.code.name, e.details
             raise
         finally:
-            record = CallRecord(op, started, self.now() - started, code)
+            record = CallRecord(op, started, self.now() - started, code, detail)
             with self._lock:
                 self.calls.append(record)
 
