@@ -8,6 +8,7 @@ import fnmatch
 import inspect
 import logging
 import os.path
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -120,51 +121,136 @@ class HookChain:
         return out
 
     async def _run(self, ctx: HookContext, out: Outcome) -> None:
-        for reg in self._by_stage[ctx.stage]:
-            name = reg.hook.name
-            start = time.perf_counter()
-            try:
-                edit = await self._call(reg, out.ctx)
-                if edit is not None and not edit.is_empty():
-                    if ctx.stage.is_post:
-                        raise ValueError("post hooks can not change the call")
-                    bad = self.allowlist.check(edit)
-                    if bad is not None:
-                        raise HookError(
-                            grpc.StatusCode.PERMISSION_DENIED,
-                            f"host path {bad!r} is outside the allowed device and mount paths",
-                        )
-                    out.ctx = apply_edit(out.ctx, edit)
-                    out.records.append(
-                        HookRecord(name, ctx.stage, "ok", _ms(start), edit.summary())
-                    )
+        regs = self._by_stage[ctx.stage]
+        i = 0
+        while i < len(regs) and out.error is None:
+            if regs[i].is_async:
+                reg = regs[i]
+                start = time.perf_counter()
+                try:
+                    result: Any = await asyncio.wait_for(reg.hook.handle(out.ctx), reg.timeout)  # type: ignore[arg-type]
+                except Exception as exc:
+                    self._settle(reg, out, start, exc=exc)
                 else:
-                    out.records.append(HookRecord(name, ctx.stage, "noop", _ms(start)))
-            except Exception as exc:  # a hook must never take the daemon down
-                err = _as_hook_error(exc, reg)
-                if reg.policy == "fail" and not ctx.stage.is_post:
-                    out.records.append(HookRecord(name, ctx.stage, "failed", _ms(start), err.reason))
-                    out.error = HookError(err.code, f"hook {name}: {_subject(ctx)}: {err.reason}")
-                    log.warning(
-                        "hook failed",
-                        extra={"hook": name, "stage": ctx.stage.value, **_fields(ctx), "reason": err.reason},
-                    )
-                    return
-                out.records.append(HookRecord(name, ctx.stage, "ignored-error", _ms(start), err.reason))
-                log.warning(
-                    "hook error ignored",
-                    extra={"hook": name, "stage": ctx.stage.value, **_fields(ctx), "reason": err.reason},
-                )
+                    self._settle(reg, out, start, result=result)
+                i += 1
+                continue
+            j = i
+            while j < len(regs) and not regs[j].is_async:
+                j += 1
+            i += await self._run_blocking(regs[i:j], out)
 
-    @staticmethod
-    async def _call(reg: Registered, ctx: HookContext) -> Edit | None:
-        if reg.is_async:
-            result = await asyncio.wait_for(reg.hook.handle(ctx), reg.timeout)  # type: ignore[arg-type]
-        else:
-            result = await asyncio.wait_for(asyncio.to_thread(reg.hook.handle, ctx), reg.timeout)
-        if result is not None and not isinstance(result, Edit):
-            raise TypeError(f"returned {type(result).__name__}, not an Edit or None")
-        return result
+    async def _run_blocking(self, regs: tuple[Registered, ...], out: Outcome) -> int:
+        """Run consecutive blocking hooks in one worker-thread hand-off (the hand-off, not the hooks,
+        is most of what they cost) while the event loop enforces each hook's own timeout. Returns how
+        many of `regs` are settled; a hook still running past its timeout is settled as timed out and
+        abandoned, and the caller goes on with the rest."""
+        run = _BlockingRun(regs, Outcome(out.ctx), self, started=time.perf_counter())
+        future = asyncio.get_running_loop().run_in_executor(None, run.work)
+        while True:
+            with run.lock:
+                k, started = run.settled, run.started
+            if k >= len(regs) or run.work_out.error is not None:
+                break
+            remaining = regs[k].timeout - (time.perf_counter() - started)
+            try:
+                await asyncio.wait_for(asyncio.shield(future), max(remaining, 0.0))
+                break
+            except TimeoutError:
+                with run.lock:
+                    if run.settled != k or time.perf_counter() - run.started < regs[k].timeout:
+                        continue  # it moved on meanwhile
+                    run.abandoned = True
+                    k = run.settled
+                break
+        with run.lock:
+            run.abandoned = True
+            out.ctx = run.work_out.ctx
+            out.records.extend(run.work_out.records)
+            out.error = run.work_out.error
+            k = run.settled
+        if k < len(regs) and out.error is None:
+            self._settle(regs[k], out, run.started, exc=TimeoutError())
+            return k + 1
+        return k
+
+    def _settle(
+        self, reg: Registered, out: Outcome, start: float, result: Any = None, exc: BaseException | None = None
+    ) -> None:
+        """Account for one hook's answer: check it, apply it to the view, record it, apply its policy."""
+        name = reg.hook.name
+        stage = out.ctx.stage
+        try:
+            if exc is not None:
+                raise exc
+            if time.perf_counter() - start > reg.timeout:
+                raise TimeoutError
+            if result is not None and not isinstance(result, Edit):
+                raise TypeError(f"returned {type(result).__name__}, not an Edit or None")
+            edit = result
+            if edit is not None and not edit.is_empty():
+                if stage.is_post:
+                    raise ValueError("post hooks can not change the call")
+                bad = self.allowlist.check(edit)
+                if bad is not None:
+                    raise HookError(
+                        grpc.StatusCode.PERMISSION_DENIED,
+                        f"host path {bad!r} is outside the allowed device and mount paths",
+                    )
+                out.ctx = apply_edit(out.ctx, edit)
+                out.records.append(HookRecord(name, stage, "ok", _ms(start), edit.summary()))
+            else:
+                out.records.append(HookRecord(name, stage, "noop", _ms(start)))
+        except Exception as e:  # a hook must never take the daemon down
+            err = _as_hook_error(e, reg)
+            ctx = out.ctx
+            if reg.policy == "fail" and not stage.is_post:
+                out.records.append(HookRecord(name, stage, "failed", _ms(start), err.reason))
+                out.error = HookError(err.code, f"hook {name}: {_subject(ctx)}: {err.reason}")
+                log.warning(
+                    "hook failed", extra={"hook": name, "stage": stage.value, **_fields(ctx), "reason": err.reason}
+                )
+                return
+            out.records.append(HookRecord(name, stage, "ignored-error", _ms(start), err.reason))
+            log.warning(
+                "hook error ignored",
+                extra={"hook": name, "stage": stage.value, **_fields(ctx), "reason": err.reason},
+            )
+
+
+@dataclass
+class _BlockingRun:
+    """The worker-thread side of `HookChain._run_blocking`. Everything shared with the event loop
+    is read and written under `lock`; once the loop sets `abandoned`, the worker changes nothing."""
+
+    regs: tuple[Registered, ...]
+    work_out: Outcome
+    chain: HookChain
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    settled: int = 0  # hooks of `regs` accounted for in work_out
+    # perf_counter since when regs[settled] is due (its timeout counts from then, queueing included)
+    started: float = 0.0
+    abandoned: bool = False
+
+    def work(self) -> None:
+        for reg in self.regs:
+            with self.lock:
+                if self.abandoned or self.work_out.error is not None:
+                    return
+                ctx = self.work_out.ctx
+            start = time.perf_counter()
+            result: Any = None
+            exc: BaseException | None = None
+            try:
+                result = reg.hook.handle(ctx)
+            except Exception as e:
+                exc = e
+            with self.lock:
+                if self.abandoned:
+                    return
+                self.chain._settle(reg, self.work_out, start, result=result, exc=exc)
+                self.settled += 1
+                self.started = time.perf_counter()
 
 
 def _as_hook_error(exc: BaseException, reg: Registered) -> HookError:
@@ -228,12 +314,8 @@ def build_chain(
             hook = factory(opts)
         except ConfigError as e:
             raise ConfigError(f"hook {name}: {e}") from None
-        regs.append(
-            Registered(hook, policy, timeout_ms / 1000, inspect.iscoroutinefunction(hook.handle))
-        )
+        regs.append(Registered(hook, policy, timeout_ms / 1000, inspect.iscoroutinefunction(hook.handle)))
     explicit = {n: i for i, n in enumerate(hooks_cfg.order)}
-    regs.sort(
-        key=lambda r: (explicit.get(r.hook.name, len(explicit)), r.hook.priority, r.hook.name)
-    )
+    regs.sort(key=lambda r: (explicit.get(r.hook.name, len(explicit)), r.hook.priority, r.hook.name))
     patterns = [p.replace("{dev_root}", node.dev_root.rstrip("/") or "/") for p in hooks_cfg.allowed_host_paths]
     return HookChain(regs, Allowlist(patterns))

@@ -249,13 +249,16 @@ def test_waits_for_a_runtime_that_comes_late(containerd: Containerd, tmp_path: P
     containerd.stop()
     proxy = Crihook(tmp_path, containerd.address)
     proxy.write_config()
-    starter = threading.Thread(target=proxy.start, kwargs={"timeout": 40})
+    # patient enough for a containerd that takes long to come back on a loaded machine
+    text = proxy.config_path.read_text().replace("connect_timeout_seconds = 20.0", "connect_timeout_seconds = 120.0")
+    proxy.config_path.write_text(text)
+    starter = threading.Thread(target=proxy.start, kwargs={"timeout": 120})
     try:
         starter.start()
         time.sleep(1.0)
         assert not proxy.socket_path.exists()  # never serves before the runtime answers
         containerd.start()
-        starter.join(40)
+        starter.join(120)
         assert proxy.socket_path.exists()
         assert "waiting for runtime" in proxy.log_text()
         with Cri(proxy.address) as client:

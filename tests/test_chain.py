@@ -1,0 +1,178 @@
+"""The hook chain's contract: order, edits seen by later hooks, one worker-thread hand-off for a run of
+blocking hooks, each hook's own timeout, failure policies, and an event loop that never waits on a hook."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+import pytest
+
+from crihook.config import HooksConfig, NodeConfig
+from crihook.hooks.base import ContainerInfo, Device, Edit, HookContext, HookError, PodInfo, Stage
+from crihook.hooks.chain import HookChain, build_chain
+
+STAGE = Stage.PRE_CREATE_CONTAINER
+
+
+def ctx() -> HookContext:
+    return HookContext(STAGE, PodInfo(name="p", namespace="ns", uid="u"), ContainerInfo(name="c"))
+
+
+class Blocking:
+    """A plain (blocking) hook running `body`; records the thread it ran on."""
+
+    stages = frozenset({STAGE})
+
+    def __init__(self, name: str, priority: int, body: Callable[[HookContext], Any]) -> None:
+        self.name, self.priority, self.body = name, priority, body
+        self.threads: list[int] = []
+
+    def handle(self, c: HookContext) -> Any:
+        self.threads.append(threading.get_ident())
+        return self.body(c)
+
+
+class Async:
+    stages = frozenset({STAGE})
+
+    def __init__(self, name: str, priority: int, body: Callable[[HookContext], Any]) -> None:
+        self.name, self.priority, self.body = name, priority, body
+
+    async def handle(self, c: HookContext) -> Any:
+        return self.body(c)
+
+
+def chain(*hooks: Any, policy: str = "fail", timeout_ms: int = 300, **extra: Any) -> HookChain:
+    options = {h.name: {"failure_policy": policy, "timeout_ms": timeout_ms} for h in hooks}
+    cfg = HooksConfig(options=options, **extra)
+    return build_chain(cfg, NodeConfig(), factories={h.name: (lambda opts, h=h: h) for h in hooks})
+
+
+def env(c: HookContext) -> dict[str, str]:
+    assert c.container is not None
+    return dict(c.container.envs)
+
+
+def setter(key: str, seen: list[dict[str, str]] | None = None) -> Callable[[HookContext], Edit]:
+    def body(c: HookContext) -> Edit:
+        if seen is not None:
+            seen.append(env(c))
+        return Edit(env={key: "1"})
+
+    return body
+
+
+async def test_blocking_run_shares_one_handoff_and_sees_earlier_edits() -> None:
+    seen: list[dict[str, str]] = []
+    a, b = Blocking("a", 1, setter("A", seen)), Blocking("b", 2, setter("B", seen))
+    out = await chain(a, b).run(ctx())
+    assert out.error is None and env(out.ctx) == {"A": "1", "B": "1"}
+    assert seen == [{}, {"A": "1"}]
+    assert a.threads == b.threads and a.threads[0] != threading.get_ident()
+    assert [(r.hook, r.result) for r in out.records] == [("a", "ok"), ("b", "ok")]
+
+
+async def test_async_hooks_keep_their_place_between_blocking_ones() -> None:
+    seen: list[dict[str, str]] = []
+    hooks = (Blocking("a", 1, setter("A")), Async("m", 2, setter("M", seen)), Blocking("z", 3, setter("Z", seen)))
+    out = await chain(*hooks).run(ctx())
+    assert [r.hook for r in out.records] == ["a", "m", "z"]
+    assert seen == [{"A": "1"}, {"A": "1", "M": "1"}]
+
+
+@pytest.mark.parametrize("policy", ["fail", "ignore"])
+async def test_a_hanging_hook_times_out_on_its_own_budget(policy: str) -> None:
+    release = threading.Event()
+    hang = Blocking("a-hang", 1, lambda c: release.wait(10))
+    after = Blocking("b-after", 2, setter("B"))
+    started = time.monotonic()
+    try:
+        out = await chain(hang, after, policy=policy, timeout_ms=200).run(ctx())
+    finally:
+        release.set()
+    elapsed = time.monotonic() - started
+    assert 0.2 <= elapsed < 2.0
+    first = out.records[0]
+    assert (first.hook, first.detail) == ("a-hang", "timed out after 200 ms")
+    if policy == "fail":
+        assert out.error is not None and out.error.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert out.error.reason == "hook a-hang: pod ns/p container c: timed out after 200 ms"
+        assert len(out.records) == 1 and after.threads == []
+    else:
+        assert out.error is None and first.result == "ignored-error"
+        assert env(out.ctx) == {"B": "1"} and [r.result for r in out.records] == ["ignored-error", "ok"]
+
+
+async def test_a_slow_hook_that_returns_late_is_not_applied() -> None:
+    slow = Blocking("slow", 1, lambda c: (time.sleep(0.3), Edit(env={"LATE": "1"}))[1])
+    out = await chain(slow, policy="ignore", timeout_ms=100).run(ctx())
+    assert env(out.ctx) == {} and out.records[0].result == "ignored-error"
+    await asyncio.sleep(0.4)  # the worker finishes afterwards and must change nothing
+    assert env(out.ctx) == {} and len(out.records) == 1
+
+
+async def test_the_event_loop_keeps_serving_while_a_hook_hangs() -> None:
+    release = threading.Event()
+    hang = Blocking("hang", 1, lambda c: (release.wait(10), None)[1])
+    task = asyncio.create_task(chain(hang, policy="ignore", timeout_ms=1000).run(ctx()))
+    await asyncio.sleep(0.05)
+    t = time.perf_counter()
+    await asyncio.sleep(0.01)
+    assert time.perf_counter() - t < 0.5
+    assert not task.done()
+    release.set()
+    out = await task
+    assert out.records[0].result == "noop"
+
+
+async def test_timeouts_hold_when_every_worker_thread_is_stuck() -> None:
+    """A hook queued behind hung ones still fails in its own time: the call never hangs."""
+    loop = asyncio.get_running_loop()
+    executor = ThreadPoolExecutor(max_workers=1)
+    loop.set_default_executor(executor)
+    release = threading.Event()
+    try:
+        stuck = asyncio.create_task(chain(Blocking("hang", 1, lambda c: release.wait(10))).run(ctx()))
+        await asyncio.sleep(0.05)
+        started = time.monotonic()
+        out = await chain(Blocking("queued", 1, setter("Q")), timeout_ms=200).run(ctx())
+        assert time.monotonic() - started < 2.0
+        assert out.error is not None and out.error.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        await stuck
+    finally:
+        release.set()
+        executor.shutdown(wait=False)
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "reason"),
+    [
+        (lambda c: 42, grpc.StatusCode.INTERNAL, "TypeError: returned int, not an Edit or None"),
+        (lambda c: 1 / 0, grpc.StatusCode.INTERNAL, "ZeroDivisionError: division by zero"),
+        (
+            lambda c: (_ for _ in ()).throw(HookError(grpc.StatusCode.FAILED_PRECONDITION, "no GPU 3")),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "no GPU 3",
+        ),
+        (
+            lambda c: Edit(add_devices=[Device("/dev/sda", "/dev/sda")]),
+            grpc.StatusCode.PERMISSION_DENIED,
+            "host path '/dev/sda' is outside the allowed device and mount paths",
+        ),
+    ],
+)
+async def test_bad_answers_fail_with_a_named_reason(body: Any, code: grpc.StatusCode, reason: str) -> None:
+    for hook in (Blocking("h", 1, body), Async("h", 1, body)):
+        out = await chain(hook, allowed_host_paths=("/dev/nvidia*",)).run(ctx())
+        assert out.error is not None and (out.error.code, out.error.reason) == (
+            code,
+            f"hook h: pod ns/p container c: {reason}",
+        )
+        ignored = await chain(hook, policy="ignore", allowed_host_paths=("/dev/nvidia*",)).run(ctx())
+        assert ignored.error is None and ignored.records[0].result == "ignored-error" and env(ignored.ctx) == {}
