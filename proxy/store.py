@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +75,42 @@ def read_file(path: Path) -> dict[str, Any]:
         raise StoreFileError(f"{path} is not a crihook store file (truncated or damaged)") from None
     if not ok:
         raise StoreFileError(f"{path} failed its checksum (half-written or edited by hand)")
+    if not isinstance(body, dict):
+        raise StoreFileError(f"{path} holds a {type(body).__name__}, not a store body (edited by hand)")
     return body
+
+
+def _record(cls: type, raw: Any, where: str) -> Any:
+    """A record from its JSON, with every field of the type the dataclass declares: a store file
+    edited by hand must fail here, at load, not later inside a CRI call."""
+    if not isinstance(raw, dict):
+        raise StoreFileError(f"{where}: expected an object")
+    try:
+        rec = cls(**raw)
+    except TypeError as e:
+        raise StoreFileError(f"{where}: {e}") from None
+    for f in fields(cls):
+        value = getattr(rec, f.name)
+        kind = str(f.type)
+        if kind == "str":
+            ok = isinstance(value, str)
+        elif kind == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif kind == "float":
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+        elif kind.startswith("dict[str, str]"):
+            ok = isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+        else:  # the hook records: a list of objects
+            ok = isinstance(value, list) and all(isinstance(h, dict) for h in value)
+        if not ok:
+            raise StoreFileError(f"{where}.{f.name}: expected {kind}, got {type(value).__name__}")
+    return rec
+
+
+def _records(cls: type, raw: Any, where: str) -> dict[str, Any]:
+    if not isinstance(raw, list):
+        raise StoreFileError(f"{where}: expected a list")
+    return {r.id: r for r in (_record(cls, item, f"{where}[{i}]") for i, item in enumerate(raw))}
 
 
 class Store:
@@ -92,12 +127,12 @@ class Store:
         """Read the file: 'ok', 'missing' or 'corrupt' (the damaged file is set aside)."""
         try:
             body = read_file(self.path)
-            self.pods = {p["id"]: PodRecord(**p) for p in body.get("pods", [])}
-            self.containers = {c["id"]: ContainerRecord(**c) for c in body.get("containers", [])}
+            self.pods = _records(PodRecord, body.get("pods", []), "pods")
+            self.containers = _records(ContainerRecord, body.get("containers", []), "containers")
             return "ok"
         except FileNotFoundError:
             return "missing"
-        except (StoreFileError, TypeError, KeyError) as e:
+        except StoreFileError as e:
             aside = self.path.with_suffix(f".corrupt-{int(time.time())}")
             log.error("store file ignored", extra={"error": str(e), "moved_to": str(aside)})
             self.path.replace(aside)
