@@ -46,7 +46,7 @@ class FGD:
         return None
 
     def _quantised(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> np.ndarray:
-        before, after, _ = placements(self.typ, st, req, rows, fits)
+        before, after = placements(self.typ, st, req, rows, fits)
         return np.where(np.isfinite(after), bucket(after - before[:, None]), -1.0)
 
     def _best(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -56,17 +56,69 @@ class Typical:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """What fragmentation needs of K node states, per typical shape: GPUs with room for one share
+    (K, M), idle capacity on GPUs too small for one share (K, M), all idle capacity (K,), CPU left (K,).
+    A placement changes a few GPUs, so its effect is a delta on these, not a recount of the node."""
+
+    nfit: np.ndarray
+    small: np.ndarray
+    total: np.ndarray
+    cpu: np.ndarray
+
+
+def stats(typ: Typical, cpu_left: np.ndarray, left: np.ndarray) -> Stats:
+    fits = left[:, :, None] >= typ.pct  # (K, G, M)
+    small = np.einsum("kg,kgm->km", left.astype(np.float64), ~fits)
+    return Stats(fits.sum(axis=1), small, left.sum(axis=1).astype(np.float64), cpu_left)
+
+
+def frag_of(typ: Typical, s: Stats) -> np.ndarray:
+    """Expected unusable idle GPU percent; works on any leading shape (K,) or (K, O)."""
+    if typ.weight.size == 0:
+        return np.zeros(s.total.shape)
+    usable = (s.nfit >= typ.count) & (s.cpu[..., None] >= typ.cpu) & (typ.pct > 0)  # CPU-only shapes use no GPU
+    return np.where(usable, s.small, s.total[..., None]) @ typ.weight
+
+
 def node_frag(typ: Typical, cpu_left: np.ndarray, left: np.ndarray) -> np.ndarray:
     """Expected unusable idle GPU percent of K node states: cpu_left (K,), left (K, G) percent per GPU
     (0 for absent or unhealthy GPUs). Returns (K,) floats."""
-    if typ.weight.size == 0:
-        return np.zeros(left.shape[0])
-    total = left.sum(axis=1, dtype=np.int64).astype(np.float64)  # (K,)
-    gpu = typ.pct > 0  # CPU-only shapes can use no GPU: all idle GPU is fragment to them
-    fits = left[:, :, None] >= typ.pct[None, None, :]  # (K, G, M)
-    room = fits.sum(axis=1) >= typ.count[None, :]
-    cpu_ok = cpu_left[:, None] >= typ.cpu[None, :]
-    usable = room & cpu_ok & gpu[None, :]  # (K, M)
-    small = np.einsum("kg,kgm->km", left.astype(np.float64), ~fits)  # idle on GPUs too small for one share
-    per_shape = np.where(usable, small, total[:, None])
-    return per_shape @ typ.weight
+    return frag_of(typ, stats(typ, cpu_left, left))
+
+
+def slot_deltas(typ: Typical, left: np.ndarray, pct: int) -> tuple[np.ndarray, np.ndarray]:
+    """(K, G, M) changes of nfit and small when one share of `pct` is taken from each slot."""
+    fit0 = left[:, :, None] >= typ.pct
+    new = left - pct
+    fit1 = new[:, :, None] >= typ.pct
+    dsmall = np.where(fit1, 0, new[:, :, None]) - np.where(fit0, 0, left[:, :, None])
+    return fit1.astype(np.int64) - fit0, dsmall.astype(np.float64)
+
+
+def frag_options(
+    typ: Typical, cpu_left: np.ndarray, left: np.ndarray, cpu: int, pct: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Fragmentation before (K,) and after (K, G) placing a one-GPU share of `pct` (with `cpu`
+    millicores) on each slot; invalid slots are the caller's to mask."""
+    s = stats(typ, cpu_left, left)
+    dn, ds = slot_deltas(typ, left, pct)
+    after = Stats(s.nfit[:, None, :] + dn, s.small[:, None, :] + ds, s.total[:, None] - pct, (cpu_left - cpu)[:, None])
+    return frag_of(typ, s), frag_of(typ, after)
+
+
+def frag_after_set(
+    typ: Typical, cpu_left: np.ndarray, left: np.ndarray, cpu: int, pct: int, chosen: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Fragmentation before (K,) and after (K,) taking `pct` from every slot where `chosen` (K, G)."""
+    s = stats(typ, cpu_left, left)
+    dn, ds = slot_deltas(typ, left, pct)
+    c = chosen.astype(np.int64)
+    after = Stats(
+        s.nfit + np.einsum("kg,kgm->km", c, dn),
+        s.small + np.einsum("kg,kgm->km", c.astype(np.float64), ds),
+        s.total - pct * c.sum(axis=1),
+        cpu_left - cpu,
+    )
+    return frag_of(typ, s), frag_of(typ, after)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import compress
 from typing import Protocol
 
 import numpy as np
@@ -91,6 +92,9 @@ class Cluster:
         self.host_known = np.zeros(0, bool)
         self.live = np.zeros(0, bool)
         self.version = np.zeros(0, np.int64)  # bumped on every change of a row
+        self.idle = np.zeros((0, 0), np.int64)  # left() of every slot, kept current by touch()
+        self.special = np.zeros(0, bool)  # rows that need a per-node GPU choice in Filter (partitions)
+        self.generation = 0  # bumped on every change of any row
         self.epoch = 0  # bumped when rows or columns are re-laid out
         self.nic_free: list[dict[int, int]] = []
 
@@ -117,13 +121,20 @@ class Cluster:
         self.cpu_free, self.hmem_free = grow1(self.cpu_free, 0), grow1(self.hmem_free, 0)
         self.host_known, self.live = grow1(self.host_known, False), grow1(self.live, False)
         self.version = grow1(self.version, 0)
+        self.idle, self.special = grow2(self.idle, 0), grow1(self.special, False)
         self.width = w1
         self.epoch += 1
 
     def left(self, rows: np.ndarray | slice) -> np.ndarray:
         """Idle capacity of each GPU slot in percent: the smaller of compute and memory."""
-        mem_pct = (100 * (self.mem_free[rows] + 1) - 1) // self.mem_total[rows]
-        return np.where(self.usable[rows], np.clip(np.minimum(self.core_free[rows], mem_pct), 0, 100), 0)
+        return self.idle[rows]
+
+    def touch(self, row: int) -> None:
+        """Record a change of one row: its idle capacity, its version, the cluster's generation."""
+        mem_pct = (100 * (self.mem_free[row] + 1) - 1) // self.mem_total[row]
+        self.idle[row] = np.where(self.usable[row], np.clip(np.minimum(self.core_free[row], mem_pct), 0, 100), 0)
+        self.version[row] += 1
+        self.generation += 1
 
 
 class DeviceShare:
@@ -144,6 +155,8 @@ class DeviceShare:
         self.held: dict[str, _Held] = {}
         self.by_node: dict[str, set[str]] = {}
         self._all: tuple[list[str], np.ndarray] | None = None  # every node in name order
+        # the last feasibility answer: (request, generation, rows, ok, fits, row -> position)
+        self._memo: tuple[PodRequest, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
     # ----- cluster state -----------------------------------------------------------------------
     def set_node(self, node: NodeDevices) -> None:
@@ -174,7 +187,8 @@ class DeviceShare:
         st.hmem_free[row] = node.memory if node.memory > 0 else 2**62
         st.nic_free[row] = {n.minor: 100 if n.healthy else 0 for n in node.nics}
         st.live[row] = True
-        st.version[row] += 1
+        st.special[row] = bool(node.partitions)
+        st.touch(row)
         for uid in self.by_node.get(node.name, ()):
             self._charge(self.held[uid], +1)
 
@@ -189,7 +203,8 @@ class DeviceShare:
         st.nic_free[row] = {}
         st.live[row] = False
         st.usable[row] = False
-        st.version[row] += 1
+        st.special[row] = False
+        st.touch(row)
         st.free_rows.append(row)
 
     def add_pod(self, pod: Pod, node: str) -> None:
@@ -258,7 +273,7 @@ class DeviceShare:
                 st.nic_free[row][minor] -= sign * pct
         st.cpu_free[row] -= sign * held.cpu
         st.hmem_free[row] -= sign * held.memory
-        st.version[row] += 1
+        st.touch(row)
 
     # ----- framework steps ---------------------------------------------------------------------
     def pre_filter(self, pod: Pod) -> PodRequest:
@@ -281,7 +296,7 @@ class DeviceShare:
         if reasons:
             for i in np.flatnonzero(~ok):
                 failed[names[i]] = self._reason(req, int(rows[i]), fits[i])
-        return [names[i] for i in np.flatnonzero(ok)], failed
+        return list(compress(names, ok.tolist())), failed
 
     def score(self, req: PodRequest, node: str) -> int:
         return round(self.score_nodes(req, [node]).get(node, 0.0))
@@ -292,17 +307,18 @@ class DeviceShare:
         names, rows, _ = self._rows(nodes)
         ok, fits = self._feasible(req, rows)
         idx = np.flatnonzero(ok)
+        fit_names = list(compress(names, ok.tolist()))
         strategy = req.strategy or self.config.strategy
         custom = self.config.policy is not None
         if idx.size == 0 or (not req.count and not custom and not self.st.host_known[rows[idx]].any()):
-            return {names[i]: 100.0 for i in idx}
+            return dict.fromkeys(fit_names, 100.0)
         if strategy == "fragmentation" or custom or not req.count:
             s = self.policy.scores(self.st, req, rows[idx], fits[idx])
         else:
             used = 100 * (self.st.usable[rows[idx]].sum(axis=1)) - self.st.left(rows[idx]).sum(axis=1)
             cap = np.maximum(100 * self.st.usable[rows[idx]].sum(axis=1), 1)
             s = 100.0 * used / cap if strategy == "binpack" else 100.0 - 100.0 * used / cap
-        return {names[i]: float(v) for i, v in zip(idx, s, strict=True)}
+        return dict(zip(fit_names, np.asarray(s, np.float64).tolist(), strict=True))
 
     def reserve(self, req: PodRequest, node: str) -> Allocation:
         held = self.held.get(req.uid)
@@ -377,15 +393,14 @@ class DeviceShare:
                 names = sorted(st.rows)
                 self._all = (names, np.array([st.rows[n] for n in names], dtype=np.int64))
             return self._all[0], self._all[1], []
-        names, rows, missing = [], [], []
-        for n in nodes:
-            r = st.rows.get(n)
-            if r is None:
-                missing.append(n)
-            else:
-                names.append(n)
-                rows.append(r)
-        return names, np.array(rows, dtype=np.int64), missing
+        names = list(nodes)
+        get = st.rows.get
+        rows = np.array([get(n, -1) for n in names], dtype=np.int64)
+        if rows.size and rows.min() < 0:
+            keep = (rows >= 0).tolist()
+            missing = [n for n, k in zip(names, keep, strict=True) if not k]
+            return list(compress(names, keep)), rows[rows >= 0], missing
+        return names, rows, []
 
     def gpu_fits(self, req: PodRequest, rows: np.ndarray) -> np.ndarray:
         """(len(rows), G): GPU slots with room for one share of the request."""
@@ -403,18 +418,28 @@ class DeviceShare:
         return fits
 
     def _feasible(self, req: PodRequest, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ok (K,), fits (K, G)) for the rows. Filter, Score and Reserve of one pod ask about the
+        same state, so the last answer is reused while no row has changed."""
         st = self.st
+        memo = self._memo
+        if memo is not None and memo[0] is req and memo[1] == st.generation:
+            at = memo[5][np.minimum(rows, memo[5].size - 1)] if rows.size else rows
+            if rows.size == 0 or (at.min() >= 0 and (memo[2][at] == rows).all()):
+                return memo[3][at], memo[4][at]
         fits = self.gpu_fits(req, rows)
         ok = fits.sum(axis=1) >= req.count
         host = ~st.host_known[rows] | ((st.cpu_free[rows] >= req.cpu_milli) & (st.hmem_free[rows] >= req.host_memory))
         ok &= host
-        for i in np.flatnonzero(ok):
+        check = ok.copy() if req.rdma else ok & st.special[rows] if req.count and not req.shared else None
+        for i in () if check is None else np.flatnonzero(check):
             r = int(rows[i])
-            nd = st.nodes[r]
-            if (nd is not None and nd.partitions and req.count and not req.shared) or req.rdma:
-                ok[i] = self._choose(req, r, fits[i]) is not None and (
-                    not req.rdma or self._pick_nics(req, r, self._gpus_for_nics(req, r, fits[i])) is not None
-                )
+            ok[i] = self._choose(req, r, fits[i]) is not None and (
+                not req.rdma or self._pick_nics(req, r, self._gpus_for_nics(req, r, fits[i])) is not None
+            )
+        if rows.size:
+            where = np.full(int(rows.max()) + 1, -1, np.int64)
+            where[rows] = np.arange(rows.size)
+            self._memo = (req, st.generation, rows, ok, fits, where)
         return ok, fits
 
     def _gpus_for_nics(self, req: PodRequest, row: int, fits: np.ndarray) -> list:

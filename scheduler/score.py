@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from crihook.scheduler.frag import Shape, Typical, node_frag
+from crihook.scheduler.frag import Shape, Typical, frag_after_set, frag_options
 
 if TYPE_CHECKING:
     from crihook.scheduler.plugin import Cluster
@@ -45,26 +45,21 @@ def host_cpu(st: Cluster, rows: np.ndarray) -> np.ndarray:
 
 def placements(
     typ: Typical, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Fragmentation before (K,), after each option (K, O) (inf where invalid) and the left percent
-    (K, G). A one-GPU share has one option per GPU slot (option o = slot o); anything else has one
-    option: the best-fitting slots (least idle first, then lowest slot)."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """Fragmentation before (K,) and after each option (K, O) (inf where invalid). A one-GPU share
+    has one option per GPU slot (option o = slot o); anything else has one option: the best-fitting
+    slots (least idle first, then lowest slot)."""
     left = st.left(rows)
     cpu = host_cpu(st, rows)
-    before = node_frag(typ, cpu, left)
-    pct = share_pct(req)
-    k, g = left.shape
+    pct = share_pct(req) if req.count else 0
     if req.count == 1 and req.shared:
-        opt = np.repeat(left[:, None, :], g, axis=1)  # (K, O=G, G)
-        idx = np.arange(g)
-        opt[:, idx, idx] -= pct
-        after = node_frag(typ, np.repeat(cpu - req.cpu_milli, g), opt.reshape(k * g, g)).reshape(k, g)
-        return before, np.where(fits, after, np.inf), left
-    cols = best_fit_cols(left, fits, req.count)
-    new = left.copy()
-    np.put_along_axis(new, cols, np.take_along_axis(new, cols, axis=1) - pct, axis=1)
-    after = node_frag(typ, cpu - req.cpu_milli, new)[:, None]
-    return before, after, left
+        before, after = frag_options(typ, cpu, left, req.cpu_milli, pct)
+        return before, np.where(fits, after, np.inf)
+    chosen = np.zeros(left.shape, bool)
+    if req.count:
+        np.put_along_axis(chosen, best_fit_cols(left, fits, req.count), True, axis=1)
+    before, after = frag_after_set(typ, cpu, left, req.cpu_milli, pct, chosen)
+    return before, after[:, None]
 
 
 def bucket(growth: np.ndarray) -> np.ndarray:
@@ -142,7 +137,7 @@ class DefaultPolicy:
         self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """(score (K,), chosen option (K,)): the best bucket over the options, the first option in it."""
-        before, after, _ = placements(self.typ, st, req, rows, fits)
+        before, after = placements(self.typ, st, req, rows, fits)
         q = np.where(np.isfinite(after), bucket(after - before[:, None]), -1.0)
         return q.max(axis=1), np.argmax(q, axis=1)
 
