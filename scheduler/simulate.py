@@ -234,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
             vals = [at_100(c) for c in curves]
             out = {
                 "policy": name,
+                "trace": args.pods.name,
                 "seeds": seeds,
                 "unallocated_pct_at_100": round(statistics.fmean(vals), 3),
                 "sd": round(statistics.stdev(vals), 3) if len(vals) > 1 else 0.0,

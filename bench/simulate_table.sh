@@ -1,0 +1,14 @@
+#!/bin/sh
+# Every figure of the allocation results table: `crihook simulate` on the openb trace, one JSON line
+# per (workload, policy), 10 seeds each. Usage: bench/simulate_table.sh TRACE_DIR POLICIES [WORKLOADS]
+#   bench/simulate_table.sh ../shared/traces/openb fgd,bestfit,dotprod,random > baselines.jsonl
+set -eu
+dir=$1
+policies=$2
+workloads=${3:-"default gpushare20 gpushare40 gpushare60 gpushare80 gpushare100 multigpu20 multigpu30 multigpu40 multigpu50"}
+for w in $workloads; do
+    curve=""
+    [ "$w" = default ] && curve=--curve
+    python -m crihook.cli simulate --nodes "$dir/openb_node_list_gpu_node.csv" --pods "$dir/openb_pod_list_$w.csv" \
+        --policy "$policies" --seeds "${SEEDS:-42-51}" --json $curve
+done
