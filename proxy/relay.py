@@ -113,6 +113,22 @@ class _Call:
     task: asyncio.Task[None] | None = None
 
 
+def _bad_frame(buf: bytes, pos: int, length: int, ftype: int, flags: int, max_frame: int) -> str | None:
+    """Why a frame breaks HTTP/2's framing rules the relay relies on (RFC 9113 §4.2, §6.1, §6.2), or
+    None. Called for every frame, so the common case is one comparison; the frame's bytes need only
+    be in `buf` when a padding or priority flag is set."""
+    if length > max_frame:
+        return f"frame of {length} bytes over the peer's SETTINGS_MAX_FRAME_SIZE {max_frame}"
+    if ftype in (DATA, HEADERS):
+        need = 5 if ftype == HEADERS and flags & PRIORITY_FLAG else 0
+        if flags & PADDED:
+            if length < 1 or buf[pos + 9] + 1 + need > length:
+                return "padding longer than the frame"
+        elif need > length:
+            return "priority fields past the end of the frame"
+    return None
+
+
 def _payload(buf: bytes, start: int, end: int, flags: int) -> bytes:
     """DATA payload without padding."""
     if flags & PADDED:
@@ -156,7 +172,8 @@ class Link:
         self.active: dict[int, tuple[bytes, float]] = {}  # stream -> (path, start)
         self.up_window = DEFAULT_WINDOW
         self.up_initial = DEFAULT_WINDOW
-        self.up_max_frame = DEFAULT_MAX_FRAME
+        self.up_max_frame = DEFAULT_MAX_FRAME  # largest frame containerd accepts (what kubelet may send)
+        self.down_max_frame = DEFAULT_MAX_FRAME  # largest frame kubelet accepts (what containerd may send)
         self.skew = 0
         self.queue: deque[bytes] = deque()
         self.dead: set[int] = set()  # refused streams whose remaining request DATA is dropped
@@ -208,6 +225,8 @@ class Link:
     # -- kubelet -> containerd ---------------------------------------------------------------
 
     def down_data(self, data: bytes) -> None:
+        if self.closed:
+            return
         if self.up is None:
             self.dbuf += data
             return
@@ -232,6 +251,11 @@ class Link:
             hi, lo, ftype, flags, sid = _FH.unpack_from(buf, pos)
             length = (hi << 8) | lo
             end = pos + 9 + length
+            if length > self.up_max_frame or (end <= n and flags & (PADDED | PRIORITY_FLAG)):
+                bad = _bad_frame(buf, pos, length, ftype, flags, self.up_max_frame)
+                if bad is not None:
+                    self.protocol_error(bad)
+                    return
             if end > n:
                 break
             if ftype == DATA:
@@ -275,6 +299,9 @@ class Link:
                 for ident, value in _settings(buf, pos + 9, end):
                     if ident == SETTINGS_HEADER_TABLE_SIZE:
                         self.resp_hpack.max_size = value
+                    elif ident == SETTINGS_MAX_FRAME_SIZE:
+                        # never below what was allowed before: frames sent before the ACK stay legal
+                        self.down_max_frame = max(self.down_max_frame, value)
             pos = end
         self.dbuf = buf[pos:]
         if run < pos:
@@ -392,6 +419,9 @@ class Link:
     # -- containerd -> kubelet ---------------------------------------------------------------
 
     def up_data(self, data: bytes) -> None:
+        if self.closed or self.down.is_closing():
+            self.close()  # kubelet is gone: what the runtime still sends has nowhere to go
+            return
         buf = self.ubuf + data if self.ubuf else data
         n = len(buf)
         pos = 0
@@ -402,6 +432,11 @@ class Link:
             hi, lo, ftype, flags, sid = _FH.unpack_from(buf, pos)
             length = (hi << 8) | lo
             end = pos + 9 + length
+            if length > self.down_max_frame or (end <= n and flags & (PADDED | PRIORITY_FLAG)):
+                bad = _bad_frame(buf, pos, length, ftype, flags, self.down_max_frame)
+                if bad is not None:
+                    self.protocol_error(f"from the runtime: {bad}")
+                    return
             if end > n:
                 break
             if ftype == DATA:
@@ -454,7 +489,7 @@ class Link:
                 for call in self.calls.values():
                     call.send_window += delta
             elif ident == SETTINGS_MAX_FRAME_SIZE:
-                self.up_max_frame = value
+                self.up_max_frame = max(self.up_max_frame, value)
             elif ident == SETTINGS_HEADER_TABLE_SIZE:
                 self.req_hpack.max_size = value
 

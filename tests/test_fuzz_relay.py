@@ -101,7 +101,7 @@ def send(proxy: Crihook, data: bytes, half_close: bool) -> tuple[bool, bytes]:
 def still_serving(proxy: Crihook, stub: api_grpc.RuntimeServiceStub, log_from: int) -> None:
     """Another client is answered, and no exception escaped the relay since `log_from`."""
     assert stub.Version(api.VersionRequest(), timeout=10).runtime_name == "containerd"
-    log = [line for line in proxy.log_text()[log_from:].splitlines() if KNOWN_RACE not in line]
+    log = proxy.log_text()[log_from:].splitlines()
     assert not [line for line in log if "Traceback" in line or "Fatal error" in line], log[:20]
 
 
@@ -130,25 +130,9 @@ CASES = {
 }
 
 
-# Defects these tests found in proxy/relay.py. A race: when kubelet's side closes while the runtime
-# is still sending, Link.up_data writes to the closed kubelet transport and uvloop raises from inside
-# data_received (logged, the link is already gone; nothing else is affected). Filtered from the
-# log check until relay.py checks `closed` there, so the other findings stay visible:
-KNOWN_RACE = "the handler is closed"
-# Strict expected failures until fixed:
-KNOWN_DEFECTS = {
-    "padded HEADERS with no payload": "the pad length is read past the frame; the exception escapes data_received",
-    "padding longer than the frame": "a pad length over the payload is not a protocol error; an exception escapes",
-    "frame length past 16 MiB": "frames larger than SETTINGS_MAX_FRAME_SIZE are buffered whole instead of refused",
-}
-
-
 @pytest.mark.parametrize(
     "case",
-    [
-        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=KNOWN_DEFECTS[c])) if c in KNOWN_DEFECTS else c
-        for c in sorted(CASES)
-    ],
+    sorted(CASES),
 )
 def test_malformed_connection_is_closed(containerd: Containerd, tmp_path: Path, case: str) -> None:
     with running_crihook(containerd.address, tmp_path) as proxy, grpc.insecure_channel(proxy.address) as channel:
@@ -174,14 +158,8 @@ def test_intercepted_call_with_broken_grpc_framing_fails_only_that_stream(
     still_serving(proxy, stub, log_from)
 
 
-def _frame(ftype: int, flags: int, stream_id: int, payload: bytes) -> bytes:
-    if ftype == HEADERS:  # padding and priority on HEADERS: KNOWN_DEFECTS, tested above
-        flags &= ~(PADDED | PRIORITY_FLAG)
-    return frame(ftype, flags, stream_id, payload)
-
-
 frames = st.builds(
-    _frame,
+    frame,
     st.integers(0, 12),  # the ten HTTP/2 frame types and a few unknown ones
     st.integers(0, 255),
     st.sampled_from([0, 1, 3, 5]) | st.integers(0, 2**31 - 1),
