@@ -93,6 +93,7 @@ class Cluster:
         self.live = np.zeros(0, bool)
         self.version = np.zeros(0, np.int64)  # bumped on every change of a row
         self.idle = np.zeros((0, 0), np.int64)  # left() of every slot, kept current by touch()
+        self.ngpus = np.zeros(0, np.int64)  # GPU slots present per row
         self.special = np.zeros(0, bool)  # rows that need a per-node GPU choice in Filter (partitions)
         self.generation = 0  # bumped on every change of any row
         self.epoch = 0  # bumped when rows or columns are re-laid out
@@ -121,7 +122,7 @@ class Cluster:
         self.cpu_free, self.hmem_free = grow1(self.cpu_free, 0), grow1(self.hmem_free, 0)
         self.host_known, self.live = grow1(self.host_known, False), grow1(self.live, False)
         self.version = grow1(self.version, 0)
-        self.idle, self.special = grow2(self.idle, 0), grow1(self.special, False)
+        self.idle, self.special, self.ngpus = grow2(self.idle, 0), grow1(self.special, False), grow1(self.ngpus, 0)
         self.width = w1
         self.epoch += 1
 
@@ -188,6 +189,7 @@ class DeviceShare:
         st.nic_free[row] = {n.minor: 100 if n.healthy else 0 for n in node.nics}
         st.live[row] = True
         st.special[row] = bool(node.partitions)
+        st.ngpus[row] = len(node.gpus)
         st.touch(row)
         for uid in self.by_node.get(node.name, ()):
             self._charge(self.held[uid], +1)
@@ -204,6 +206,7 @@ class DeviceShare:
         st.live[row] = False
         st.usable[row] = False
         st.special[row] = False
+        st.ngpus[row] = 0
         st.touch(row)
         st.free_rows.append(row)
 
@@ -293,9 +296,9 @@ class DeviceShare:
         names, rows, missing = self._rows(nodes)
         ok, fits = self._feasible(req, rows)
         failed = {n: "node has no Device object (no GPUs known)" for n in missing}
-        if reasons:
-            for i in np.flatnonzero(~ok):
-                failed[names[i]] = self._reason(req, int(rows[i]), fits[i])
+        if reasons and not ok.all():
+            bad = np.flatnonzero(~ok)
+            failed.update(self._reasons(req, [names[i] for i in bad], rows[bad], fits[bad]))
         return list(compress(names, ok.tolist())), failed
 
     def score(self, req: PodRequest, node: str) -> int:
@@ -510,36 +513,65 @@ class DeviceShare:
         return [n.minor for n in rest[:k]] if len(rest) >= k else None
 
     def _reason(self, req: PodRequest, row: int, fits: np.ndarray) -> str:
-        st = self.st
-        nd = st.nodes[row]
+        nd = self.st.nodes[row]
         assert nd is not None
-        if st.host_known[row] and st.cpu_free[row] < req.cpu_milli:
-            return f"node {nd.name}: not enough CPU ({st.cpu_free[row]}m free, {req.cpu_milli}m asked)"
-        if st.host_known[row] and st.hmem_free[row] < req.host_memory:
-            return f"node {nd.name}: not enough memory ({st.hmem_free[row]} bytes free, {req.host_memory} asked)"
-        if req.count and not nd.gpus:
-            return f"node {nd.name} has no GPUs"
-        n_fit = int(fits.sum())
-        if n_fit < req.count:
-            why: dict[str, int] = {}
+        return self._reasons(req, [nd.name], np.array([row]), fits[None, :])[nd.name]
+
+    def _reasons(self, req: PodRequest, names: Sequence[str], rows: np.ndarray, fits: np.ndarray) -> dict[str, str]:
+        """Why each of these (failing) nodes can not take the pod. Counted with array operations;
+        nodes in the same situation share one message tail, so thousands of nodes cost little."""
+        st = self.st
+        present = np.arange(st.width) < st.ngpus[rows][:, None]
+        usable = st.usable[rows] & present
+        refused = np.zeros(fits.shape, bool)
+        texts: list[dict[str, int]] = [{} for _ in names] if req.selectors else []
+        for i, r in enumerate(rows.tolist() if req.selectors else ()):
+            nd = st.nodes[r]
+            assert nd is not None
             for col, g in enumerate(nd.gpus):
-                if fits[col]:
-                    continue
-                if not g.healthy:
-                    r = "unhealthy"
-                elif req.selectors and req.selectors.refuses(g.model, g.uuid):
-                    r = str(req.selectors.refuses(g.model, g.uuid))
-                elif st.core_free[row, col] < req.core:
-                    r = "not enough free GPU core"
-                else:
-                    r = "not enough free GPU memory"
-                why[r] = why.get(r, 0) + 1
-            detail = "; ".join(f"{n} {r}" for r, n in sorted(why.items()))
-            share = "whole GPU" if not req.shared else f"{req.core}% core and {req.ratio or req.memory}"
-            share += "" if not req.shared else ("% memory" if req.ratio else " bytes memory")
-            return f"node {nd.name}: {n_fit} of {len(nd.gpus)} GPUs can take a {share}, {req.count} needed ({detail})"
-        if req.rdma:
-            return f"node {nd.name}: not enough free RDMA NICs{' on the GPUs PCIe switches' if req.joint else ''}"
-        if nd.partitions:
-            return f"node {nd.name}: no free GPU partition of size {req.count} matches the pod's partition spec"
-        return f"node {nd.name}: no valid GPU choice"
+                why = req.selectors.refuses(g.model, g.uuid) if usable[i, col] and not fits[i, col] else None
+                if why:
+                    refused[i, col] = True
+                    texts[i][str(why)] = texts[i].get(str(why), 0) + 1
+        rest = usable & ~refused & ~fits
+        core_short = rest & (st.core_free[rows] < req.core)
+        counts = np.stack(
+            [
+                fits.sum(axis=1),
+                st.ngpus[rows],
+                (present & ~st.usable[rows]).sum(axis=1),
+                core_short.sum(axis=1),
+                (rest & ~core_short).sum(axis=1),
+                st.host_known[rows] & (st.cpu_free[rows] < req.cpu_milli),
+                st.host_known[rows] & (st.hmem_free[rows] < req.host_memory),
+            ],
+            axis=1,
+        ).tolist()
+        share = "whole GPU" if not req.shared else f"{req.core}% core and {req.ratio or req.memory}"
+        share += "" if not req.shared else ("% memory" if req.ratio else " bytes memory")
+        tails: dict[tuple, str] = {}
+        out: dict[str, str] = {}
+        for i, (name, row, c) in enumerate(zip(names, rows.tolist(), counts, strict=True)):
+            n_fit, n_gpus, sick, core, mem, cpu_short, mem_short = c
+            if cpu_short:
+                out[name] = f"node {name}: not enough CPU ({st.cpu_free[row]}m free, {req.cpu_milli}m asked)"
+            elif mem_short:
+                out[name] = f"node {name}: not enough memory ({st.hmem_free[row]} bytes free, {req.host_memory} asked)"
+            elif req.count and not n_gpus:
+                out[name] = f"node {name} has no GPUs"
+            elif n_fit < req.count:
+                key = (n_fit, n_gpus, sick, core, mem, tuple(sorted(texts[i].items())) if texts else ())
+                tail = tails.get(key)
+                if tail is None:
+                    why = {"unhealthy": sick, "not enough free GPU core": core, "not enough free GPU memory": mem}
+                    why.update(key[5])
+                    detail = "; ".join(f"{n} {r}" for r, n in sorted(why.items()) if n)
+                    tail = tails[key] = f"{n_fit} of {n_gpus} GPUs can take a {share}, {req.count} needed ({detail})"
+                out[name] = f"node {name}: {tail}"
+            elif req.rdma:
+                out[name] = f"node {name}: not enough free RDMA NICs{' on the GPUs PCIe switches' if req.joint else ''}"
+            elif st.special[row]:
+                out[name] = f"node {name}: no free GPU partition of size {req.count} matches the pod's partition spec"
+            else:
+                out[name] = f"node {name}: no valid GPU choice"
+        return out
