@@ -8,9 +8,11 @@ import fnmatch
 import inspect
 import logging
 import os.path
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
@@ -25,6 +27,12 @@ log = logging.getLogger("crihook.hooks")
 
 ENTRY_POINT_GROUP = "crihook.hooks"
 POLICIES = ("fail", "ignore")
+# Blocking hooks run on the chain's own threads. A call still running past its timeout keeps its
+# thread (Python can not stop it): the pool starts another in its place, and a hook with
+# STUCK_PER_HOOK such calls is not called again (its calls fail at once) until one returns. So a
+# hanging hook costs a bounded number of threads and never the threads every other hook needs.
+STUCK_PER_HOOK = 2
+SPARE_WORKERS = 4
 # PreCreateContainer -> pre_create_container, the metrics label
 _STAGE_LABELS = {s: "".join("_" + c.lower() if c.isupper() else c for c in s.value).lstrip("_") for s in Stage}
 
@@ -89,6 +97,15 @@ class HookChain:
         self._by_stage: dict[Stage, tuple[Registered, ...]] = {
             s: tuple(r for r in self.hooks if s in r.hook.stages) for s in Stage
         }
+        blocking = sum(1 for r in self.hooks if not r.is_async)
+        self._executor = _DaemonThreads(SPARE_WORKERS + STUCK_PER_HOOK * blocking) if blocking else None
+        self._stuck_lock = threading.Lock()
+        self._stuck: dict[str, int] = {}  # hook name -> its calls still running past their timeout
+
+    def _stuck_change(self, name: str, delta: int) -> int:
+        with self._stuck_lock:
+            n = self._stuck[name] = self._stuck.get(name, 0) + delta
+            return n
 
     def wants(self, stage: Stage) -> bool:
         """False lets the proxy forward a call untouched without decoding it."""
@@ -97,6 +114,8 @@ class HookChain:
     async def close(self) -> None:
         """Release what hooks hold (a remote hook's channels) once this chain is replaced or the
         daemon stops; a hook that has no `close` holds nothing."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
         for reg in self.hooks:
             close = getattr(reg.hook, "close", None)
             if close is None:
@@ -146,7 +165,7 @@ class HookChain:
         many of `regs` are settled; a hook still running past its timeout is settled as timed out and
         abandoned, and the caller goes on with the rest."""
         run = _BlockingRun(regs, Outcome(out.ctx), self, started=time.perf_counter())
-        future = asyncio.get_running_loop().run_in_executor(None, run.work)
+        future = asyncio.get_running_loop().run_in_executor(self._executor, run.work)
         while True:
             with run.lock:
                 k, started = run.settled, run.started
@@ -161,6 +180,11 @@ class HookChain:
                     if run.settled != k or time.perf_counter() - run.started < regs[k].timeout:
                         continue  # it moved on meanwhile
                     run.abandoned = True
+                    if run.running:  # the worker is inside regs[k].handle and keeps its thread
+                        run.counted = True
+                        self._stuck_change(regs[k].hook.name, +1)
+                        assert self._executor is not None
+                        self._executor.write_off()
                     k = run.settled
                 break
         with run.lock:
@@ -218,6 +242,66 @@ class HookChain:
             )
 
 
+class _DaemonThreads(Executor):
+    """ThreadPoolExecutor's job, with two differences a hook pool needs. Its threads are daemons:
+    Python joins a pool's threads at exit, and a hook that never returns must not keep crihook from
+    stopping. And a thread stuck in a hook past its timeout can be written off (`write_off`): the pool
+    may start another in its place, and the stuck one leaves when (if ever) its job returns."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._idle = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._shut = False
+        self._local = threading.local()
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        with self._lock:
+            if self._shut:
+                raise RuntimeError("hook threads are shut down")
+            self._jobs.put((future, fn, args))
+            if not self._idle.acquire(blocking=False) and self._threads < self._size:
+                self._threads += 1
+                threading.Thread(target=self._work, name=f"crihook-hook-{self._threads}", daemon=True).start()
+        return future
+
+    def write_off(self) -> None:
+        """Called from the event loop about a job that outlived its timeout: its thread no longer
+        counts towards the pool's size."""
+        with self._lock:
+            self._size += 1
+
+    def leave_after_job(self) -> None:
+        """Called by a written-off job when it finally returns: its thread goes instead of idling."""
+        self._local.leave = True
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, fn, args = job
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as e:
+                    future.set_exception(e)
+            if getattr(self._local, "leave", False):
+                with self._lock:
+                    self._size -= 1
+                    self._threads -= 1
+                return
+            self._idle.release()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._shut = True
+            for _ in range(self._threads):
+                self._jobs.put(None)
+
+
 @dataclass
 class _BlockingRun:
     """The worker-thread side of `HookChain._run_blocking`. Everything shared with the event loop
@@ -230,7 +314,9 @@ class _BlockingRun:
     settled: int = 0  # hooks of `regs` accounted for in work_out
     # perf_counter since when regs[settled] is due (its timeout counts from then, queueing included)
     started: float = 0.0
+    running: bool = False  # inside regs[settled].handle
     abandoned: bool = False
+    counted: bool = False  # the loop counted this run's hanging call against its hook
 
     def work(self) -> None:
         for reg in self.regs:
@@ -238,15 +324,27 @@ class _BlockingRun:
                 if self.abandoned or self.work_out.error is not None:
                     return
                 ctx = self.work_out.ctx
+                self.running = True
             start = time.perf_counter()
             result: Any = None
             exc: BaseException | None = None
+            stuck = self.chain._stuck.get(reg.hook.name, 0)
             try:
+                if stuck >= STUCK_PER_HOOK:
+                    raise HookError(
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                        f"not called: {stuck} earlier calls of this hook are still running past their timeout",
+                    )
                 result = reg.hook.handle(ctx)
             except Exception as e:
                 exc = e
             with self.lock:
+                self.running = False
                 if self.abandoned:
+                    if self.counted:
+                        self.chain._stuck_change(reg.hook.name, -1)
+                        assert self.chain._executor is not None
+                        self.chain._executor.leave_after_job()
                     return
                 self.chain._settle(reg, self.work_out, start, result=result, exc=exc)
                 self.settled += 1

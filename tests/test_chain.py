@@ -7,7 +7,6 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
@@ -15,7 +14,7 @@ import pytest
 
 from crihook.config import HooksConfig, NodeConfig
 from crihook.hooks.base import ContainerInfo, Device, Edit, HookContext, HookError, PodInfo, Stage
-from crihook.hooks.chain import HookChain, build_chain
+from crihook.hooks.chain import STUCK_PER_HOOK, HookChain, build_chain
 
 STAGE = Stage.PRE_CREATE_CONTAINER
 
@@ -131,23 +130,38 @@ async def test_the_event_loop_keeps_serving_while_a_hook_hangs() -> None:
     assert out.records[0].result == "noop"
 
 
-async def test_timeouts_hold_when_every_worker_thread_is_stuck() -> None:
-    """A hook queued behind hung ones still fails in its own time: the call never hangs."""
-    loop = asyncio.get_running_loop()
-    executor = ThreadPoolExecutor(max_workers=1)
-    loop.set_default_executor(executor)
+async def test_a_hanging_hook_can_not_take_the_threads_other_hooks_need() -> None:
+    """Each hung call keeps its thread, and the pool starts another in its place. Past
+    STUCK_PER_HOOK hung calls the hook is not called (it fails at once) until one returns, and the
+    other hooks are served all along."""
     release = threading.Event()
+    calls = []
+
+    def hang(c: HookContext) -> None:
+        calls.append(1)
+        release.wait(10)
+
+    hooks = (Blocking("hang", 1, hang), Blocking("good", 2, setter("G")))
+    ch = chain(*hooks, policy="ignore", timeout_ms=100)
     try:
-        stuck = asyncio.create_task(chain(Blocking("hang", 1, lambda c: release.wait(10))).run(ctx()))
-        await asyncio.sleep(0.05)
+        # a burst larger than the pool: every call is served, the good hook on fresh threads
+        burst = await asyncio.gather(*(ch.run(ctx()) for _ in range(20)))
+        assert all(out.error is None and env(out.ctx) == {"G": "1"} for out in burst)
+        hung = len(calls)
+        assert STUCK_PER_HOOK <= hung < 20
         started = time.monotonic()
-        out = await chain(Blocking("queued", 1, setter("Q")), timeout_ms=200).run(ctx())
-        assert time.monotonic() - started < 2.0
-        assert out.error is not None and out.error.code == grpc.StatusCode.DEADLINE_EXCEEDED
-        await stuck
+        later = await asyncio.gather(*(ch.run(ctx()) for _ in range(20)))
+        assert time.monotonic() - started < 1.0  # nobody waited for the hung hook's timeout
+        assert len(calls) == hung
+        for out in later:
+            assert env(out.ctx) == {"G": "1"}
+            assert str(out.records[0].detail).startswith(f"not called: {hung} earlier calls")
     finally:
         release.set()
-        executor.shutdown(wait=False)
+    await asyncio.sleep(0.2)  # the hung calls return; the hook is called again
+    again = await ch.run(ctx())
+    assert again.records[0].result == "noop" and len(calls) == hung + 1
+    await ch.close()
 
 
 @pytest.mark.parametrize(

@@ -169,11 +169,6 @@ def test_hanging_hook_stalls_no_other_call(faulty: Crihook, client: Cri, tmp_pat
         pass
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known defect: plain-function hooks share asyncio's default executor (cpu count + 4 threads); "
-    "hung hooks keep their threads past the timeout, so every other call's hooks time out too",
-)
 def test_many_hanging_hooks_do_not_starve_healthy_pods(faulty: Crihook, client: Cri, tmp_path: Path) -> None:
     """More hanging calls than the daemon has hook worker threads: a healthy pod created meanwhile
     must still get its hooks run (a plain-function hook runs in a thread, and a thread that hangs is
