@@ -13,8 +13,10 @@ sent it, and decoding thousands of pods into client models would cost more than 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -117,8 +119,11 @@ class Reflector:
     def stop(self) -> None:
         self._stop.set()
         resp = self._resp
-        if resp is not None:
-            resp.close()  # unblocks the read of a quiet watch
+        sock = getattr(getattr(resp, "connection", None), "sock", None)
+        if sock is not None:
+            # ends the read of a quiet watch; close() would wait for the reading thread's buffer lock
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         self._thread.join(5)
 
     def _run(self) -> None:
@@ -158,6 +163,8 @@ class Reflector:
         )
         self._resp = resp
         try:
+            if self._stop.is_set():  # stop() ran before the stream was there to end
+                return rv
             for ev in _events(resp):
                 kind, obj = ev.get("type"), ev.get("object") or {}
                 if kind == "ERROR":
@@ -165,6 +172,8 @@ class Reflector:
                         raise Expired()
                     raise ApiFailure(int(obj.get("code") or 0), str(obj.get("message")))
                 rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                if self._stop.is_set():
+                    break
                 if kind != "BOOKMARK":
                     self.event(kind, obj)
         finally:

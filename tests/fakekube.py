@@ -380,6 +380,7 @@ class FakeKube:
         self._oldest_rv = self._rv  # a watch from below this is too old
         self._faults: list[Fault] = []
         self._watch_gen = 0  # bumped by close_watches()
+        self._paused = False  # pause_watches(): open watches deliver nothing until resumed
         self._stopped = False
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -467,6 +468,12 @@ class FakeKube:
         """End every open watch stream (the client sees the response end, as on an API server restart)."""
         with self._cond:
             self._watch_gen += 1
+            self._cond.notify_all()
+
+    def pause_watches(self, paused: bool = True) -> None:
+        """Hold back every watch event (a slow or partitioned API server); False delivers again."""
+        with self._cond:
+            self._paused = paused
             self._cond.notify_all()
 
     def _take_fault(self, method: str, path: str) -> Fault | None:
@@ -806,8 +813,8 @@ class FakeKube:
                             ).status(),
                         }
                         return
-                    pending = [e for e in self._events if e.rv > last and e.res is res]
-                    if pending or self._rv > last:
+                    pending = [] if self._paused else [e for e in self._events if e.rv > last and e.res is res]
+                    if pending or (self._rv > last and not self._paused):
                         break
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:

@@ -332,3 +332,33 @@ def test_unknown_paths(kube: FakeKube) -> None:
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(kube.url + path, timeout=5)
         assert e.value.code == 404 and json.loads(e.value.read())["reason"] == "NotFound"
+
+
+def test_uid_in_a_patch_is_immutable(core: client.CoreV1Api) -> None:
+    uid = core.create_namespaced_pod("default", pod("p")).metadata.uid
+    core.patch_namespaced_pod("p", "default", {"metadata": {"uid": uid, "annotations": {"a": "1"}}})
+    with pytest.raises(ApiException) as e:
+        core.patch_namespaced_pod("p", "default", {"metadata": {"uid": "other", "annotations": {"a": "2"}}})
+    assert e.value.status == 422 and "field is immutable" in status_of(e.value)["message"]
+    assert core.read_namespaced_pod("p", "default").metadata.annotations == {"a": "1"}
+
+
+def test_paused_watches_hold_events(core: client.CoreV1Api, kube: FakeKube) -> None:
+    rv = core.list_node().metadata.resource_version
+    kube.pause_watches()
+    events: list[str] = []
+    w = watch.Watch()
+
+    def run() -> None:
+        for ev in w.stream(core.list_node, resource_version=rv, timeout_seconds=5):
+            events.append(ev["object"].metadata.name)
+            w.stop()
+
+    t = threading.Thread(target=run)
+    t.start()
+    core.create_node({"metadata": {"name": "n"}})
+    time.sleep(0.3)
+    assert events == []
+    kube.pause_watches(False)
+    t.join(5)
+    assert events == ["n"]
