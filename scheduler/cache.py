@@ -39,6 +39,7 @@ DEVICE_PLURAL = "devices"
 POD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
 WATCH_SECONDS = 300  # server-side timeout of one watch; the stream then restarts from its version
 READ_TIMEOUT = WATCH_SECONDS + 30  # the socket gives up only after the server should have ended it
+READ_CHUNK = 1 << 16
 BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 
@@ -183,13 +184,17 @@ class Reflector:
 
 
 def _events(resp: Any) -> Iterator[dict[str, Any]]:
-    """The JSON events of a watch response, one per line."""
-    while True:
-        line = resp.readline()
-        if not line:
-            return
-        if line.strip():
-            yield json.loads(line)
+    """The JSON events of a watch response, one per line. Read by HTTP chunk: readline() on the raw
+    response reads a byte at a time, which costs more CPU than the events themselves."""
+    buf = b""
+    for chunk in resp.stream(READ_CHUNK, decode_content=True):
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield json.loads(line)
+    if buf.strip():
+        yield json.loads(buf)
 
 
 class ClusterCache:

@@ -16,7 +16,9 @@ import json
 import logging
 import os
 import signal
+import socket
 import ssl
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -72,6 +74,12 @@ class Handler(BaseHTTPRequestHandler):
     app: App
     protocol_version = "HTTP/1.1"  # kube-scheduler keeps connections open between calls
     timeout = IDLE_TIMEOUT
+
+    def setup(self) -> None:
+        super().setup()
+        # headers and body go out as two writes: without this, Nagle and the peer's delayed ACK
+        # add about 40 ms to every answer
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("http", extra={"request": format % args})
@@ -142,6 +150,12 @@ class Server(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], handler: type[Handler], tls: ssl.SSLContext | None) -> None:
         super().__init__(address, handler)
         self.tls = tls
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError):
+            return  # a client that hangs up mid-request
+        log.error("connection failed", extra={"peer": client_address[0], "error": repr(exc)})
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         if self.tls is not None:
