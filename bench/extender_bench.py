@@ -200,8 +200,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=8)
     a = p.parse_args()
     bench_filter_prioritize(a.nodes, a.gpus, a.requests)
-    bench_binds(a.binds, 1)
-    bench_binds(a.binds, a.threads)
+    if a.binds:  # --binds 0: no binds (they need the kubernetes client)
+        bench_binds(a.binds, 1)
+        bench_binds(a.binds, a.threads)
 
 
 if __name__ == "__main__":
