@@ -57,25 +57,26 @@ def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
+def _positive(resources: Mapping[str, Any], name: str) -> bool:
+    """Whether a resource is really requested: the allocator ignores zero and unreadable values
+    (the latter it reports), so the webhook must see the same request it does."""
+    try:
+        return name in resources and quantity.parse(resources[name]) > 0
+    except quantity.QuantityError:
+        return False
+
+
 def _shared_for(resources: Mapping[str, Any]) -> str | None:
     """The gpu.shared value seed 001 injects for one container's share request, or None when the
     container does not use the share API in a form the rule covers (validation then explains)."""
-    if GPU_SHARED in resources or NVIDIA_GPU in resources:
+    if _positive(resources, GPU_SHARED) or _positive(resources, NVIDIA_GPU):
         return None
-    if GPU_MEMORY_RATIO in resources:
-        try:
-            ratio = quantity.parse(resources[GPU_MEMORY_RATIO])
-        except quantity.QuantityError:
-            return None
-        if ratio <= 0:
-            return None
+    if _positive(resources, GPU_MEMORY_RATIO):
+        ratio = quantity.parse(resources[GPU_MEMORY_RATIO])
         whole = ratio % 100 == 0 and ratio == ratio.to_integral_value()
         return str(int(ratio / Decimal(100))) if whole else "1"
-    if GPU_MEMORY in resources:
-        try:
-            return "1" if quantity.parse(resources[GPU_MEMORY]) > 0 else None
-        except quantity.QuantityError:
-            return None
+    if _positive(resources, GPU_MEMORY):
+        return "1"
     return None
 
 
@@ -100,7 +101,7 @@ def mutate_pod(pod: dict[str, Any], config: WebhookConfig) -> tuple[dict[str, An
                     continue
                 base = f"/spec/{field}/{i}/resources/{kind}/"
                 # koordinator.sh/gpu alone converts; beside core or memory it is left for validation to refuse
-                if KOORD_GPU in values and not any(n in values for n in SHARE_NAMES):
+                if KOORD_GPU in values and not any(_positive(values, n) for n in SHARE_NAMES):
                     x = values.pop(KOORD_GPU)
                     ops.append({"op": "remove", "path": base + _escape(KOORD_GPU)})
                     for name in (GPU_CORE, GPU_MEMORY_RATIO):
