@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from crihook.scheduler.frag import Typical
-from crihook.scheduler.score import ShapeCache, best_fit_cols, bucket, host_cpu, placements, share_pct
+from crihook.scheduler.score import ShapeCache, best_fit_cols, bucket, growth, host_cpu, placements, share_pct
 
 if TYPE_CHECKING:
     from crihook.scheduler.plugin import Cluster
@@ -46,8 +46,8 @@ class FGD:
         return None
 
     def _quantised(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> np.ndarray:
-        before, after = placements(self.typ, st, req, rows, fits)
-        return np.where(np.isfinite(after), bucket(after - before[:, None]), -1.0)
+        before, after, valid = placements(self.typ, st, req, rows, fits)
+        return np.where(valid, bucket(growth(self.typ, before, after)), -1.0)
 
     def _best(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         q = self._quantised(st, req, rows, fits)

@@ -74,12 +74,19 @@ def stats(typ: Typical, cpu_left: np.ndarray, left: np.ndarray) -> Stats:
     return Stats(fits.sum(axis=1), small, left.sum(axis=1).astype(np.float64), cpu_left)
 
 
-def frag_of(typ: Typical, s: Stats) -> np.ndarray:
-    """Expected unusable idle GPU percent; works on any leading shape (K,) or (K, O)."""
-    if typ.weight.size == 0:
-        return np.zeros(s.total.shape)
+def frag_of(typ: Typical, s: Stats, cpu_bound: bool = False) -> np.ndarray:
+    """Expected unusable idle GPU percent; works on any leading shape (K,) or (K, O).
+
+    FGD's measure (cpu_bound=False) asks whether the next pod of each shape fits. With cpu_bound
+    the idle GPU a shape can use is also capped by the CPU left for as many pods of that shape
+    (floor(cpu left / its CPU) x its GPUs): GPU on a node whose CPU is spent is stranded too."""
     usable = (s.nfit >= typ.count) & (s.cpu[..., None] >= typ.cpu) & (typ.pct > 0)  # CPU-only shapes use no GPU
-    return np.where(usable, s.small, s.total[..., None]) @ typ.weight
+    per_shape = s.small
+    if cpu_bound:
+        with np.errstate(divide="ignore", invalid="ignore"):  # CPU-free shapes: no cap (their rows are masked)
+            pods = np.where(typ.cpu > 0, np.floor(s.cpu[..., None] / np.maximum(typ.cpu, 1)), np.inf)
+            per_shape = np.maximum(s.small, s.total[..., None] - pods * (typ.count * typ.pct))
+    return np.where(usable, per_shape, s.total[..., None]) @ typ.weight
 
 
 def node_frag(typ: Typical, cpu_left: np.ndarray, left: np.ndarray) -> np.ndarray:
@@ -97,21 +104,19 @@ def slot_deltas(typ: Typical, left: np.ndarray, pct: int) -> tuple[np.ndarray, n
     return fit1.astype(np.int64) - fit0, dsmall.astype(np.float64)
 
 
-def frag_options(
-    typ: Typical, cpu_left: np.ndarray, left: np.ndarray, cpu: int, pct: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Fragmentation before (K,) and after (K, G) placing a one-GPU share of `pct` (with `cpu`
-    millicores) on each slot; invalid slots are the caller's to mask."""
+def option_stats(typ: Typical, cpu_left: np.ndarray, left: np.ndarray, cpu: int, pct: int) -> tuple[Stats, Stats]:
+    """Stats before (K,) and after (K, G) placing a one-GPU share of `pct` (with `cpu` millicores)
+    on each slot; invalid slots are the caller's to mask."""
     s = stats(typ, cpu_left, left)
     dn, ds = slot_deltas(typ, left, pct)
     after = Stats(s.nfit[:, None, :] + dn, s.small[:, None, :] + ds, s.total[:, None] - pct, (cpu_left - cpu)[:, None])
-    return frag_of(typ, s), frag_of(typ, after)
+    return s, after
 
 
-def frag_after_set(
+def set_stats(
     typ: Typical, cpu_left: np.ndarray, left: np.ndarray, cpu: int, pct: int, chosen: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Fragmentation before (K,) and after (K,) taking `pct` from every slot where `chosen` (K, G)."""
+) -> tuple[Stats, Stats]:
+    """Stats before and after (both (K,)) taking `pct` from every slot where `chosen` (K, G)."""
     s = stats(typ, cpu_left, left)
     dn, ds = slot_deltas(typ, left, pct)
     c = chosen.astype(np.int64)
@@ -121,4 +126,4 @@ def frag_after_set(
         s.total - pct * c.sum(axis=1),
         cpu_left - cpu,
     )
-    return frag_of(typ, s), frag_of(typ, after)
+    return s, after

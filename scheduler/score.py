@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from crihook.scheduler.frag import Shape, Typical, frag_after_set, frag_options
+from crihook.scheduler.frag import Shape, Stats, Typical, frag_of, option_stats, set_stats
 
 if TYPE_CHECKING:
     from crihook.scheduler.plugin import Cluster
     from crihook.scheduler.request import PodRequest
 
+TIE = 0.9  # weight of the CPU-aware tie-break: below 1, so it only orders nodes FGD's bucket ties
 NO_HOST = 2**62  # CPU left on nodes whose allocatable is not known: never the limit
 
 
@@ -45,21 +46,30 @@ def host_cpu(st: Cluster, rows: np.ndarray) -> np.ndarray:
 
 def placements(
     typ: Typical, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Fragmentation before (K,) and after each option (K, O) (inf where invalid). A one-GPU share
-    has one option per GPU slot (option o = slot o); anything else has one option: the best-fitting
-    slots (least idle first, then lowest slot)."""
+) -> tuple[Stats, Stats, np.ndarray]:
+    """Node stats before (K,) and after each option (K, O), and which options are valid (K, O). A
+    one-GPU share has one option per GPU slot (option o = slot o); anything else has one option:
+    the best-fitting slots (least idle first, then lowest slot)."""
     left = st.left(rows)
     cpu = host_cpu(st, rows)
     pct = share_pct(req) if req.count else 0
     if req.count == 1 and req.shared:
-        before, after = frag_options(typ, cpu, left, req.cpu_milli, pct)
-        return before, np.where(fits, after, np.inf)
+        before, after = option_stats(typ, cpu, left, req.cpu_milli, pct)
+        return before, after, fits
     chosen = np.zeros(left.shape, bool)
     if req.count:
         np.put_along_axis(chosen, best_fit_cols(left, fits, req.count), True, axis=1)
-    before, after = frag_after_set(typ, cpu, left, req.cpu_milli, pct, chosen)
-    return before, after[:, None]
+    before, after = set_stats(typ, cpu, left, req.cpu_milli, pct, chosen)
+    return (
+        before,
+        Stats(after.nfit[:, None], after.small[:, None], after.total[:, None], after.cpu[:, None]),
+        (np.ones((left.shape[0], 1), bool)),
+    )
+
+
+def growth(typ: Typical, before: Stats, after: Stats, cpu_bound: bool = False) -> np.ndarray:
+    """Fragmentation growth of each option (K, O), in percent of a GPU."""
+    return frag_of(typ, after, cpu_bound) - frag_of(typ, before, cpu_bound)[:, None]
 
 
 def bucket(growth: np.ndarray) -> np.ndarray:
@@ -136,9 +146,13 @@ class DefaultPolicy:
     def _evaluate(
         self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """(score (K,), chosen option (K,)): the best bucket over the options, the first option in it."""
-        before, after = placements(self.typ, st, req, rows, fits)
-        q = np.where(np.isfinite(after), bucket(after - before[:, None]), -1.0)
+        """(score (K,), chosen option (K,)): the best option's score, the first option that has it."""
+        before, after, valid = placements(self.typ, st, req, rows, fits)
+        fgd = bucket(growth(self.typ, before, after))
+        stranded = growth(self.typ, before, after, cpu_bound=True)
+        with np.errstate(over="ignore"):
+            tie = 1.0 / (1.0 + np.exp(np.clip(stranded / 100.0, -50, 50)))
+        q = np.where(valid, (fgd + TIE * tie) * (100.0 / (100.0 + TIE)), -1.0)
         return q.max(axis=1), np.argmax(q, axis=1)
 
     def scores(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> np.ndarray:

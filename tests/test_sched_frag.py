@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crihook.scheduler.frag import Shape, Typical, frag_after_set, frag_options, node_frag
+from crihook.scheduler.frag import Shape, Typical, frag_of, node_frag, option_stats, set_stats
 
 shapes = st.dictionaries(
     st.builds(
@@ -29,12 +29,15 @@ states = st.lists(
 )
 
 
-def reference(typ: Typical, cpu: int, left: list[int]) -> float:
+def reference(typ: Typical, cpu: int, left: list[int], cpu_bound: bool = False) -> float:
     out = 0.0
     for c, p, n, w in zip(typ.cpu, typ.pct, typ.count, typ.weight, strict=True):
         room = sum(1 for x in left if x >= p)
         if p > 0 and room >= n and cpu >= c:
-            out += w * sum(x for x in left if x < p)
+            unusable = sum(x for x in left if x < p)
+            if cpu_bound and c > 0:  # only cpu // c more pods of this shape fit the CPU
+                unusable = max(unusable, sum(left) - (cpu // c) * n * p)
+            out += w * unusable
         else:
             out += w * sum(left)
     return out
@@ -50,12 +53,23 @@ def test_incremental_fragmentation_matches_recomputing(
     left = np.array([lv for _, lv in nodes], np.int64)
     before = node_frag(typ, cpu_left, left)
     assert np.allclose(before, [reference(typ, int(c), list(lv)) for c, lv in zip(cpu_left, left, strict=True)])
-    b, after = frag_options(typ, cpu_left, left, cpu, pct)
-    assert np.allclose(b, before)
-    for g in range(left.shape[1]):
-        moved = left.copy()
-        moved[:, g] -= pct
-        assert np.allclose(after[:, g], node_frag(typ, cpu_left - cpu, moved))
-    chosen = left >= pct
-    _, after_set = frag_after_set(typ, cpu_left, left, cpu, pct, chosen)
-    assert np.allclose(after_set, node_frag(typ, cpu_left - cpu, left - pct * chosen))
+    for bound in (False, True):
+        assert np.allclose(
+            node_frag(typ, cpu_left, left)
+            if not bound
+            else frag_of(typ, option_stats(typ, cpu_left, left, 0, 0)[0], True),
+            [reference(typ, int(c), list(lv), bound) for c, lv in zip(cpu_left, left, strict=True)],
+        )
+        _, a = option_stats(typ, cpu_left, left, cpu, pct)
+        after = frag_of(typ, a, bound)
+        for g in range(left.shape[1]):
+            moved = left.copy()
+            moved[:, g] -= pct
+            want = [reference(typ, int(c), list(lv), bound) for c, lv in zip(cpu_left - cpu, moved, strict=True)]
+            assert np.allclose(after[:, g], want)
+        chosen = left >= pct
+        after_set = frag_of(typ, set_stats(typ, cpu_left, left, cpu, pct, chosen)[1], bound)
+        want = [
+            reference(typ, int(c), list(lv), bound) for c, lv in zip(cpu_left - cpu, left - pct * chosen, strict=True)
+        ]
+        assert np.allclose(after_set, want)
