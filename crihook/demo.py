@@ -116,73 +116,7 @@ def demo_pods(model_hint: str) -> list[tuple[str, dict[str, Any]]]:
 # -- the simulated node ---------------------------------------------------------------------------
 
 
-@dataclass
-class SimNode:
-    work: Path
-    topology: str
-    doc: dict[str, Any] = field(default_factory=dict)
-    char_devices: bool = False
-
-    @property
-    def config(self) -> Path:
-        return self.work / "topology.json"
-
-    @property
-    def sys_root(self) -> Path:
-        return self.work / "sys"
-
-    @property
-    def dev_root(self) -> Path:
-        return self.work / "dev"
-
-    @property
-    def kubelet(self) -> Path:
-        return self.work / "kubelet"
-
-    @property
-    def hami(self) -> Path:
-        return self.work / "hami"
-
-
-def build_node(work: Path, topology: str, char_devices: bool) -> tuple[SimNode, Path]:
-    """The node's files, and the fake NVML library that describes it."""
-    import fakenvml
-    from gpu_fixtures import make_dev_root, write_checkpoint
-
-    node = SimNode(work, topology, fakenvml.topology(topology), char_devices)
-    work.mkdir(parents=True)
-    node.config.write_text(json.dumps(node.doc))
-    fakenvml.make_sys_tree(node.sys_root, node.doc)
-    make_dev_root(node.dev_root, [g["minor"] for g in node.doc["gpus"]], char_devices=char_devices)
-    (node.kubelet / "pods").mkdir(parents=True)
-    write_checkpoint(node.kubelet / "device-plugins" / "kubelet_internal_checkpoint", [])
-    node.hami.mkdir()
-    (node.hami / "libvgpu.so").write_bytes(b"\x7fELF stand-in for HAMi-core\n")
-    (node.hami / "ld.so.preload").write_text(f"{node.hami}/libvgpu.so\n")
-    return node, fakenvml.build()
-
-
-def proxy_config(node: SimNode, library: Path) -> str:
-    return f"""
-[node]
-name = "{NODE}"
-dev_root = "{node.dev_root}"
-sys_root = "{node.sys_root}"
-kubelet_checkpoint = "{node.kubelet}/device-plugins/kubelet_internal_checkpoint"
-nvml_library = "{library}"
-
-[hooks]
-allowed_host_paths = ["{{dev_root}}/nvidia*", "{{dev_root}}/infiniband/*", "{node.hami}/*"]
-
-[hooks.gpu.hami_core]
-library = "{node.hami}/libvgpu.so"
-preload_file = "{node.hami}/ld.so.preload"
-cache_root = "{node.hami}/containers"
-lock_dir = "{node.hami}/lock"
-"""
-
-
-def device_object(node: SimNode, library: Path) -> dict[str, Any]:
+def device_object(node: Any, library: Path) -> dict[str, Any]:
     """Discovery through the real pynvml and the reporter's object, as the API server would hold it."""
     from crihook.devices import report
     from crihook.devices.nvml import Nvml
@@ -211,12 +145,10 @@ def embedded_runtime(work: Path) -> Iterator[str]:
 
     sock = str(work / "runtime.sock")
     loop = asyncio.new_event_loop()
-    ready = threading.Event()
     holder: dict[str, Any] = {}
 
     async def start() -> None:
         holder["server"], _ = await er.serve(sock)
-        ready.set()
 
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -411,12 +343,14 @@ def run(args: argparse.Namespace) -> int:
 
 def demo(work: Path, topology: str, runtime: str) -> list[Outcome]:
     from daemon import running_crihook
-    from fakenvml import CONFIG_ENV
+    from fakenvml import CONFIG_ENV, build
+    from gpu_fixtures import make_sim_node
 
     from crihook.scheduler.devices import node_from_device
     from crihook.scheduler.plugin import DeviceShare
 
-    node, library = build_node(work / "node", topology, char_devices=runtime == "containerd")
+    node = make_sim_node(work / "node", topology, char_devices=runtime == "containerd")
+    library = build()
     os.environ[CONFIG_ENV] = str(node.config)  # the fake NVML reads its node from here at nvmlInit
     device = device_object(node, library)
     plugin = DeviceShare()
@@ -428,7 +362,7 @@ def demo(work: Path, topology: str, runtime: str) -> list[Outcome]:
     with (
         backend as address,
         running_crihook(
-            address, work / "crihook", proxy_config(node, library), {CONFIG_ENV: str(node.config)}
+            address, work / "crihook", node.proxy_config(library, NODE), {CONFIG_ENV: str(node.config)}
         ) as proxy,
     ):
         try:

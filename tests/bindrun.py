@@ -46,6 +46,10 @@ class Scheduler:
     ext: Extender
     cache: ClusterCache
 
+    @property
+    def plugin(self) -> DeviceShare:
+        return self.ext.plugin
+
     def stop(self) -> None:
         self.cache.stop()
 

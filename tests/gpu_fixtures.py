@@ -179,3 +179,81 @@ def _node(path: Path, major: int, minor: int, char_device: bool) -> None:
         os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
     else:
         path.touch()
+
+
+@dataclass
+class SimNode:
+    """A simulated GPU node on disk: the fake NVML's topology file, a sysfs tree, /dev with the GPUs'
+    nodes, kubelet's pods directory and device checkpoint, and stand-in HAMi-core files. Shared by
+    the gpu hook's containerd tests and `crihook demo`."""
+
+    root: Path
+    doc: dict[str, Any]
+
+    @property
+    def config(self) -> Path:  # what CRIHOOK_FAKE_NVML_CONFIG names
+        return self.root / "topology.json"
+
+    @property
+    def sys_root(self) -> Path:
+        return self.root / "sys"
+
+    @property
+    def dev_root(self) -> Path:
+        return self.root / "dev"
+
+    @property
+    def kubelet(self) -> Path:
+        return self.root / "kubelet"
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.kubelet / "device-plugins" / "kubelet_internal_checkpoint"
+
+    @property
+    def hami(self) -> Path:
+        return self.root / "hami"
+
+    def uuid(self, minor: int) -> str:
+        return next(g["uuid"] for g in self.doc["gpus"] if g["minor"] == minor)
+
+    def memory(self, minor: int) -> int:
+        return next(g["memory_total"] for g in self.doc["gpus"] if g["minor"] == minor)
+
+    def proxy_config(self, nvml_library: Path, node_name: str = "") -> str:
+        """crihook's [node] and [hooks] configuration for this node (TOML)."""
+        name = f'name = "{node_name}"\n' if node_name else ""
+        return f"""
+[node]
+{name}dev_root = "{self.dev_root}"
+sys_root = "{self.sys_root}"
+kubelet_checkpoint = "{self.checkpoint}"
+nvml_library = "{nvml_library}"
+
+[hooks]
+allowed_host_paths = ["{{dev_root}}/nvidia*", "{{dev_root}}/infiniband/*", "{self.hami}/*"]
+
+[hooks.gpu.hami_core]
+library = "{self.hami}/libvgpu.so"
+preload_file = "{self.hami}/ld.so.preload"
+cache_root = "{self.hami}/containers"
+lock_dir = "{self.hami}/lock"
+"""
+
+
+def make_sim_node(root: Path, topology: str, *, char_devices: bool) -> SimNode:
+    """One of the fake NVML's shipped topologies as a node under `root` (device nodes made with
+    mknod when `char_devices`, which a real container runtime needs; plain files otherwise)."""
+    import fakenvml
+
+    node = SimNode(root, fakenvml.topology(topology))
+    root.mkdir(parents=True, exist_ok=True)
+    node.config.write_text(json.dumps(node.doc))
+    fakenvml.make_sys_tree(node.sys_root, node.doc)
+    make_dev_root(node.dev_root, [g["minor"] for g in node.doc["gpus"]], char_devices=char_devices)
+    (node.kubelet / "pods").mkdir(parents=True)
+    write_checkpoint(node.checkpoint, [])
+    node.hami.mkdir()
+    (node.hami / "libvgpu.so").write_bytes(b"\x7fELF stand-in for HAMi-core\n")
+    (node.hami / "ld.so.preload").write_text(f"{node.hami}/libvgpu.so\n")
+    return node

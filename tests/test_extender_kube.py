@@ -9,16 +9,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from bindrun import Scheduler, start_scheduler
 from fakekube import FakeKube
 
 from crihook.allocation import CONTAINER_DEVICES, DEVICE_ALLOCATED, GPU, GPU_CORE, parse_device_allocated
-from crihook.scheduler.cache import ClusterCache, KubeApi
-from crihook.scheduler.extender import Extender
+from crihook.scheduler.cache import ClusterCache
 from crihook.scheduler.plugin import DeviceShare
 
 FIXTURES = Path(__file__).parent / "fixtures" / "extender"
@@ -35,31 +34,6 @@ def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(0.02)
-
-
-@dataclass
-class Scheduler:
-    ext: Extender
-    cache: ClusterCache
-
-    @property
-    def plugin(self) -> DeviceShare:
-        return self.ext.plugin
-
-    def stop(self) -> None:
-        self.cache.stop()
-
-
-def start_scheduler(kube: FakeKube) -> Scheduler:
-    api_client = kube.api_client()
-    plugin = DeviceShare()
-    box: list[ClusterCache] = []
-    ext = Extender(plugin, KubeApi(api_client), ready=lambda: bool(box) and box[0].ready())
-    cache = ClusterCache(api_client, plugin, ext.lock)
-    box.append(cache)
-    cache.start()
-    assert cache.wait_ready(10)
-    return Scheduler(ext, cache)
 
 
 @pytest.fixture

@@ -28,8 +28,9 @@ from gpu_fixtures import (
     UVERBS_MAJOR,
     UVM_MAJOR,
     Entry,
-    make_dev_root,
+    SimNode,
     make_rdma_sys,
+    make_sim_node,
     write_checkpoint,
 )
 
@@ -45,64 +46,22 @@ MiB = 1 << 20
 
 @dataclass
 class GpuNode:
-    root: Path
-    dev: Path
-    kubelet: Path
-    hami: Path
-    doc: dict[str, Any]
+    node: SimNode
     proxy: Crihook
-
-    @property
-    def checkpoint(self) -> Path:
-        return self.kubelet / "device-plugins" / "kubelet_internal_checkpoint"
-
-    def uuid(self, minor: int) -> str:
-        return next(g["uuid"] for g in self.doc["gpus"] if g["minor"] == minor)
-
-    def memory(self, minor: int) -> int:
-        return next(g["memory_total"] for g in self.doc["gpus"] if g["minor"] == minor)
 
 
 @pytest.fixture(scope="module")
 def gpu_node(containerd: Containerd, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpuNode]:
-    root = tmp_path_factory.mktemp("gpu-node")
-    doc = fakenvml.topology(TOPOLOGY)
-    config = root / "topology.json"
-    config.write_text(json.dumps(doc))
-    sys_root = root / "sys"
-    fakenvml.make_sys_tree(sys_root, doc)
-    dev = make_dev_root(root / "dev", [g["minor"] for g in doc["gpus"]], char_devices=True)
-    make_rdma_sys(sys_root, dev, {NIC: ["uverbs0"], VF: ["uverbs3"]}, char_devices=True)
-    kubelet = root / "kubelet"
-    (kubelet / "pods").mkdir(parents=True)
-    hami = root / "hami"
-    hami.mkdir()
-    (hami / "libvgpu.so").write_bytes(b"\x7fELF not really\n")
-    (hami / "ld.so.preload").write_text(f"{hami}/libvgpu.so\n")
-    settings = f"""
-[node]
-dev_root = "{dev}"
-sys_root = "{sys_root}"
-kubelet_checkpoint = "{kubelet}/device-plugins/kubelet_internal_checkpoint"
-nvml_library = "{fakenvml.build()}"
-
-[hooks]
-allowed_host_paths = ["{{dev_root}}/nvidia*", "{{dev_root}}/infiniband/*", "{hami}/*"]
-
-[hooks.gpu.hami_core]
-library = "{hami}/libvgpu.so"
-preload_file = "{hami}/ld.so.preload"
-cache_root = "{hami}/containers"
-lock_dir = "{hami}/lock"
-"""
-    env = {fakenvml.CONFIG_ENV: str(config)}
-    with running_crihook(containerd.address, root / "crihook", settings, env) as proxy:
-        yield GpuNode(root, dev, kubelet, hami, doc, proxy)
+    node = make_sim_node(tmp_path_factory.mktemp("gpu-node"), TOPOLOGY, char_devices=True)
+    make_rdma_sys(node.sys_root, node.dev_root, {NIC: ["uverbs0"], VF: ["uverbs3"]}, char_devices=True)
+    env = {fakenvml.CONFIG_ENV: str(node.config)}
+    with running_crihook(containerd.address, node.root / "crihook", node.proxy_config(fakenvml.build()), env) as proxy:
+        yield GpuNode(node, proxy)
 
 
 @pytest.fixture
 def cri(gpu_node: GpuNode) -> Iterator[Cri]:
-    write_checkpoint(gpu_node.checkpoint, [])
+    write_checkpoint(gpu_node.node.checkpoint, [])
     with Cri(gpu_node.proxy.address) as client:
         yield client
         client.remove_all()
@@ -151,14 +110,14 @@ def leaky(name: str, pod: Any, dev: Path) -> Any:
 
 def test_scheduled_gpus_and_nics_reach_the_container(gpu_node: GpuNode, cri: Cri) -> None:
     annotations = allocated(
-        {"minor": 0, "id": gpu_node.uuid(0)},
+        {"minor": 0, "id": gpu_node.node.uuid(0)},
         {"minor": 3},
         rdma=[{"minor": 0, "id": NIC, "extension": {"vfs": [{"busID": VF}]}}],
     )
     pod = pod_config("trainer", annotations=annotations)
-    with cri.pod(pod) as pod_id, cri.container(pod_id, leaky("cuda", pod, gpu_node.dev), pod) as cid:
+    with cri.pod(pod) as pod_id, cri.container(pod_id, leaky("cuda", pod, gpu_node.node.dev_root), pod) as cid:
         # minor 3 (0000:31:00.0) comes before minor 0 (0000:b1:00.0) on the bus, as CUDA counts them
-        assert env_of(cri, cid)["NVIDIA_VISIBLE_DEVICES"] == f"{gpu_node.uuid(3)},{gpu_node.uuid(0)}"
+        assert env_of(cri, cid)["NVIDIA_VISIBLE_DEVICES"] == f"{gpu_node.node.uuid(3)},{gpu_node.node.uuid(0)}"
         spec = spec_of(cri, cid)
         assert gpu_devices(spec) == {
             "/dev/nvidia3": ("c", NVIDIA_MAJOR, 3),
@@ -184,7 +143,7 @@ def test_scheduled_gpus_and_nics_reach_the_container(gpu_node: GpuNode, cri: Cri
 
 def test_pod_without_allocation_gets_void(gpu_node: GpuNode, cri: Cri) -> None:
     pod = pod_config("web")
-    with cri.pod(pod) as pod_id, cri.container(pod_id, leaky("app", pod, gpu_node.dev), pod) as cid:
+    with cri.pod(pod) as pod_id, cri.container(pod_id, leaky("app", pod, gpu_node.node.dev_root), pod) as cid:
         assert env_of(cri, cid)["NVIDIA_VISIBLE_DEVICES"] == "void"
         spec = spec_of(cri, cid)
         assert gpu_devices(spec) == {}
@@ -199,7 +158,7 @@ def test_per_container_assignment(gpu_node: GpuNode, cri: Cri) -> None:
     pod = pod_config("split", annotations=annotations)
     with cri.pod(pod) as pod_id:
         with cri.container(pod_id, container_config("a", pod), pod) as a:
-            assert env_of(cri, a)["NVIDIA_VISIBLE_DEVICES"] == gpu_node.uuid(2)
+            assert env_of(cri, a)["NVIDIA_VISIBLE_DEVICES"] == gpu_node.node.uuid(2)
             assert "/dev/nvidia2" in gpu_devices(spec_of(cri, a)) and "/dev/nvidia1" not in gpu_devices(spec_of(cri, a))
         with cri.container(pod_id, container_config("sidecar", pod), pod) as s:
             assert env_of(cri, s)["NVIDIA_VISIBLE_DEVICES"] == "void"
@@ -214,27 +173,28 @@ def test_hami_core_shared_gpu(gpu_node: GpuNode, cri: Cri) -> None:
     )
     with cri.pod(pod) as pod_id, cri.container(pod_id, container_config("cuda", pod), pod) as cid:
         env = env_of(cri, cid)
-        assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{gpu_node.memory(2) // 4 // MiB}m"
+        assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{gpu_node.node.memory(2) // 4 // MiB}m"
         assert env["CUDA_DEVICE_SM_LIMIT"] == "30"
-        assert env["NVIDIA_VISIBLE_DEVICES"] == gpu_node.uuid(2)
-        assert cri.output(cid, "cat", "/etc/ld.so.preload").strip() == f"{gpu_node.hami}/libvgpu.so"
-        probe = cri.exec_sync(cid, "sh", "-c", f"echo x > {gpu_node.hami}/libvgpu.so")
+        assert env["NVIDIA_VISIBLE_DEVICES"] == gpu_node.node.uuid(2)
+        assert cri.output(cid, "cat", "/etc/ld.so.preload").strip() == f"{gpu_node.node.hami}/libvgpu.so"
+        probe = cri.exec_sync(cid, "sh", "-c", f"echo x > {gpu_node.node.hami}/libvgpu.so")
         assert probe.exit_code != 0  # the library is read-only inside
         cri.output(cid, "touch", "/tmp/vgpu/cudevshr.cache")
         uid = pod.metadata.uid
-        assert (gpu_node.hami / "containers" / f"{uid}_cuda" / "cudevshr.cache").exists()
+        assert (gpu_node.node.hami / "containers" / f"{uid}_cuda" / "cudevshr.cache").exists()
 
 
 def test_forged_and_conflicting_allocations_fail_create(gpu_node: GpuNode, cri: Cri) -> None:
     other_uid = "7d0c5f8e-1111-4222-8333-944445555666"
-    write_checkpoint(gpu_node.checkpoint, [Entry(other_uid, "trainer", [gpu_node.uuid(1)])])
-    (gpu_node.kubelet / "pods" / other_uid).mkdir(exist_ok=True)
+    write_checkpoint(gpu_node.node.checkpoint, [Entry(other_uid, "trainer", [gpu_node.node.uuid(1)])])
+    (gpu_node.node.kubelet / "pods" / other_uid).mkdir(exist_ok=True)
     ann = al.DEVICE_ALLOCATED
+    uuid = gpu_node.node.uuid
     cases = [
         (
-            allocated({"minor": 2, "id": gpu_node.uuid(3)}),
+            allocated({"minor": 2, "id": uuid(3)}),
             grpc.StatusCode.INVALID_ARGUMENT,
-            f"{ann}: gpu minor 2 is {gpu_node.uuid(2)} on this node, not {gpu_node.uuid(3)} (that is minor 3)",
+            f"{ann}: gpu minor 2 is {uuid(2)} on this node, not {uuid(3)} (that is minor 3)",
         ),
         (
             allocated({"minor": 0, "id": "GPU-00000000-0000-0000-0000-000000000000"}),
@@ -250,7 +210,7 @@ def test_forged_and_conflicting_allocations_fail_create(gpu_node: GpuNode, cri: 
         (
             allocated({"minor": 1}),
             grpc.StatusCode.FAILED_PRECONDITION,
-            f"{ann}: GPU minor 1 ({gpu_node.uuid(1)}) is held by live pod {other_uid} container trainer"
+            f"{ann}: GPU minor 1 ({gpu_node.node.uuid(1)}) is held by live pod {other_uid} container trainer"
             " through the device plugin (nvidia.com/gpu, kubelet checkpoint)",
         ),
     ]
@@ -265,9 +225,9 @@ def test_forged_and_conflicting_allocations_fail_create(gpu_node: GpuNode, cri: 
     # the bad pods changed nothing for a good one, on the same daemon
     pod = pod_config("good", annotations=allocated({"minor": 0}))
     with cri.pod(pod) as pod_id, cri.container(pod_id, container_config("main", pod), pod) as cid:
-        assert env_of(cri, cid)["NVIDIA_VISIBLE_DEVICES"] == gpu_node.uuid(0)
+        assert env_of(cri, cid)["NVIDIA_VISIBLE_DEVICES"] == gpu_node.node.uuid(0)
     # the holder is gone (kubelet removed its pod directory): its GPU is free again
-    os.rmdir(gpu_node.kubelet / "pods" / other_uid)
+    os.rmdir(gpu_node.node.kubelet / "pods" / other_uid)
     pod = pod_config("after", annotations=allocated({"minor": 1}))
     with cri.pod(pod) as pod_id, cri.container(pod_id, container_config("main", pod), pod) as cid:
-        assert env_of(cri, cid)["NVIDIA_VISIBLE_DEVICES"] == gpu_node.uuid(1)
+        assert env_of(cri, cid)["NVIDIA_VISIBLE_DEVICES"] == gpu_node.node.uuid(1)
