@@ -187,8 +187,8 @@ class Daemon:
         if self.reporter is not None:
             self.reporter.index = gpu_index(chain)
         # Calls already running keep the old chain's hooks until they finish: close it in the
-        # background, after the longest hook budget has passed.
-        grace = max((r.timeout for r in old.hooks), default=0.0)
+        # background, once the longest a call can spend in it (every hook's budget) has passed.
+        grace = sum(r.timeout for r in old.hooks) + 1.0
         task = asyncio.get_running_loop().create_task(_close_later(old, grace))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
