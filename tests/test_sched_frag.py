@@ -1,15 +1,21 @@
-"""Fragmentation (FGD's measure) against a plain-Python reference, and the incremental forms the
-scores use (one option per GPU slot, a set of slots) against recomputing the changed node."""
+"""Fragmentation (FGD's measure and the CPU-bound one) against a plain-Python reference, the
+incremental forms the scores use (one option per GPU slot, a set of slots) against recomputing the
+changed node, and what the default score's tie-break changes against FGD."""
 
 from __future__ import annotations
 
 from collections import Counter
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from crihook.scheduler.baselines import FGD
+from crihook.scheduler.devices import Gpu, NodeDevices
 from crihook.scheduler.frag import Shape, Typical, frag_of, node_frag, option_stats, set_stats
+from crihook.scheduler.plugin import DeviceShare, PluginConfig
+from crihook.scheduler.pod import Container, Pod
 
 shapes = st.dictionaries(
     st.builds(
@@ -73,3 +79,29 @@ def test_incremental_fragmentation_matches_recomputing(
             reference(typ, int(c), list(lv), bound) for c, lv in zip(cpu_left - cpu, left - pct * chosen, strict=True)
         ]
         assert np.allclose(after_set, want)
+
+
+def _node(name: str, gpus: int, cpu: int) -> NodeDevices:
+    return NodeDevices(name, tuple(Gpu(minor=g, memory=16 << 30) for g in range(gpus)), cpu_milli=cpu, memory=1 << 40)
+
+
+def _pod(uid: str, cpu: str, gpus: int) -> Pod:
+    req = {"cpu": cpu, **({"nvidia.com/gpu": str(gpus)} if gpus else {})}
+    return Pod(uid=uid, namespace="t", name=uid, containers=(Container("main", req),))
+
+
+@pytest.mark.parametrize("policy", ["default", "fgd"])
+def test_cpu_only_pod_goes_where_it_strands_no_gpu(policy: str) -> None:
+    """FGD's bucket ties the two nodes (the learned 1-GPU, 8-CPU pod still fits either); the default
+    breaks the tie towards the node whose remaining GPUs keep enough CPU, FGD takes the first node."""
+    typ = Typical.of(Counter({Shape(8000, 100, 1): 9, Shape(8000, 0, 0): 1}))
+    ds = DeviceShare(PluginConfig(policy=None if policy == "default" else FGD(typ)))
+    ds.set_node(_node("a", 2, 16_000))
+    ds.set_node(_node("b", 2, 64_000))
+    for i in range(9):
+        ds.pre_filter(_pod(f"learn{i}", "8", 1))  # the default learns the mix from the pods it sees
+    req = ds.pre_filter(_pod("cpu-only", "8", 0))
+    scores = ds.score_nodes(req)
+    best = max(scores, key=scores.__getitem__)
+    assert abs(scores["a"] - scores["b"]) < 1  # the same FGD bucket
+    assert best == ("b" if policy == "default" else "a")
