@@ -1,0 +1,135 @@
+"""Results table (markdown) and plots (PNG) from `bench/simulate_table.sh` output.
+
+    .venv/bin/python bench/plot_allocation.py RESULTS.jsonl [MORE.jsonl ...] --out docs
+
+Prints the table of unallocated GPU % at 100 % arrival (mean ± sd over the seeds, published means
+of Weng et al., ATC '23 beside) and writes allocation_curve.png (unallocated % against arrived %
+on the default trace, like the paper's Fig. 9a) and allocation_bars.png (the variants at 100 %,
+published means as black ticks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+POLICIES = ("default", "fgd", "bestfit", "dotprod", "random")
+LABELS = {"default": "default (ours)", "fgd": "FGD", "bestfit": "BestFit", "dotprod": "DotProd", "random": "Random"}
+WORKLOADS = (
+    "default",
+    "gpushare20",
+    "gpushare40",
+    "gpushare60",
+    "gpushare80",
+    "gpushare100",
+    "multigpu20",
+    "multigpu30",
+    "multigpu40",
+    "multigpu50",
+)
+# The simulator's expected_results (10 seeds, mean), as quoted in the trace's README.
+PUBLISHED = {
+    "default": {"random": 13.70, "dotprod": 9.38, "bestfit": 7.14, "fgd": 4.77},
+    "gpushare40": {"random": 15.14, "dotprod": 10.70, "bestfit": 8.56, "fgd": 6.04},
+    "gpushare60": {"random": 17.19, "dotprod": 13.18, "bestfit": 10.94, "fgd": 8.75},
+    "gpushare80": {"random": 19.38, "dotprod": 15.86, "bestfit": 13.34, "fgd": 10.92},
+    "gpushare100": {"random": 21.10, "dotprod": 18.02, "bestfit": 15.38, "fgd": 13.36},
+    "multigpu20": {"random": 13.08, "dotprod": 8.15, "bestfit": 6.27, "fgd": 4.47},
+    "multigpu30": {"random": 13.37, "dotprod": 6.89, "bestfit": 5.43, "fgd": 3.64},
+    "multigpu40": {"random": 14.62, "dotprod": 5.96, "bestfit": 4.90, "fgd": 3.09},
+    "multigpu50": {"random": 18.72, "dotprod": 5.27, "bestfit": 4.38, "fgd": 2.91},
+}
+
+
+def workload(trace: str) -> str:
+    return trace.removeprefix("openb_pod_list_").removesuffix(".csv")
+
+
+def load(paths: list[Path]) -> dict[tuple[str, str], dict]:
+    out = {}
+    for p in paths:
+        for line in p.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                out[(workload(r["trace"]), r["policy"])] = r
+    return out
+
+
+def table(res: dict[tuple[str, str], dict]) -> str:
+    pols = [p for p in POLICIES if any(k[1] == p for k in res)]
+    head = "| workload | " + " | ".join(LABELS[p] for p in pols) + " | default - FGD |"
+    rows = [head, "|---|" + "---:|" * (len(pols) + 1)]
+    for w in WORKLOADS:
+        cells = []
+        for p in pols:
+            r = res.get((w, p))
+            pub = PUBLISHED.get(w, {}).get(p)
+            cell = f"{r['unallocated_pct_at_100']:.2f} ± {r['sd']:.2f}" if r else "—"
+            cells.append(cell + (f" ({pub:.2f})" if pub is not None else ""))
+        d, f = res.get((w, "default")), res.get((w, "fgd"))
+        gap = f"{d['unallocated_pct_at_100'] - f['unallocated_pct_at_100']:+.2f}" if d and f else "—"
+        if any(c != "—" for c in cells):
+            rows.append(f"| {w} | " + " | ".join(cells) + f" | {gap} |")
+    return "\n".join(rows)
+
+
+def plots(res: dict[tuple[str, str], dict], out: Path) -> None:
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for p in POLICIES:
+        r = res.get(("default", p))
+        if r and "curve" in r:
+            xs = [int(x) for x in r["curve"] if 75 <= int(x) <= 120]
+            ax.plot(xs, [r["curve"][str(x)] for x in xs], label=LABELS[p], marker="." if p == "default" else None)
+    ax.plot([75, 100], [25, 0], color="grey", linestyle=":", label="ideal (100 - x)")
+    ax.set_xlabel("arrived GPU request (% of cluster GPUs)")
+    ax.set_ylabel("unallocated GPU (%)")
+    ax.set_title("openb default trace, mean over seeds")
+    ax.set_ylim(0, 26)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "allocation_curve.png", dpi=120)
+    plt.close(fig)
+
+    ws = [w for w in WORKLOADS if w != "default" and any((w, p) in res for p in POLICIES)]
+    pols = [p for p in POLICIES if any((w, p) in res for w in ws)]
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    width = 0.8 / max(len(pols), 1)
+    for i, p in enumerate(pols):
+        xs = [j + i * width for j, w in enumerate(ws) if (w, p) in res]
+        ys = [res[(w, p)]["unallocated_pct_at_100"] for w in ws if (w, p) in res]
+        sd = [res[(w, p)]["sd"] for w in ws if (w, p) in res]
+        ax.bar(xs, ys, width, yerr=sd, label=LABELS[p], capsize=2)
+        for x, w in zip(xs, [w for w in ws if (w, p) in res], strict=True):
+            pub = PUBLISHED.get(w, {}).get(p)
+            if pub is not None:
+                ax.plot([x - width / 2, x + width / 2], [pub, pub], color="black", linewidth=1.5)
+    ax.plot([], [], color="black", label="published")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(ws))], ws)
+    ax.set_ylabel("unallocated GPU at 100 % arrival (%)")
+    ax.set_title("openb workload variants, mean ± sd over seeds")
+    ax.legend(ncol=len(pols), fontsize="small")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "allocation_bars.png", dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("results", type=Path, nargs="+")
+    ap.add_argument("--out", type=Path, default=Path("docs"))
+    args = ap.parse_args()
+    res = load(args.results)
+    print(table(res))
+    plots(res, args.out)
+
+
+if __name__ == "__main__":
+    main()
