@@ -12,8 +12,8 @@ The integer bucket is FGD's score (growths within about 4 % of a GPU tie); the f
 below 1, only orders the nodes the bucket ties, which FGD leaves to the node order. It sends a pod
 to the node whose CPU it strands least: CPU-heavy pods to CPU-rich nodes, CPU-only pods away from
 nodes whose GPUs still need their CPU. Remaining ties go to the first node in the scheduler's
-order. Minimising d exactly was measured worse on the Alibaba trace than the bucket (5.5 % against
-4.7 % unallocated, seed 42): the bucket keeps FGD's good placements and the fraction refines them.
+order. Minimising d exactly was measured no better on the Alibaba trace than the bucket: the bucket
+keeps FGD's good placements and the fraction refines them.
 
 Results are cached per request shape and node version: a pod changes one node, so the next pod of
 the same shape recomputes one row, not the cluster.
