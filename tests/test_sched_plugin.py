@@ -385,3 +385,15 @@ def test_bad_device_objects_name_the_field() -> None:
         )
     with pytest.raises(DeviceError, match="topology"):
         node_from_device(device("a", 2, annotations={"gpu.crihook.io/topology": '{"minors": [0, 5]}'}))
+
+
+def test_filter_answer_is_not_reused_after_the_node_changes() -> None:
+    ds = cluster(device("a", 1), device("b", 1))
+    first = ds.pre_filter(pod("first", {"nvidia.com/gpu": "1"}))
+    assert ds.filter_nodes(first)[0] == ["a", "b"]
+    ds.reserve(ds.pre_filter(pod("other", {"nvidia.com/gpu": "1"})), "a")
+    fit, failed = ds.filter_nodes(first)
+    assert fit == ["b"] and "0 of 1 GPUs" in failed["a"]
+    assert set(ds.score_nodes(first, ["a", "b"])) == {"b"}
+    with pytest.raises(Unschedulable):
+        ds.reserve(first, "a")
