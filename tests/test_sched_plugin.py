@@ -397,3 +397,15 @@ def test_filter_answer_is_not_reused_after_the_node_changes() -> None:
     assert set(ds.score_nodes(first, ["a", "b"])) == {"b"}
     with pytest.raises(Unschedulable):
         ds.reserve(first, "a")
+
+
+def test_reasons_name_each_node_and_count_each_cause() -> None:
+    ds = cluster(device("a", 2), device("b", 2), device("c", 2, unhealthy=(0,)))
+    for n in ("a", "b", "c"):
+        ds.reserve(ds.pre_filter(pod(f"half-{n}", share(60))), n)
+    r = ds.pre_filter(pod("p", {"nvidia.com/gpu": "2"}))
+    fit, failed = ds.filter_nodes(r)
+    assert fit == []
+    assert failed["a"] == "node a: 1 of 2 GPUs can take a whole GPU, 2 needed (1 not enough free GPU core)"
+    assert failed["b"] == failed["a"].replace("node a", "node b")
+    assert failed["c"] == "node c: 0 of 2 GPUs can take a whole GPU, 2 needed (1 not enough free GPU core; 1 unhealthy)"
