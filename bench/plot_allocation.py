@@ -111,6 +111,8 @@ def plots(res: dict[tuple[str, str], dict], out: Path) -> None:
             if pub is not None:
                 ax.plot([x - width / 2, x + width / 2], [pub, pub], color="black", linewidth=1.5)
     ax.plot([], [], color="black", label="published")
+    top = max((r["unallocated_pct_at_100"] + r["sd"] for (w, _), r in res.items() if w in ws), default=1.0)
+    ax.set_ylim(0, 1.2 * top)  # room for the legend
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(ws))], ws)
     ax.set_ylabel("unallocated GPU at 100 % arrival (%)")
     ax.set_title("openb workload variants, mean ± sd over seeds")
