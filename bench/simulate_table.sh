@@ -1,6 +1,7 @@
 #!/bin/sh
 # Every figure of the allocation results table: `crihook simulate` on the openb trace, one JSON line
-# per (workload, policy), 10 seeds each. Usage: bench/simulate_table.sh TRACE_DIR POLICIES [WORKLOADS]
+# per (workload, policy), 10 seeds each (SEEDS=42-51 by default; PYTHON=.venv/bin/python by default).
+# Usage, from the repository root: bench/simulate_table.sh TRACE_DIR POLICIES [WORKLOADS]
 #   bench/simulate_table.sh ../shared/traces/openb fgd,bestfit,dotprod,random > baselines.jsonl
 set -eu
 dir=$1
@@ -9,6 +10,6 @@ workloads=${3:-"default gpushare20 gpushare40 gpushare60 gpushare80 gpushare100 
 for w in $workloads; do
     curve=""
     [ "$w" = default ] && curve=--curve
-    python -m crihook.cli simulate --nodes "$dir/openb_node_list_gpu_node.csv" --pods "$dir/openb_pod_list_$w.csv" \
+    "${PYTHON:-.venv/bin/python}" -m crihook.cli simulate --nodes "$dir/openb_node_list_gpu_node.csv" --pods "$dir/openb_pod_list_$w.csv" \
         --policy "$policies" --seeds "${SEEDS:-42-51}" --json $curve
 done
