@@ -121,7 +121,8 @@ class PodInfo:
     annotations: Mapping[str, str] = field(default_factory=dict)
     cgroup_parent: str = ""
     runtime_handler: str = ""
-    resources: LinuxResources | None = None  # pod-level overhead/resources, when kubelet sends them
+    resources: LinuxResources | None = None  # LinuxPodSandboxConfig.resources, when kubelet sends them
+    overhead: LinuxResources | None = None  # LinuxPodSandboxConfig.overhead (RuntimeClass overhead)
 
     @property
     def ref(self) -> str:

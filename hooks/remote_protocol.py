@@ -63,13 +63,13 @@ def request_for(ctx: HookContext) -> pb.PodSandboxHookRequest | pb.ContainerReso
 
 
 def pod_request(pod: PodInfo) -> pb.PodSandboxHookRequest:
-    # The pod overhead (field 6) is not part of crihook's pod view, so it is never sent.
     return pb.PodSandboxHookRequest(
         pod_meta=_pod_meta(pod),
         runtime_handler=pod.runtime_handler,
         labels=pod.labels,
         annotations=pod.annotations,
         cgroup_parent=pod.cgroup_parent,
+        overhead=resources_message(pod.overhead),
         resources=resources_message(pod.resources),
     )
 

@@ -124,6 +124,7 @@ def pod_view(cfg: Any, pod_id: str = "", runtime_handler: str = "") -> PodInfo:
         cgroup_parent=linux.cgroup_parent,
         runtime_handler=runtime_handler,
         resources=resources_view(linux.resources, linux.HasField("resources")),
+        overhead=resources_view(linux.overhead, linux.HasField("overhead")),
     )
 
 
@@ -151,6 +152,27 @@ def container_view(cfg: Any, container_id: str = "") -> ContainerInfo:
     )
 
 
+def resources_record(res: LinuxResources | None) -> dict[str, Any]:
+    """Resources as the store keeps them: plain JSON, {} for none."""
+    if res is None:
+        return {}
+    return {**{f: getattr(res, f) for f in _RESOURCE_FIELDS}, "unified": dict(res.unified)}
+
+
+def resources_from_record(raw: dict[str, Any]) -> LinuxResources | None:
+    """The stored resources, or None when absent or not what crihook writes (a hand-edited store)."""
+    if not raw:
+        return None
+    try:
+        res = LinuxResources(**{**raw, "unified": dict(raw.get("unified") or {})})
+    except (TypeError, ValueError):
+        return None
+    defaults = LinuxResources()
+    if any(type(getattr(res, f)) is not type(getattr(defaults, f)) for f in _RESOURCE_FIELDS):
+        return None
+    return res
+
+
 def pod_from_record(rec: PodRecord) -> PodInfo:
     return PodInfo(
         name=rec.name,
@@ -161,11 +183,22 @@ def pod_from_record(rec: PodRecord) -> PodInfo:
         labels=rec.labels,
         annotations=rec.annotations,
         cgroup_parent=rec.cgroup_parent,
+        runtime_handler=rec.runtime_handler,
+        resources=resources_from_record(rec.resources),
+        overhead=resources_from_record(rec.overhead),
     )
 
 
 def container_from_record(rec: ContainerRecord) -> ContainerInfo:
-    return ContainerInfo(name=rec.name, attempt=rec.attempt, id=rec.id, labels=rec.labels, annotations=rec.annotations)
+    return ContainerInfo(
+        name=rec.name,
+        attempt=rec.attempt,
+        id=rec.id,
+        labels=rec.labels,
+        annotations=rec.annotations,
+        envs=tuple(rec.envs.items()),
+        resources=resources_from_record(rec.resources),
+    )
 
 
 # -- views -> protobuf ---------------------------------------------------------------------------
@@ -375,6 +408,9 @@ class Interceptor:
                     cgroup_parent=pod.cgroup_parent,
                     hooks=records,
                     created=now,
+                    runtime_handler=req.runtime_handler,
+                    resources=resources_record(pod.resources),
+                    overhead=resources_record(pod.overhead),
                 )
             )
             _log_event("pod sandbox started", pod, None, call.records)
@@ -392,6 +428,8 @@ class Interceptor:
                     annotations=dict(c.annotations),
                     hooks=records,
                     created=now,
+                    envs=dict(c.envs),
+                    resources=resources_record(c.resources),
                 )
             )
             _log_event("container created", pod, c, call.records)
@@ -406,6 +444,8 @@ class Interceptor:
         if name == "UpdateContainerResources" or name == "StartContainer":
             store.add_hook_records(cid, records)
         if name == "UpdateContainerResources":
+            if req.HasField("linux"):
+                store.set_container_resources(cid, resources_record(resources_view(req.linux, True)))
             return None
         if name == "RemoveContainer":
             crec = store.remove_container(cid)

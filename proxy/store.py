@@ -40,6 +40,9 @@ class PodRecord:
     cgroup_parent: str = ""
     hooks: list[dict[str, Any]] = field(default_factory=list)
     created: float = 0.0
+    runtime_handler: str = ""
+    resources: dict[str, Any] = field(default_factory=dict)  # LinuxContainerResources fields; {} unknown
+    overhead: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -53,6 +56,9 @@ class ContainerRecord:
     annotations: dict[str, str] = field(default_factory=dict)
     hooks: list[dict[str, Any]] = field(default_factory=list)
     created: float = 0.0
+    # what the container was created with, after the hooks (later stages' hooks are told)
+    envs: dict[str, str] = field(default_factory=dict)
+    resources: dict[str, Any] = field(default_factory=dict)  # LinuxContainerResources fields; {} unknown
 
 
 class StoreFileError(Exception):
@@ -100,6 +106,8 @@ def _record(cls: type, raw: Any, where: str) -> Any:
             ok = isinstance(value, int | float) and not isinstance(value, bool)
         elif kind.startswith("dict[str, str]"):
             ok = isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+        elif kind.startswith("dict[str, Any]"):
+            ok = isinstance(value, dict) and all(isinstance(k, str) for k in value)
         else:  # the hook records: a list of objects
             ok = isinstance(value, list) and all(isinstance(h, dict) for h in value)
         if not ok:
@@ -196,12 +204,18 @@ class Store:
             known = self.pods.get(live.id)
             if known is not None:
                 live.hooks, live.created = known.hooks, known.created or live.created
+                live.runtime_handler, live.resources, live.overhead = (
+                    known.runtime_handler,
+                    known.resources,
+                    known.overhead,
+                )
             pods[live.id] = live
         containers: dict[str, ContainerRecord] = {}
         for live in live_containers:
             known = self.containers.get(live.id)
             if known is not None:
                 live.hooks, live.created = known.hooks, known.created or live.created
+                live.envs, live.resources = known.envs, known.resources
             containers[live.id] = live
         stats = {
             "pods": len(pods),
@@ -236,6 +250,12 @@ class Store:
             c.state = state
             self.changed()
         return c
+
+    def set_container_resources(self, container_id: str, resources: dict[str, Any]) -> None:
+        c = self.containers.get(container_id)
+        if c is not None and c.resources != resources:
+            c.resources = resources
+            self.changed()
 
     def add_hook_records(self, container_id: str, records: list[dict[str, Any]]) -> None:
         c = self.containers.get(container_id)

@@ -168,6 +168,10 @@ def test_server_edits_reach_the_pod_and_the_running_container(servers: ServerThr
     assert create.container_annotations["c"] == "3"
     (start,) = s.requests("PreStartContainerHook")
     assert start.container_meta.id == cid and start.container_meta.name == "main"
+    # later stages are told what the container was created with, the servers' edits included
+    assert dict(start.container_envs) == {"A": "1", "B": "20", "FROM_SERVER": "1"}
+    assert start.container_resources.memory_limit_in_bytes == 256 << 20
+    assert start.container_resources.cpu_quota == 50000
     wait_for(lambda: s.requests("PostStartContainerHook"), what="PostStartContainerHook")
 
     # UpdateContainerResources: the server's value joins kubelet's
@@ -184,6 +188,8 @@ def test_server_edits_reach_the_pod_and_the_running_container(servers: ServerThr
     cri.stop_container(cid)
     (stopped,) = wait_for(lambda: s.requests("PostStopContainerHook"), what="PostStopContainerHook")
     assert stopped.container_meta.id == cid
+    # the resources the update set, the server's quota included
+    assert (stopped.container_resources.cpu_shares, stopped.container_resources.cpu_quota) == (512, 30000)
     cri.stop_pod(pod_id)
     (pod_stopped,) = wait_for(lambda: s.requests("PostStopPodSandboxHook"), what="PostStopPodSandboxHook")
     assert pod_stopped.pod_meta.uid == pod.metadata.uid

@@ -36,6 +36,7 @@ POD = PodInfo(
     cgroup_parent="/kubepods/burstable/podu-1",
     runtime_handler="runc",
     resources=LinuxResources(cpu_shares=2048, memory_limit_in_bytes=4 << 30),
+    overhead=LinuxResources(cpu_shares=25, memory_limit_in_bytes=64 << 20),
 )
 CONTAINER = ContainerInfo(
     name="main",
@@ -135,6 +136,7 @@ async def test_requests_carry_everything_the_protocol_has(confdir, servers, chai
     assert dict(pod_req.annotations) == {"team": "vision"}
     assert pod_req.cgroup_parent == "/kubepods/burstable/podu-1"
     assert pod_req.resources.cpu_shares == 2048 and pod_req.resources.memory_limit_in_bytes == 4 << 30
+    assert pod_req.overhead.cpu_shares == 25 and pod_req.overhead.memory_limit_in_bytes == 64 << 20
 
     (req,) = s.requests(CREATE)
     assert req.pod_meta.attempt == 2 and req.pod_meta.uid == "u-1"
