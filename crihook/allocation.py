@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crihook import quantity
+from crihook.errors import InputError
 
 DEVICE_ALLOCATED = "scheduling.koordinator.sh/device-allocated"
 CONTAINER_DEVICES = "gpu.crihook.io/container-devices"
@@ -36,14 +37,12 @@ MAX_ANNOTATION_BYTES = 256 * 1024  # the API server caps all annotations of an o
 PCI_ADDRESS = re.compile(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]", re.ASCII)
 
 
-class AnnotationError(ValueError):
-    """A malformed allocation annotation; str() names the annotation and the field."""
+class AnnotationError(InputError):
+    """A malformed allocation annotation."""
 
     def __init__(self, annotation: str, where: str, reason: str) -> None:
         self.annotation = annotation
-        self.where = where
-        self.reason = reason
-        super().__init__(f"annotation {annotation}: {where + ': ' if where else ''}{reason}")
+        super().__init__(f"annotation {annotation}", where, reason)
 
 
 @dataclass(frozen=True, slots=True)

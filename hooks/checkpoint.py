@@ -26,6 +26,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
+from crihook.errors import InputError
 from crihook.hooks.base import Device, Mount
 from crihook.proto import deviceplugin_v1beta1_pb2 as dp
 
@@ -34,13 +35,11 @@ NO_TOPOLOGY = -1  # the NUMA key kubelet uses when a plugin reports no topology,
 _REPLICA = re.compile(r"::[0-9]+\Z")
 
 
-class CheckpointError(ValueError):
-    """The checkpoint can not be read; str() names the field."""
+class CheckpointError(InputError):
+    """The checkpoint can not be read; names the field."""
 
     def __init__(self, where: str, reason: str) -> None:
-        self.where = where
-        self.reason = reason
-        super().__init__(f"kubelet checkpoint: {where + ': ' if where else ''}{reason}")
+        super().__init__("kubelet checkpoint", where, reason)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from typing import Any
 
 from crihook import quantity
 from crihook.allocation import GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, PCI_ADDRESS, RDMA, RDMA_TYPE
+from crihook.errors import InputError
 
 TOPOLOGY = "gpu.crihook.io/topology"
 PARTITIONS = "scheduling.koordinator.sh/gpu-partitions"
@@ -30,14 +31,12 @@ _LEVEL_TEXT = ", ".join(f"{v} {k}" for k, v in PCIE_LEVELS.items())
 MAX_MINOR = 1 << 20  # /dev/nvidiaN minors are small; this only rejects garbage
 
 
-class DeviceError(ValueError):
-    """A malformed Device object; str() names the Device and the field."""
+class DeviceError(InputError):
+    """A malformed Device object; names the Device and the field."""
 
     def __init__(self, device: str, where: str, reason: str) -> None:
         self.device = device
-        self.where = where
-        self.reason = reason
-        super().__init__(f"Device {device or '<unnamed>'}: {where}: {reason}")
+        super().__init__(f"Device {device or '<unnamed>'}", where, reason)
 
 
 @dataclass(frozen=True, slots=True)

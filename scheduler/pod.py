@@ -11,15 +11,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from crihook.errors import InputError
 
-class PodError(ValueError):
-    """The pod JSON is not a pod; str() names the pod (when known) and the field."""
+
+class PodError(InputError):
+    """The pod JSON is not a pod; names the pod (when known) and the field."""
 
     def __init__(self, pod: str, where: str, reason: str) -> None:
         self.pod = pod
-        self.where = where
-        self.reason = reason
-        super().__init__(f"pod {pod or '<unnamed>'}: {where}: {reason}")
+        super().__init__(f"pod {pod or '<unnamed>'}", where, reason)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from decimal import Decimal
 
 from crihook import quantity
 from crihook.allocation import GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, GPU_SHARED, KOORD_GPU, NVIDIA_GPU, RDMA
+from crihook.errors import InputError
 from crihook.scheduler.pod import Container, Pod
 
 USE_GPUTYPE = "nvidia.com/use-gputype"
@@ -29,13 +30,12 @@ DEVICE_RESOURCES = (NVIDIA_GPU, KOORD_GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATI
 MAX_GPUS = 1024
 
 
-class RequestError(ValueError):
-    """The pod's device request is invalid; str() says which pod and why."""
+class RequestError(InputError):
+    """The pod's device request is invalid; says which pod and why."""
 
     def __init__(self, pod: str, reason: str) -> None:
         self.pod = pod
-        self.reason = reason
-        super().__init__(f"pod {pod}: {reason}")
+        super().__init__(f"pod {pod}", "", reason)
 
 
 @dataclass(frozen=True, slots=True)
