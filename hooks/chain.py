@@ -102,10 +102,9 @@ class HookChain:
         self._stuck_lock = threading.Lock()
         self._stuck: dict[str, int] = {}  # hook name -> its calls still running past their timeout
 
-    def _stuck_change(self, name: str, delta: int) -> int:
+    def _stuck_change(self, name: str, delta: int) -> None:
         with self._stuck_lock:
-            n = self._stuck[name] = self._stuck.get(name, 0) + delta
-            return n
+            self._stuck[name] = self._stuck.get(name, 0) + delta
 
     def wants(self, stage: Stage) -> bool:
         """False lets the proxy forward a call untouched without decoding it."""
@@ -115,7 +114,7 @@ class HookChain:
         """Release what hooks hold (a remote hook's channels) once this chain is replaced or the
         daemon stops; a hook that has no `close` holds nothing."""
         if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor.shutdown(wait=False)  # jobs already queued belong to calls still running
         for reg in self.hooks:
             close = getattr(reg.hook, "close", None)
             if close is None:
@@ -250,9 +249,9 @@ class _DaemonThreads(Executor):
 
     def __init__(self, size: int) -> None:
         self._size = size
-        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None] = (
-            queue.SimpleQueue()
-        )
+        self._jobs: queue.SimpleQueue[
+            tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None
+        ] = queue.SimpleQueue()
         self._idle = threading.Semaphore(0)
         self._lock = threading.Lock()
         self._threads = 0
@@ -264,7 +263,7 @@ class _DaemonThreads(Executor):
         with self._lock:
             if self._shut:
                 raise RuntimeError("hook threads are shut down")
-            self._jobs.put((future, fn, args))
+            self._jobs.put((future, fn, args, kwargs))
             if not self._idle.acquire(blocking=False) and self._threads < self._size:
                 self._threads += 1
                 threading.Thread(target=self._work, name=f"crihook-hook-{self._threads}", daemon=True).start()
@@ -282,10 +281,10 @@ class _DaemonThreads(Executor):
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
-            future, fn, args = job
+            future, fn, args, kwargs = job
             if future.set_running_or_notify_cancel():
                 try:
-                    future.set_result(fn(*args))
+                    future.set_result(fn(*args, **kwargs))
                 except BaseException as e:
                     future.set_exception(e)
             if getattr(self._local, "leave", False):

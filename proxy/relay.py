@@ -115,8 +115,8 @@ class _Call:
 
 def _bad_frame(buf: bytes, pos: int, length: int, ftype: int, flags: int, max_frame: int) -> str | None:
     """Why a frame breaks HTTP/2's framing rules the relay relies on (RFC 9113 §4.2, §6.1, §6.2), or
-    None. Called for every frame, so the common case is one comparison; the frame's bytes need only
-    be in `buf` when a padding or priority flag is set."""
+    None. The frame loops call it only for a frame over the size limit or one carrying a padding or
+    priority flag (then whole in `buf`), so ordinary frames cost one comparison."""
     if length > max_frame:
         return f"frame of {length} bytes over the peer's SETTINGS_MAX_FRAME_SIZE {max_frame}"
     if ftype in (DATA, HEADERS):
