@@ -74,19 +74,12 @@ def stats(typ: Typical, cpu_left: np.ndarray, left: np.ndarray) -> Stats:
     return Stats(fits.sum(axis=1), small, left.sum(axis=1).astype(np.float64), cpu_left)
 
 
-def frag_of(typ: Typical, s: Stats, cpu_bound: bool = False) -> np.ndarray:
-    """Expected unusable idle GPU percent; works on any leading shape (K,) or (K, O).
-
-    FGD's measure (cpu_bound=False) asks whether the next pod of each shape fits. With cpu_bound
-    the idle GPU a shape can use is also capped by the CPU left for as many pods of that shape
-    (floor(cpu left / its CPU) x its GPUs): GPU on a node whose CPU is spent is stranded too."""
+def frag_of(typ: Typical, s: Stats) -> np.ndarray:
+    """Expected unusable idle GPU percent; works on any leading shape (K,) or (K, O): for each shape,
+    all idle GPU when the next pod of it does not fit (too little CPU, too few GPUs with room), else
+    the idle GPU on the GPUs too small for one share."""
     usable = (s.nfit >= typ.count) & (s.cpu[..., None] >= typ.cpu) & (typ.pct > 0)  # CPU-only shapes use no GPU
-    per_shape = s.small
-    if cpu_bound:
-        with np.errstate(divide="ignore", invalid="ignore"):  # CPU-free shapes: no cap (their rows are masked)
-            pods = np.where(typ.cpu > 0, np.floor(s.cpu[..., None] / np.maximum(typ.cpu, 1)), np.inf)
-            per_shape = np.maximum(s.small, s.total[..., None] - pods * (typ.count * typ.pct))
-    return np.where(usable, per_shape, s.total[..., None]) @ typ.weight
+    return np.where(usable, s.small, s.total[..., None]) @ typ.weight
 
 
 def node_frag(typ: Typical, cpu_left: np.ndarray, left: np.ndarray) -> np.ndarray:

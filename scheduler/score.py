@@ -1,26 +1,37 @@
-"""The default node score: FGD's fragmentation bucket, ties ordered by CPU-bound stranding.
+"""The default node score: FGD's fragmentation bucket, refined by what the placement costs the pods
+still to come.
 
 For every node that fits, the pod is placed hypothetically (on each GPU that can take a share, or
-on the best-fitting whole GPUs) and two growths are measured against the pod shapes seen so far
-(scheduler/frag.py): FGD's fragmentation growth d (idle GPU the next pod can not use) and the
-CPU-bound growth c (the same, with each shape's usable GPU also capped by the CPU left for as many
-pods of that shape). In percent of one GPU, with s(x) = 1 / (1 + exp(x / 100)):
+on the best-fitting whole GPUs) and measured against the pods seen so far, in percent of one GPU:
 
-    score = (floor(100 * s(d)) + 0.9 * s(c)) * 100 / 100.9        (0..100, higher is better)
+- d, FGD's fragmentation growth (scheduler/frag.py): idle GPU the typical next pod can not use;
+- s, CPU deficit growth: a node has `cpu - rho * gpu` CPU beyond what its idle GPUs will need
+  (rho: CPU per GPU of the GPU pods seen); a deficit strands GPU. s is the growth of the soft
+  deficit TAU * log(1 + exp(-surplus / TAU)), in GPU: CPU-heavy pods go where CPU is plentiful,
+  light pods and CPU-only pods where it is not needed, well before any node runs short;
+- p, scarcity: the GPU expected to be lost because the node can take fewer pods of a shape whose
+  places are running out (places left against a Poisson forecast of the shape's arrivals until the
+  cluster is full);
+- r, rarity: the shapes the node could host and no longer can, each weighted by its frequency
+  times nodes / nodes that can still host it. It keeps the few nodes with the CPU and memory for
+  the largest pods for those pods, long before their places run short.
 
-The integer bucket is FGD's score (growths within about 4 % of a GPU tie); the fraction, always
-below 1, only orders the nodes the bucket ties, which FGD leaves to the node order. It sends a pod
-to the node whose CPU it strands least: CPU-heavy pods to CPU-rich nodes, CPU-only pods away from
-nodes whose GPUs still need their CPU. Remaining ties go to the first node in the scheduler's
-order. Minimising d exactly was measured no better on the Alibaba trace than the bucket: the bucket
-keeps FGD's good placements and the fraction refines them.
+    raw   = floor(100 * sig(d + p + KAPPA * s)) - MU * r + TIE * sig(s + p + 100 * LAM * r)
+    score = softplus(raw) * 100 / (100 + TIE)          (0..100, in the order of raw)
+
+with sig(x) = 1 / (1 + exp(x / 100)). The integer bucket is FGD's score (growths within about 4 %
+of a GPU tie) with the cost to come added; the fraction orders what it ties. Remaining ties go to
+the first node in the scheduler's order.
 
 Results are cached per request shape and node version: a pod changes one node, so the next pod of
-the same shape recomputes one row, not the cluster.
+the same shape recomputes one row, not the cluster. The typical shapes are re-derived at 1, 2, 4 …
+pods, then every REFRESH; the outlook (rho, scarcity, rarity) at 1, 2, 4 … pods, then every
+OUTLOOK; each time every row is rescored.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,7 +45,15 @@ if TYPE_CHECKING:
     from crihook.scheduler.plugin import Cluster
     from crihook.scheduler.request import PodRequest
 
-TIE = 0.9  # weight of the CPU-aware tie-break: below 1, so it only orders nodes FGD's bucket ties
+TIE = 0.9  # weight of the tie-break: below 1, so it only orders nodes FGD's bucket ties
+TAU = 16_000  # millicores over which a CPU deficit is smoothed
+LAM = 3.0  # rarity in the tie-break
+KAPPA = 0.5  # CPU surplus growth in the bucket
+MU = 2.0  # rarity against the bucket
+MIN_SCARCE = 0.1  # GPU percent per place: scarcer shapes are weighed
+MIN_RARE = 0.001  # rarer shapes are weighed
+REFRESH = 1024  # pods between updates of the typical shapes, once past the first REFRESH
+OUTLOOK = 64  # pods between outlook updates, once past the first OUTLOOK
 NO_HOST = 2**62  # CPU left on nodes whose allocatable is not known: never the limit
 
 
@@ -74,9 +93,9 @@ def placements(
     )
 
 
-def growth(typ: Typical, before: Stats, after: Stats, cpu_bound: bool = False) -> np.ndarray:
-    """Fragmentation growth of each option (K, O), in percent of a GPU."""
-    return frag_of(typ, after, cpu_bound) - frag_of(typ, before, cpu_bound)[:, None]
+def growth(typ: Typical, before: Stats, after: Stats) -> np.ndarray:
+    """FGD's fragmentation growth of each option (K, O), in percent of a GPU."""
+    return frag_of(typ, after) - frag_of(typ, before)[:, None]
 
 
 def bucket(growth: np.ndarray) -> np.ndarray:
@@ -130,44 +149,195 @@ class ShapeCache:
         return ent.value[rows], ent.choice[rows]
 
 
-class DefaultPolicy:
-    """FGD's bucket, then the least CPU-bound stranding; workload learned from the pods that arrive."""
+class Outlook:
+    """What the pods still to come are expected to need, from the pods seen so far and the cluster
+    as it is. Shapes are (CPU, host memory, GPU percent, GPU count); per shape: `scarce`, the GPU
+    percent expected to be lost per place of it a placement takes away, and `rare`, its frequency
+    times nodes / nodes that can host it. Shapes that weigh next to nothing in both are left out."""
 
-    def __init__(self, coverage: float = 0.95, refresh: int = 1024) -> None:
+    def __init__(self) -> None:
+        self.shapes: Counter[tuple[int, int, int, int]] = Counter()
+        self.seen = 0
+        self.gpu = 0  # GPU percent asked by all pods seen
+        self.gpu_cpu = 0  # CPU asked by the GPU pods seen
+        self.gpu_pct = 0  # GPU percent asked by the GPU pods seen
+        self.places = Places(np.zeros((4, 0), np.int64))
+        self.scarce = np.zeros(0)
+        self.rare = np.zeros(0)
+
+    @property
+    def rho(self) -> float:
+        """CPU (millicores) per GPU percent of the GPU pods seen."""
+        return self.gpu_cpu / self.gpu_pct if self.gpu_pct else 0.0
+
+    def observe(self, req: PodRequest) -> None:
+        pct = share_pct(req) if req.count else 0
+        self.shapes[(req.cpu_milli, req.host_memory, pct, req.count)] += 1
+        self.seen += 1
+        self.gpu += pct * req.count
+        if req.count:
+            self.gpu_cpu += req.cpu_milli
+            self.gpu_pct += pct * req.count
+
+    def update(self, st: Cluster) -> None:
+        rows = np.flatnonzero(st.live)
+        if not self.seen or not rows.size:
+            return
+        every = Places(np.array(list(self.shapes), dtype=np.int64).T)
+        places = every.count(host_cpu(st, rows), st.hmem_free[rows], st.left(rows))
+        freq = np.array(list(self.shapes.values()), dtype=np.float64) / self.seen
+        future = st.left(rows).sum() / max(self.gpu / self.seen, 1.0)  # pods until the cluster is full
+        room = places.sum(axis=0)
+        tails = np.array([poisson_tail(float(f * future), int(c)) for f, c in zip(freq, room, strict=True)])
+        hosts = (places > 0).sum(axis=0)
+        scarce = tails * every.table[2] * every.table[3]
+        rare = np.where(hosts > 0, freq * rows.size / np.maximum(hosts, 1), 0.0)
+        keep = (scarce >= MIN_SCARCE) | (rare >= MIN_RARE)
+        self.places = Places(every.table[:, keep])
+        self.scarce, self.rare = scarce[keep], rare[keep]
+
+    def costs(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(scarcity p, rarity r), both (K, O), of each option `placements` makes."""
+        cpu, hmem, left = host_cpu(st, rows), st.hmem_free[rows], st.left(rows)
+        pl = self.places
+        before = pl.count(cpu, hmem, left)[:, None, :]
+        pct = share_pct(req) if req.count else 0
+        if req.count == 1 and req.shared:
+            after = pl.count_each_slot(cpu - req.cpu_milli, hmem - req.host_memory, left, pct)
+        else:
+            taken = left.copy()
+            if req.count:
+                cols = best_fit_cols(left, fits, req.count)
+                np.put_along_axis(taken, cols, np.take_along_axis(left, cols, axis=1) - pct, axis=1)
+            after = pl.count(cpu - req.cpu_milli, hmem - req.host_memory, taken)[:, None, :]
+        lost = np.maximum(before - after, 0)
+        return lost @ self.scarce, ((before > 0) & (after == 0)) @ self.rare
+
+
+BIG = 2**40  # places of a shape on a node when nothing limits it (CPU-free, memory-free, GPU-free)
+
+
+class Places:
+    """How many pods of each shape (table (4, M): CPU, host memory, GPU percent, GPU count) fit node
+    states together. Many shapes share a GPU part (percent, count), so GPU room is counted once per
+    distinct part, by table lookup rather than division. Exact for whole GPUs and one-GPU shares;
+    for shares spread over several GPUs it counts shares, not distinct GPUs (an upper bound)."""
+
+    def __init__(self, table: np.ndarray) -> None:
+        self.table = table
+        gpu = table[2] > 0
+        parts, inv = np.unique(table[2:4, gpu], axis=1, return_inverse=True)
+        self.cnt = np.maximum(parts[1], 1)
+        self.part = np.where(gpu, 0, -1)
+        self.part[gpu] = inv.ravel()
+        self.div = np.arange(101)[:, None] // np.maximum(parts[0], 1)  # (101, U): percent idle // share
+
+    def _host(self, cpu: np.ndarray, hmem: np.ndarray) -> np.ndarray:
+        t = self.table
+        by_cpu = np.where(t[0] > 0, np.maximum(cpu, 0)[:, None] // np.maximum(t[0], 1), BIG)
+        by_mem = np.where(t[1] > 0, np.maximum(hmem, 0)[:, None] // np.maximum(t[1], 1), BIG)
+        return np.minimum(by_cpu, by_mem)
+
+    def _by_shape(self, gpu: np.ndarray) -> np.ndarray:
+        """GPU room per distinct part (..., U) -> per shape (..., M); BIG for CPU-only shapes."""
+        if not self.cnt.size:
+            return np.full(gpu.shape[:-1] + self.part.shape, BIG)
+        return np.where(self.part >= 0, np.take(gpu, np.maximum(self.part, 0), axis=-1), BIG)
+
+    def count(self, cpu: np.ndarray, hmem: np.ndarray, left: np.ndarray) -> np.ndarray:
+        """(K, M) for K node states: CPU left (K,), memory left (K,), percent idle per slot (K, G)."""
+        gpu = self.div[np.clip(left, 0, 100)].sum(axis=1) // self.cnt
+        return np.minimum(self._host(cpu, hmem), self._by_shape(gpu))
+
+    def count_each_slot(self, cpu: np.ndarray, hmem: np.ndarray, left: np.ndarray, pct: int) -> np.ndarray:
+        """(K, G, M): the same after `pct` is taken from each slot in turn (CPU and memory as given)."""
+        per = self.div[np.clip(left, 0, 100)]
+        moved = self.div[np.clip(left - pct, 0, 100)]
+        gpu = (per.sum(axis=1)[:, None, :] - per + moved) // self.cnt
+        return np.minimum(self._host(cpu, hmem)[:, None, :], self._by_shape(gpu))
+
+
+def poisson_tail(mean: float, k: int) -> float:
+    """P(X >= k) for X ~ Poisson(mean): the chance that the k-th place left is wanted."""
+    if k <= 0:
+        return 1.0
+    if mean <= 0 or k > mean + 12 * math.sqrt(mean) + 20:
+        return 0.0
+    term = math.exp(-mean)
+    below = term
+    for i in range(1, k):
+        term *= mean / i
+        below += term
+    return max(0.0, 1.0 - below)
+
+
+def soft_deficit(cpu: np.ndarray, gpu: np.ndarray, rho: float) -> np.ndarray:
+    """The CPU a node lacks for its idle GPUs (at rho per GPU percent), smoothed over TAU, in GPU
+    percent: about 0 with a surplus of several TAU, the deficit itself once it is large."""
+    surplus = cpu - rho * gpu
+    return TAU * np.logaddexp(0.0, -surplus / TAU) / max(rho, 1.0)
+
+
+class DefaultPolicy:
+    """FGD's bucket, then the cost to the pods still to come; workload learned from the pods seen."""
+
+    def __init__(self, coverage: float = 0.95, refresh: int = REFRESH, outlook: int = OUTLOOK) -> None:
         self.coverage = coverage
         self.refresh = refresh
+        self.every = outlook
         self.shapes: Counter[Shape] = Counter()
         self.seen = 0
         self.typ = Typical.of({}, coverage)
+        self.outlook = Outlook()
+        self.due = False  # the outlook needs the cluster: updated at the next evaluation
         self.cache = ShapeCache()
 
     def observe(self, req: PodRequest) -> None:
-        """Learn the workload: re-derive the typical shapes at 1, 2, 4 … pods, then every `refresh`."""
+        """Learn the workload: the typical shapes at 1, 2, 4 … pods, then every `refresh`; the
+        outlook at 1, 2, 4 … pods, then every `outlook`."""
         self.shapes[shape_of(req)] += 1
+        self.outlook.observe(req)
         self.seen += 1
         n = self.seen
-        if ((n & (n - 1)) == 0 and n < self.refresh) or n % self.refresh == 0:
+        early = (n & (n - 1)) == 0
+        if (early and n < self.refresh) or n % self.refresh == 0:
             self.typ = Typical.of(self.shapes, self.coverage)
-            self.cache.clear()
+            self.due = True
+        if (early and n < self.every) or n % self.every == 0:
+            self.due = True
 
     def _evaluate(
         self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """(score (K,), chosen option (K,)): the best option's score, the first option that has it."""
         before, after, valid = placements(self.typ, st, req, rows, fits)
-        fgd = bucket(growth(self.typ, before, after))
-        stranded = growth(self.typ, before, after, cpu_bound=True)
+        d = growth(self.typ, before, after)
+        p, r = self.outlook.costs(st, req, rows, fits)
+        cpu = host_cpu(st, rows).astype(np.float64)
+        gpu = st.left(rows).sum(axis=1).astype(np.float64)
+        rho = self.outlook.rho
+        s = soft_deficit(cpu - req.cpu_milli, gpu - req.count * (share_pct(req) if req.count else 0), rho)
+        s = (s - soft_deficit(cpu, gpu, rho))[:, None]
         with np.errstate(over="ignore"):
-            tie = 1.0 / (1.0 + np.exp(np.clip(stranded / 100.0, -50, 50)))
-        q = np.where(valid, (fgd + TIE * tie) * (100.0 / (100.0 + TIE)), -1.0)
+            tie = 1.0 / (1.0 + np.exp(np.clip((s + p + 100.0 * LAM * r) / 100.0, -50, 50)))
+        raw = bucket(d + p + KAPPA * s) - MU * r + TIE * tie  # below 100 + TIE, unbounded below
+        q = np.where(valid, np.logaddexp(0.0, raw) * (100.0 / (100.0 + TIE)), -1.0)  # softplus: 0..100, same order
         return q.max(axis=1), np.argmax(q, axis=1)
 
+    def _fresh(self, st: Cluster) -> None:
+        if self.due:
+            self.outlook.update(st)
+            self.cache.clear()
+            self.due = False
+
     def scores(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> np.ndarray:
+        self._fresh(st)
         return self.cache.get(st, req, rows, fits, lambda r, f: self._evaluate(st, req, r, f))[0]
 
     def pick(self, st: Cluster, req: PodRequest, row: int, fits: np.ndarray) -> list[int]:
         rows = np.array([row])
         if req.count == 1 and req.shared:
+            self._fresh(st)
             _, choice = self._evaluate(st, req, rows, fits[None, :])
             return [int(choice[0])]
         return [int(c) for c in best_fit_cols(st.left(rows), fits[None, :], req.count)[0]]

@@ -1,0 +1,160 @@
+"""The default score's pieces against plain-Python references (places per shape, the Poisson tail,
+the soft CPU deficit), and what each of them changes in a placement where FGD's bucket ties."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from crihook.scheduler.baselines import FGD
+from crihook.scheduler.devices import Gpu, NodeDevices
+from crihook.scheduler.frag import Shape, Typical
+from crihook.scheduler.plugin import DeviceShare, PluginConfig
+from crihook.scheduler.pod import Container, Pod
+from crihook.scheduler.score import Places, poisson_tail, soft_deficit
+
+shape_rows = st.lists(
+    st.tuples(
+        st.sampled_from([0, 1000, 8000, 32000]),  # CPU
+        st.sampled_from([0, 1 << 30, 64 << 30]),  # host memory
+        st.sampled_from([0, 10, 25, 50, 81, 100]),  # GPU percent
+        st.sampled_from([1, 1, 2, 4]),  # GPU count
+    ).map(lambda s: (s[0], s[1], 0, 0) if not s[2] else s if s[2] == 100 else (*s[:3], 1)),  # as requests are
+    min_size=1,
+    max_size=6,
+)
+node_states = st.lists(
+    st.tuples(
+        st.integers(0, 40000),
+        st.integers(0, 100 << 30),
+        st.lists(st.sampled_from([0, 5, 19, 50, 75, 100]), min_size=4, max_size=4),
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+def places_reference(shape: tuple[int, int, int, int], cpu: int, mem: int, left: list[int]) -> float:
+    """Pods of one shape that fit together, counted the slow way: add them one by one."""
+    c, m, pct, count = shape
+    if not (c or m or pct):
+        return math.inf
+    left = list(left)
+    n = 0
+    while n < 1000:
+        room = [i for i, x in enumerate(left) if x >= pct] if pct else []
+        if c > cpu or m > mem or (pct and len(room) < count):
+            return n
+        cpu, mem = cpu - c, mem - m
+        for i in room[:count]:
+            left[i] -= pct
+        n += 1
+    return math.inf
+
+
+@settings(max_examples=80, deadline=None)
+@given(shape_rows, node_states, st.sampled_from([10, 25, 50, 100]))
+def test_places_match_adding_pods_one_by_one(
+    shapes: list[tuple[int, int, int, int]], nodes: list[tuple[int, int, list[int]]], pct: int
+) -> None:
+    pl = Places(np.array(shapes, dtype=np.int64).T)
+    cpu = np.array([c for c, _, _ in nodes], np.int64)
+    mem = np.array([m for _, m, _ in nodes], np.int64)
+    left = np.array([lv for _, _, lv in nodes], np.int64)
+
+    def check(got: np.ndarray, c: np.ndarray, m: np.ndarray, lv: np.ndarray) -> None:
+        for k in range(len(c)):
+            for j, s in enumerate(shapes):
+                want = places_reference(s, int(c[k]), int(m[k]), list(lv[k]))
+                assert got[k, j] == want or (want == math.inf and got[k, j] >= 2**40)
+
+    check(pl.count(cpu, mem, left), cpu, mem, left)
+    cpu_after = np.maximum(cpu - 500, 0)
+    each = pl.count_each_slot(cpu_after, mem, left, pct)
+    for g in range(left.shape[1]):
+        moved = left.copy()
+        moved[:, g] = np.maximum(moved[:, g] - pct, 0)
+        check(each[:, g, :], cpu_after, mem, moved)
+
+
+@pytest.mark.parametrize("mean", [0.0, 0.3, 2.5, 40.0, 400.0])
+def test_poisson_tail_against_the_sum(mean: float) -> None:
+    def tail(k: int) -> float:
+        if mean == 0:
+            return 1.0 if k <= 0 else 0.0
+        below = sum(math.exp(-mean + i * math.log(mean) - math.lgamma(i + 1)) for i in range(k))
+        return max(0.0, 1.0 - below)
+
+    got = [poisson_tail(mean, k) for k in range(0, int(mean * 2) + 30)]
+    assert got[0] == 1.0
+    assert all(a >= b for a, b in itertools.pairwise(got))  # fewer places left: likelier to run out
+    assert got == pytest.approx([tail(k) for k in range(len(got))], abs=1e-9)
+    assert poisson_tail(mean, 10**6) == 0.0
+
+
+def test_soft_deficit_is_the_deficit_once_large_and_nothing_with_a_surplus() -> None:
+    rho = 120.0  # 12 cores per GPU
+    gpu = np.array([800.0, 800.0, 800.0])
+    cpu = np.array([96_000.0 + 200_000, 96_000.0, 96_000.0 - 200_000])
+    d = soft_deficit(cpu, gpu, rho)
+    assert d[0] == pytest.approx(0.0, abs=1e-3)
+    assert d[2] == pytest.approx(200_000 / rho, rel=1e-3)  # GPU percent the missing CPU strands
+    assert d[0] < d[1] < d[2]
+
+
+def _node(name: str, gpus: int, cpu: int, mem_gib: int = 1024) -> NodeDevices:
+    gpu = tuple(Gpu(minor=g, memory=16 << 30) for g in range(gpus))
+    return NodeDevices(name, gpu, cpu_milli=cpu, memory=mem_gib << 30)
+
+
+def _pod(uid: str, cpu: int, gpus: int, mem_gib: int = 1) -> Pod:
+    req = {"cpu": f"{cpu}m", "memory": f"{mem_gib}Gi", **({"nvidia.com/gpu": str(gpus)} if gpus else {})}
+    return Pod(uid=uid, namespace="t", name=uid, containers=(Container("main", req),))
+
+
+def _best(ds: DeviceShare, pod: Pod) -> str:
+    scores = ds.score_nodes(ds.pre_filter(pod))
+    return max(scores, key=scores.__getitem__)
+
+
+TIGHT = ("tight", 8, 96_000)  # 12 cores per GPU
+RICH = ("rich", 2, 104_000)  # 52 cores per GPU
+
+
+@pytest.mark.parametrize(("cpu", "want"), [(24000, "rich"), (4000, "tight")])
+@pytest.mark.parametrize("policy", ["default", "fgd"])
+def test_heavy_pods_go_where_cpu_is_plentiful_light_ones_where_it_is_not(policy: str, cpu: int, want: str) -> None:
+    """A 12-core-per-GPU mix: FGD's bucket ties the two nodes for a one-GPU pod and FGD takes the
+    first; the default sends a 24-core pod to the rich node and a 4-core pod to the tight one, which
+    it leaves with room, whichever node comes first."""
+    typ = Typical.of(Counter({Shape(12000, 100, 1): 1}))
+    for order in ((TIGHT, RICH), (RICH, TIGHT)):
+        ds = DeviceShare(PluginConfig(policy=None if policy == "default" else FGD(typ)))
+        for i, (name, gpus, node_cpu) in enumerate(order):
+            ds.set_node(_node(f"{i}-{name}", gpus, node_cpu))
+        for i in range(20):
+            ds.pre_filter(_pod(f"learn{i}", 12000, 1))  # the default learns the mix from the pods it sees
+        best = _best(ds, _pod("one", cpu, 1))
+        assert best.endswith(want) if policy == "default" else best.startswith("0-")
+
+
+@pytest.mark.parametrize("policy", ["default", "fgd"])
+def test_the_only_host_of_a_rare_large_shape_is_kept_for_it(policy: str) -> None:
+    """Two 8-GPU nodes alike but for memory; only the big one can take the 700 GiB 8-GPU pods, too
+    rare to be one of FGD's typical shapes. FGD ties the nodes for a one-GPU pod and takes the first;
+    the default keeps the big node whole."""
+    typ = Typical.of(Counter({Shape(8000, 100, 1): 97, Shape(90000, 100, 8): 2}))
+    ds = DeviceShare(PluginConfig(policy=None if policy == "default" else FGD(typ)))
+    ds.set_node(_node("a-big", 8, 96_000, 768))
+    ds.set_node(_node("b-small", 8, 96_000, 384))
+    for i in range(97):
+        ds.pre_filter(_pod(f"small{i}", 8000, 1))
+    for i in range(2):
+        ds.pre_filter(_pod(f"large{i}", 90000, 8, 700))
+    assert _best(ds, _pod("one", 8000, 1)) == ("b-small" if policy == "default" else "a-big")
