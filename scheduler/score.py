@@ -47,11 +47,12 @@ if TYPE_CHECKING:
 
 TIE = 0.9  # weight of the tie-break: below 1, so it only orders nodes FGD's bucket ties
 TAU = 16_000  # millicores over which a CPU deficit is smoothed
-LAM = 3.0  # rarity in the tie-break
+LAM = 6.0  # rarity in the tie-break
 KAPPA = 0.5  # CPU surplus growth in the bucket
-MU = 2.0  # rarity against the bucket
+MU = 6.0  # rarity against the bucket
 MIN_SCARCE = 0.1  # GPU percent per place: scarcer shapes are weighed
 MIN_RARE = 0.001  # rarer shapes are weighed
+MAX_SHAPES = 512  # the most frequent shapes the outlook looks at (a real cluster's requests vary without end)
 REFRESH = 1024  # pods between updates of the typical shapes, once past the first REFRESH
 OUTLOOK = 64  # pods between outlook updates, once past the first OUTLOOK
 NO_HOST = 2**62  # CPU left on nodes whose allocatable is not known: never the limit
@@ -183,9 +184,10 @@ class Outlook:
         rows = np.flatnonzero(st.live)
         if not self.seen or not rows.size:
             return
-        every = Places(np.array(list(self.shapes), dtype=np.int64).T)
+        seen = self.shapes if len(self.shapes) <= MAX_SHAPES else dict(self.shapes.most_common(MAX_SHAPES))
+        every = Places(np.array(list(seen), dtype=np.int64).T)
         places = every.count(host_cpu(st, rows), st.hmem_free[rows], st.left(rows))
-        freq = np.array(list(self.shapes.values()), dtype=np.float64) / self.seen
+        freq = np.array(list(seen.values()), dtype=np.float64) / self.seen
         future = st.left(rows).sum() / max(self.gpu / self.seen, 1.0)  # pods until the cluster is full
         room = places.sum(axis=0)
         tails = np.array([poisson_tail(float(f * future), int(c)) for f, c in zip(freq, room, strict=True)])
@@ -272,10 +274,11 @@ def poisson_tail(mean: float, k: int) -> float:
 
 
 def soft_deficit(cpu: np.ndarray, gpu: np.ndarray, rho: float) -> np.ndarray:
-    """The CPU a node lacks for its idle GPUs (at rho per GPU percent), smoothed over TAU, in GPU
-    percent: about 0 with a surplus of several TAU, the deficit itself once it is large."""
-    surplus = cpu - rho * gpu
-    return TAU * np.logaddexp(0.0, -surplus / TAU) / max(rho, 1.0)
+    """The CPU a node lacks for its idle GPUs (rho per GPU percent), smoothed over TAU, in GPU
+    percent: about 0 with a surplus of several TAU, about the deficit once it is large, and exactly
+    0 with no idle GPU (nothing left to strand, however little CPU is left)."""
+    r = max(rho, 1.0)
+    return TAU * (np.logaddexp(0.0, (r * gpu - cpu) / TAU) - np.logaddexp(0.0, -cpu / TAU)) / r
 
 
 class DefaultPolicy:

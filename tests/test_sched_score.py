@@ -98,14 +98,17 @@ def test_poisson_tail_against_the_sum(mean: float) -> None:
     assert poisson_tail(mean, 10**6) == 0.0
 
 
-def test_soft_deficit_is_the_deficit_once_large_and_nothing_with_a_surplus() -> None:
-    rho = 120.0  # 12 cores per GPU
-    gpu = np.array([800.0, 800.0, 800.0])
-    cpu = np.array([96_000.0 + 200_000, 96_000.0, 96_000.0 - 200_000])
+def test_soft_deficit_is_about_the_deficit_and_nothing_without_idle_gpu() -> None:
+    rho = 120.0  # 12 cores per GPU: 8 idle GPUs need 96 cores
+    gpu = np.full(4, 800.0)
+    cpu = np.array([296_000.0, 96_000.0, 64_000.0, 32_000.0])
     d = soft_deficit(cpu, gpu, rho)
-    assert d[0] == pytest.approx(0.0, abs=1e-3)
-    assert d[2] == pytest.approx(200_000 / rho, rel=1e-3)  # GPU percent the missing CPU strands
-    assert d[0] < d[1] < d[2]
+    assert d[0] == pytest.approx(0.0, abs=0.1)  # a large surplus
+    assert d[2] == pytest.approx(32_000 / rho, rel=0.1)  # short of 32 cores: 2.7 GPUs stranded
+    assert d[3] == pytest.approx(64_000 / rho, rel=0.05)
+    assert all(np.diff(d) > 0)  # less CPU for the same GPUs: a larger deficit
+    assert (soft_deficit(cpu, np.zeros(4), rho) == 0).all()  # nothing left to strand
+    assert all(np.diff(soft_deficit(np.full(4, 64_000.0), np.array([0.0, 100.0, 400.0, 800.0]), rho)) > 0)
 
 
 def _node(name: str, gpus: int, cpu: int, mem_gib: int = 1024) -> NodeDevices:
@@ -158,3 +161,19 @@ def test_the_only_host_of_a_rare_large_shape_is_kept_for_it(policy: str) -> None
     for i in range(2):
         ds.pre_filter(_pod(f"large{i}", 90000, 8, 700))
     assert _best(ds, _pod("one", 8000, 1)) == ("b-small" if policy == "default" else "a-big")
+
+
+def test_the_outlook_looks_at_the_most_frequent_shapes_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests in a real cluster vary without end; the outlook's cost stays bounded."""
+    from crihook.scheduler import score
+
+    monkeypatch.setattr(score, "MAX_SHAPES", 2)
+    monkeypatch.setattr(score, "MIN_RARE", 0.0)
+    ds = DeviceShare()
+    ds.set_node(_node("a", 2, 64_000))
+    for i, cpu in enumerate([1000] * 5 + [2000] * 3 + [3000, 4000, 5000]):
+        ds.pre_filter(_pod(f"p{i}", cpu, 1))
+    policy = ds.policy
+    assert isinstance(policy, score.DefaultPolicy)
+    policy.outlook.update(ds.st)
+    assert sorted(policy.outlook.places.table[0].tolist()) == [1000, 2000]
