@@ -336,3 +336,13 @@ REPORTER_WRITES = Counter(
     "Objects the device reporter wrote to the API server, by kind (Device, Node).",
     ("kind",),
 )
+SCHEDULER_REQUESTS = Counter(
+    "crihook_scheduler_requests_total",
+    "Requests `crihook scheduler` answered (extender verbs, admission reviews), by path and HTTP status.",
+    ("path", "code"),
+)
+SCHEDULER_SECONDS = Histogram(
+    "crihook_scheduler_request_duration_seconds",
+    "Time `crihook scheduler` took to answer an extender verb or admission review, by path.",
+    ("path",),
+)

@@ -1,7 +1,8 @@
 """`crihook scheduler`: the extender and the admission webhook over HTTP(S).
 
 POST /filter, /prioritize, /bind (kube-scheduler), POST /mutate, /validate (the API server's
-admission webhooks), GET /healthz (the process serves) and /readyz (the cluster cache is loaded).
+admission webhooks), GET /healthz (the process serves), /readyz (the cluster cache is loaded) and
+/metrics (Prometheus: requests by path and status, time to answer).
 
 TLS comes from certificate and key files; with `--client-ca` callers must present a certificate
 signed by it. Plain HTTP is for loopback only (kube-scheduler beside us in one pod): a plain
@@ -20,12 +21,14 @@ import socket
 import ssl
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from crihook import log as crihook_log
+from crihook import metrics
 from crihook.metrics import is_loopback, parse_listen
 from crihook.scheduler import webhook
 from crihook.scheduler.extender import BadRequest, Extender
@@ -98,11 +101,14 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/readyz":
             ok = self.app.ready()
             self._send(200 if ok else 503, b"ok\n" if ok else b"cluster cache loading\n", "text/plain")
+        elif path == "/metrics":
+            self._send(200, metrics.REGISTRY.render(), metrics.CONTENT_TYPE)
         else:
             self._send(404, b"not found\n", "text/plain")
 
     def do_POST(self) -> None:
-        route = self.app.routes.get(self.path.split("?", 1)[0])
+        path = self.path.split("?", 1)[0]
+        route = self.app.routes.get(path)
         length = int(self.headers.get("Content-Length") or 0)
         if length > MAX_BODY:
             self._send(413, b"request body too large\n", "text/plain")
@@ -112,17 +118,22 @@ class Handler(BaseHTTPRequestHandler):
         if route is None:
             self._send(404, b"not found\n", "text/plain")
             return
+        started = time.perf_counter()
+        code = 200
         try:
             body = json.loads(raw)
             answer = route(body)
         except (ValueError, BadRequest, webhook.ReviewError) as e:
-            self._send(400, f"bad request: {e}\n".encode(), "text/plain")
-            return
+            code = 400
+            self._send(code, f"bad request: {e}\n".encode(), "text/plain")
         except Exception:
+            code = 500
             log.exception("handler failed", extra={"path": self.path})
-            self._send(500, b"internal error\n", "text/plain")
-            return
-        self._send(200, json.dumps(answer, separators=(",", ":")).encode())
+            self._send(code, b"internal error\n", "text/plain")
+        else:
+            self._send(code, json.dumps(answer, separators=(",", ":")).encode())
+        metrics.SCHEDULER_SECONDS.observe(time.perf_counter() - started, path)
+        metrics.SCHEDULER_REQUESTS.inc(path, str(code))
 
 
 @dataclass

@@ -208,6 +208,25 @@ def test_http_endpoints(http_server: Any) -> None:
     assert code == 404
 
 
+def test_metrics_count_requests_by_path_and_status(http_server: Any) -> None:
+    from crihook import metrics
+
+    ok, bad = metrics.SCHEDULER_REQUESTS.value("/filter", "200"), metrics.SCHEDULER_REQUESTS.value("/filter", "400")
+    timed = metrics.SCHEDULER_SECONDS.count("/filter")
+    conn = http.client.HTTPConnection("127.0.0.1", http_server.server_address[1], timeout=10)
+    assert post(conn, "/filter", fixture("filter_node_names.json"))[0] == 200
+    assert post(conn, "/filter", b"{not json")[0] == 400
+    assert metrics.SCHEDULER_REQUESTS.value("/filter", "200") == ok + 1
+    assert metrics.SCHEDULER_REQUESTS.value("/filter", "400") == bad + 1
+    assert metrics.SCHEDULER_SECONDS.count("/filter") == timed + 2
+    conn.request("GET", "/metrics")
+    r = conn.getresponse()
+    text = r.read().decode()
+    assert r.status == 200 and r.getheader("Content-Type") == metrics.CONTENT_TYPE
+    assert f'crihook_scheduler_requests_total{{path="/filter",code="200"}} {int(ok) + 1}' in text
+    assert 'crihook_scheduler_request_duration_seconds_count{path="/filter"}' in text
+
+
 def test_plain_http_only_on_loopback() -> None:
     assert srv.check_listen("127.0.0.1:9443", None, False) == ("127.0.0.1", 9443)
     assert srv.check_listen("[::1]:9443", None, False) == ("::1", 9443)
