@@ -7,9 +7,10 @@ network namespace: the test containerd has no CNI.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
 import grpc
@@ -20,6 +21,7 @@ from crihook.proto import runtime_v1_pb2_grpc as api_grpc
 
 MAX_MESSAGE = 16 * 1024 * 1024  # kubelet's limit, both ways
 CALL_TIMEOUT = 60.0  # a hung runtime fails the test instead of hanging it
+REMOVE_ATTEMPTS = 5  # StopPodSandbox + RemovePodSandbox rounds before a leftover pod fails the test
 
 # The container labels kubelet sets; the checkpoint's PodUID/ContainerName match them.
 POD_NAME = "io.kubernetes.pod.name"
@@ -215,7 +217,20 @@ class Cri:
             self.remove_container(container_id)
 
     def remove_all(self) -> None:
-        """Stop and remove every pod (and so every container): a clean runtime for the next test."""
+        """Stop and remove every pod (and so every container): a clean runtime for the next test. A
+        container whose start raced a killed caller can still be running after StopPodSandbox
+        ("cannot delete running task"): its containers are then stopped one by one and the removal
+        retried, so one test's leftovers never fail the next tests' setup."""
         for pod in self.list_pods():
-            self.stop_pod(pod.id)
-            self.remove_pod(pod.id)
+            for attempt in range(REMOVE_ATTEMPTS):
+                self.stop_pod(pod.id)
+                try:
+                    self.remove_pod(pod.id)
+                    break
+                except CriError:
+                    if attempt == REMOVE_ATTEMPTS - 1:
+                        raise
+                for c in self.list_containers(pod.id):
+                    with suppress(CriError):  # gone meanwhile, or still stuck: the next round tells
+                        self.stop_container(c.id, grace=0)
+                time.sleep(0.2 * (attempt + 1))
