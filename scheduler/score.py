@@ -63,10 +63,6 @@ def share_pct(req: PodRequest) -> int:
     return max(req.core, req.ratio, 1)
 
 
-def shape_of(req: PodRequest) -> Shape:
-    return Shape(req.cpu_milli, share_pct(req) if req.count else 0, req.count)
-
-
 def host_cpu(st: Cluster, rows: np.ndarray) -> np.ndarray:
     return np.where(st.host_known[rows], st.cpu_free[rows], NO_HOST)
 
@@ -83,10 +79,7 @@ def placements(
     if req.count == 1 and req.shared:
         before, after = option_stats(typ, cpu, left, req.cpu_milli, pct)
         return before, after, fits
-    chosen = np.zeros(left.shape, bool)
-    if req.count:
-        np.put_along_axis(chosen, best_fit_cols(left, fits, req.count), True, axis=1)
-    before, after = set_stats(typ, cpu, left, req.cpu_milli, pct, chosen)
+    before, after = set_stats(typ, cpu, left, req.cpu_milli, pct, best_fit_mask(left, fits, req.count))
     return (
         before,
         Stats(after.nfit[:, None], after.small[:, None], after.total[:, None], after.cpu[:, None]),
@@ -108,6 +101,14 @@ def bucket(growth: np.ndarray) -> np.ndarray:
 def best_fit_cols(left: np.ndarray, fits: np.ndarray, count: int) -> np.ndarray:
     order = np.argsort(np.where(fits, left, 10_000), axis=1, kind="stable")
     return order[:, :count]
+
+
+def best_fit_mask(left: np.ndarray, fits: np.ndarray, count: int) -> np.ndarray:
+    """(K, G): the slots a request of `count` whole GPUs or one share takes on each node."""
+    chosen = np.zeros(left.shape, bool)
+    if count:
+        np.put_along_axis(chosen, best_fit_cols(left, fits, count), True, axis=1)
+    return chosen
 
 
 @dataclass(slots=True)
@@ -207,10 +208,7 @@ class Outlook:
         if req.count == 1 and req.shared:
             after = pl.count_each_slot(cpu - req.cpu_milli, hmem - req.host_memory, left, pct)
         else:
-            taken = left.copy()
-            if req.count:
-                cols = best_fit_cols(left, fits, req.count)
-                np.put_along_axis(taken, cols, np.take_along_axis(left, cols, axis=1) - pct, axis=1)
+            taken = left - pct * best_fit_mask(left, fits, req.count)
             after = pl.count(cpu - req.cpu_milli, hmem - req.host_memory, taken)[:, None, :]
         lost = np.maximum(before - after, 0)
         return lost @ self.scarce, ((before > 0) & (after == 0)) @ self.rare
@@ -288,8 +286,6 @@ class DefaultPolicy:
         self.coverage = coverage
         self.refresh = refresh
         self.every = outlook
-        self.shapes: Counter[Shape] = Counter()
-        self.seen = 0
         self.typ = Typical.of({}, coverage)
         self.outlook = Outlook()
         self.due = False  # the outlook needs the cluster: updated at the next evaluation
@@ -298,13 +294,14 @@ class DefaultPolicy:
     def observe(self, req: PodRequest) -> None:
         """Learn the workload: the typical shapes at 1, 2, 4 … pods, then every `refresh`; the
         outlook at 1, 2, 4 … pods, then every `outlook`."""
-        self.shapes[shape_of(req)] += 1
         self.outlook.observe(req)
-        self.seen += 1
-        n = self.seen
+        n = self.outlook.seen
         early = (n & (n - 1)) == 0
         if (early and n < self.refresh) or n % self.refresh == 0:
-            self.typ = Typical.of(self.shapes, self.coverage)
+            typical: Counter[Shape] = Counter()
+            for (cpu, _, pct, count), k in self.outlook.shapes.items():  # FGD's shapes leave host memory out
+                typical[Shape(cpu, pct, count)] += k
+            self.typ = Typical.of(typical, self.coverage)
             self.due = True
         if (early and n < self.every) or n % self.every == 0:
             self.due = True
