@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,28 +161,50 @@ def make_policy(name: str, pods: Sequence[TracePod], seed: int) -> PluginConfig:
     raise TraceError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
 
 
-def run_once(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policy: str, seed: int) -> dict[int, float]:
-    """Unallocated GPU % by arrived GPU % (rounded), averaged over the events sharing it."""
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One arrival: the pod, the node it went to (None: it failed) and the GPU arrived so far."""
+
+    pod: TracePod
+    node: TraceNode | None
+    arrived: int  # milli-GPU
+
+
+def replay(
+    nodes: Sequence[TraceNode], pods: Sequence[TracePod], policy: str, seed: int
+) -> Iterator[tuple[Event, DeviceShare]]:
+    """Every arrival of one seeded run, with the allocator's state right after it."""
     capacity = 1000 * sum(n.gpus for n in nodes)
     arrivals = workload(pods, capacity, seed)
     ds = DeviceShare(make_policy(policy, arrivals, seed))
     perm = np.random.default_rng(seed).permutation(len(nodes))
+    by_name = {}
     for n, k in zip(nodes, perm, strict=True):
         gpus = tuple(Gpu(minor=g, uuid=f"{n.name}-gpu{g}", model=n.model, memory=GPU_MEMORY) for g in range(n.gpus))
+        by_name[f"{k:04d}-{n.name}"] = n
         ds.set_node(NodeDevices(f"{k:04d}-{n.name}", gpus, cpu_milli=n.cpu, memory=n.memory_mib << 20))
-    arrived = allocated = 0
-    sums: dict[int, float] = {}
-    counts: dict[int, int] = {}
+    arrived = 0
     for i, tp in enumerate(arrivals):
         req = ds.pre_filter(to_pod(tp, i))
         arrived += tp.gpu
         fit, _ = ds.filter_nodes(req, reasons=False)
+        best = None
         if fit:
             scores = ds.score_nodes(req, fit)
             best = max(scores, key=scores.__getitem__)  # first in node order among equals
             ds.reserve(req, best)
-            allocated += tp.gpu
-        x = round(100 * arrived / capacity)
+        yield Event(tp, by_name[best] if best else None, arrived), ds
+
+
+def run_once(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policy: str, seed: int) -> dict[int, float]:
+    """Unallocated GPU % by arrived GPU % (rounded), averaged over the events sharing it."""
+    capacity = 1000 * sum(n.gpus for n in nodes)
+    allocated = 0
+    sums: dict[int, float] = {}
+    counts: dict[int, int] = {}
+    for ev, _ in replay(nodes, pods, policy, seed):
+        allocated += ev.pod.gpu if ev.node else 0
+        x = round(100 * ev.arrived / capacity)
         sums[x] = sums.get(x, 0.0) + 100.0 - 100.0 * allocated / capacity
         counts[x] = counts.get(x, 0) + 1
     return {x: sums[x] / counts[x] for x in sums}
