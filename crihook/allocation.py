@@ -184,6 +184,21 @@ def _vf_buses(vfs: Any) -> list[Any]:
     return [vf.get("busID") if isinstance(vf, dict) else None for vf in vfs] if isinstance(vfs, list) else []
 
 
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+\Z")
+
+
+def field_path(*keys: str) -> str:
+    """Where in a JSON object: `trainer.gpu` for plain keys, `['a.b'].gpu` for others, so a key
+    holding dots or brackets still names one place."""
+    out = ""
+    for key in keys:
+        if _PLAIN_KEY.match(key):
+            out += f".{key}" if out else key
+        else:
+            out += f"[{key!r}]"
+    return out
+
+
 def parse_container_devices(text: str | bytes) -> dict[str, dict[str, tuple[int, ...]]]:
     """{"<container>": {"gpu": [minor, ...], "rdma": [...]}} -> same, validated."""
     ann = CONTAINER_DEVICES
@@ -193,14 +208,15 @@ def parse_container_devices(text: str | bytes) -> dict[str, dict[str, tuple[int,
     out: dict[str, dict[str, tuple[int, ...]]] = {}
     for cname, per_type in doc.items():
         if not isinstance(per_type, dict):
-            raise AnnotationError(ann, cname, "expected an object of device types")
+            raise AnnotationError(ann, field_path(cname), "expected an object of device types")
         types: dict[str, tuple[int, ...]] = {}
         for dtype, minors in per_type.items():
+            where = field_path(cname, dtype)
             if not isinstance(minors, list) or len(minors) > MAX_DEVICES:
-                raise AnnotationError(ann, f"{cname}.{dtype}", "expected a list of minors")
-            listed = tuple(_int(m, ann, f"{cname}.{dtype}[{i}]") for i, m in enumerate(minors))
+                raise AnnotationError(ann, where, "expected a list of minors")
+            listed = tuple(_int(m, ann, f"{where}[{i}]") for i, m in enumerate(minors))
             if len(set(listed)) != len(listed):
-                raise AnnotationError(ann, f"{cname}.{dtype}", "the same minor is listed twice")
+                raise AnnotationError(ann, where, "the same minor is listed twice")
             types[dtype] = listed
         out[cname] = types
     return out
@@ -237,7 +253,7 @@ def allocated_to(
         if minor not in allocated:
             raise AnnotationError(
                 CONTAINER_DEVICES,
-                f"{container}.{dtype}[{i}]",
+                f"{field_path(container, dtype)}[{i}]",
                 f"minor {minor} is not among the pod's allocated {dtype} minors {sorted(allocated)}",
             )
     return tuple(a for a in pod_allocs if a.minor in wanted)

@@ -12,6 +12,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
 from gpu_fixtures import Entry, alloc_resp, checkpoint_doc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -200,3 +201,12 @@ def test_damaged_checkpoint_is_read_or_named(data: st.DataObject, original: dict
             assert e.alloc_resp is None
             where = e.alloc_error.split(": ", 1)[0]
             assert where.endswith(".AllocResp") and names_a_field(doc, where), (e.alloc_error, doc)
+
+
+@pytest.mark.parametrize("key", ["[", "a.b", "x]y", "with space"])
+def test_a_key_with_dots_or_brackets_still_names_one_place(key: str) -> None:
+    doc = {"trainer": {"gpu": [1]}, key: -1}
+    with pytest.raises(al.AnnotationError) as e:
+        al.parse_container_devices(json.dumps(doc))
+    assert e.value.where == f"[{key!r}]"
+    assert names_a_field(doc, e.value.where)
