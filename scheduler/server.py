@@ -119,21 +119,20 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, b"not found\n", "text/plain")
             return
         started = time.perf_counter()
-        code = 200
+        code, ctype = 200, "text/plain"
         try:
-            body = json.loads(raw)
-            answer = route(body)
+            answer = route(json.loads(raw))
         except (ValueError, BadRequest, webhook.ReviewError) as e:
-            code = 400
-            self._send(code, f"bad request: {e}\n".encode(), "text/plain")
+            code, out = 400, f"bad request: {e}\n".encode()
         except Exception:
-            code = 500
             log.exception("handler failed", extra={"path": self.path})
-            self._send(code, b"internal error\n", "text/plain")
+            code, out = 500, b"internal error\n"
         else:
-            self._send(code, json.dumps(answer, separators=(",", ":")).encode())
+            out, ctype = json.dumps(answer, separators=(",", ":")).encode(), "application/json"
+        # counted before the answer goes out: a client that reads /metrics after its reply sees its call
         metrics.SCHEDULER_SECONDS.observe(time.perf_counter() - started, path)
         metrics.SCHEDULER_REQUESTS.inc(path, str(code))
+        self._send(code, out, ctype)
 
 
 @dataclass

@@ -45,13 +45,13 @@ def containerd() -> Iterator[Containerd]:
 
 @pytest.fixture
 def containerd_cri(containerd: Containerd) -> Iterator[Cri]:
-    """A CRI client straight to the session's containerd; every pod left over is removed afterwards,
-    so each test starts from an empty runtime."""
+    """A CRI client straight to the session's containerd; every pod left over is removed afterwards
+    (tasks CRI lost track of included), so each test starts from an empty runtime."""
     from cri import Cri  # imports the generated CRI stubs: only tests that talk CRI pay for them
 
     with Cri(containerd.address) as client:
         yield client
-        client.remove_all()
+        client.remove_all(delete_task=containerd.delete_task)
 
 
 @pytest.fixture

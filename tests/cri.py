@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
@@ -216,11 +216,12 @@ class Cri:
             self.stop_container(container_id)
             self.remove_container(container_id)
 
-    def remove_all(self) -> None:
+    def remove_all(self, delete_task: Callable[[str], None] | None = None) -> None:
         """Stop and remove every pod (and so every container): a clean runtime for the next test. A
-        container whose start raced a killed caller can still be running after StopPodSandbox
-        ("cannot delete running task"): its containers are then stopped one by one and the removal
-        retried, so one test's leftovers never fail the next tests' setup."""
+        container whose start raced a killed caller can still have a task after StopPodSandbox
+        ("cannot delete running task"): its containers are then stopped one by one, their tasks
+        deleted with `delete_task` (containerd's own API, see `Containerd.delete_task`) when given,
+        and the removal retried, so one test's leftovers never fail the next tests' setup."""
         for pod in self.list_pods():
             for attempt in range(REMOVE_ATTEMPTS):
                 self.stop_pod(pod.id)
@@ -233,4 +234,6 @@ class Cri:
                 for c in self.list_containers(pod.id):
                     with suppress(CriError):  # gone meanwhile, or still stuck: the next round tells
                         self.stop_container(c.id, grace=0)
+                    if delete_task is not None:
+                        delete_task(c.id)
                 time.sleep(0.2 * (attempt + 1))

@@ -118,6 +118,23 @@ def test_containers_survive_a_containerd_restart(containerd: Containerd, contain
         assert cri.output(container_id, "echo", "still here") == "still here\n"
 
 
+def test_a_task_cri_does_not_own_is_cleaned_up(containerd: Containerd, containerd_cri: Cri) -> None:
+    """The state a StartContainer cancelled mid-way leaves in containerd 1.6: CRI holds the container
+    as created while its task exists. CRI alone cannot remove the pod; `remove_all` with
+    containerd's task API can, so such a leftover never fails the tests after it."""
+    cri = containerd_cri
+    pod = pod_config("orphan-task")
+    pod_id = cri.run_pod(pod)
+    container_id = cri.create_container(pod_id, container_config("main", pod), pod)
+    containerd.ctr("tasks", "start", "--detach", container_id)  # behind CRI's back
+    cri.stop_pod(pod_id)
+    with pytest.raises(CriError, match="cannot delete running task"):
+        cri.remove_pod(pod_id)
+    cri.remove_all(delete_task=containerd.delete_task)
+    assert cri.list_pods() == []
+    assert container_id not in containerd.ctr("tasks", "list")
+
+
 def test_close_leaves_nothing_behind() -> None:
     """Even with a pod still running, closing the daemon ends its processes and removes its mounts,
     cgroups and files."""
