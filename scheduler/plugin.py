@@ -211,8 +211,9 @@ class DeviceShare:
         st.free_rows.append(row)
 
     def add_pod(self, pod: Pod, node: str) -> None:
-        """Charge a live pod: its allocation annotation, and its host requests. Finished pods and
-        pods already known (reserved here) are left alone."""
+        """Charge a live pod: its allocation annotation, and its host requests; a pod new to this
+        plugin is also observed by the policy. Finished pods and pods already known (reserved here)
+        are left alone."""
         if pod.finished:
             self.remove_pod(pod.uid)
             return
@@ -237,6 +238,10 @@ class DeviceShare:
             cpu, mem_host = req.cpu_milli, req.host_memory
         except RequestError:
             cpu = mem_host = 0  # it runs already; charge what its annotation says
+        else:
+            if old is None and req.wants_devices:
+                # placed before a restart or by another scheduler: still the workload the policy learns
+                self.policy.observe(req)
         held = _Held(node, gpus, nics, cpu, mem_host)
         self._hold(uid, held)
 

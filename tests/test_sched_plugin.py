@@ -203,6 +203,21 @@ def test_live_pods_are_charged_from_their_annotation_and_freed_on_removal() -> N
     assert ds.filter(two, "a") is not None
 
 
+def test_live_pods_new_to_the_plugin_teach_the_policy_the_workload() -> None:
+    """After a restart the policy has seen no pod: the live ones it is rebuilt from are observed,
+    once each, and pods it reserved itself are not counted again when their binding comes back."""
+    ds = cluster(device("a", 4))
+    ann = {DEVICE_ALLOCATED: json.dumps({"gpu": [{"minor": 0}]})}
+    ds.add_pod(pod("live", {"nvidia.com/gpu": "1"}, ann), "a")
+    ds.add_pod(pod("live", {"nvidia.com/gpu": "1"}, ann), "a")
+    ds.add_pod(pod("cpu-only", {"cpu": "2"}), "a")
+    assert ds.policy.outlook.seen == 1
+    r = ds.pre_filter(pod("new", {"nvidia.com/gpu": "1"}))
+    ds.reserve(r, "a")
+    ds.add_pod(pod("new", {"nvidia.com/gpu": "1"}, ann), "a")
+    assert ds.policy.outlook.seen == 2
+
+
 def test_pre_bind_writes_koordinator_annotation_and_per_container_minors() -> None:
     ds = cluster(device("a", 4))
     containers = [
