@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from crihook.scheduler.request import PodRequest
 
 TIE = 0.9  # weight of the tie-break: below 1, so it only orders nodes FGD's bucket ties
-TAU = 16_000  # millicores over which a CPU deficit is smoothed
+TAU = 8_000  # millicores over which a CPU deficit is smoothed
 LAM = 6.0  # rarity in the tie-break
 KAPPA = 0.5  # CPU surplus growth in the bucket
 MU = 6.0  # rarity against the bucket
