@@ -33,6 +33,8 @@ class ProxyConfig:
     drain_seconds: float = 10.0
     log_level: str = "info"
     metrics_listen: str = "127.0.0.1:9317"  # empty disables
+    clear_orphan_tasks: bool = True  # containerd only: see proxy/orphans.py
+    runtime_namespace: str = "k8s.io"  # containerd's namespace for CRI's containers
 
     @property
     def image_backend(self) -> str:

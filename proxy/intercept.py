@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError
 from crihook.hooks.base import ContainerInfo, Device, HookContext, LinuxResources, Mount, PodInfo, Stage
 from crihook.hooks.chain import HookChain, HookRecord
 from crihook.proto import runtime_v1_pb2 as cri
+from crihook.proxy.orphans import TaskJanitor
 from crihook.proxy.relay import Rejected
 from crihook.proxy.store import ContainerRecord, PodRecord, Store
 
@@ -28,6 +29,8 @@ log = logging.getLogger("crihook.proxy")
 
 # gRPC status codes used here (numeric on the wire)
 INVALID_ARGUMENT = 3
+FAILED_PRECONDITION = 9
+REMOVALS = frozenset({"RemoveContainer", "RemovePodSandbox"})
 NOT_FOUND = 5
 
 # the scalar fields of runtime.v1.LinuxContainerResources that hooks see (same names as the proto's)
@@ -285,9 +288,10 @@ def _summary(records: Iterable[HookRecord]) -> str:
 
 
 class Interceptor:
-    def __init__(self, chain: HookChain, store: Store) -> None:
+    def __init__(self, chain: HookChain, store: Store, janitor: TaskJanitor | None = None) -> None:
         self.chain = chain
         self.store = store
+        self.janitor = janitor
         self._tasks: set[asyncio.Task[None]] = set()
 
     def classify(self, path: bytes) -> Call | None:
@@ -371,11 +375,13 @@ class Interceptor:
 
     # post ---------------------------------------------------------------------------------------
 
-    def post(self, call: Call, request: bytes, response: bytes | None, status: int) -> None:
+    def post(self, call: Call, request: bytes, response: bytes | None, status: int, message: bytes | None) -> None:
         """Bookkeeping now, in call order; post hooks in the background (they never change or
         delay what kubelet sees)."""
         method = call.method
         if status != 0:
+            if status == FAILED_PRECONDITION and self.janitor is not None and method.name in REMOVALS:
+                self.janitor.notice(message)  # a task CRI lost track of blocks the removal: see orphans.py
             return
         try:
             req = method.request.FromString(request)
@@ -466,6 +472,8 @@ class Interceptor:
         """Let running post hooks finish (each is bounded by its hook timeouts)."""
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.janitor is not None:
+            await self.janitor.close()
 
 
 def _log_fields(ctx: HookContext) -> dict[str, str]:

@@ -97,7 +97,8 @@ class Interceptor(Protocol):
 
     def pre(self, spec: Any, request: bytes) -> Awaitable[bytes]: ...
 
-    def post(self, spec: Any, request: bytes, response: bytes | None, status: int) -> None: ...
+    def post(self, spec: Any, request: bytes, response: bytes | None, status: int, message: bytes | None) -> None:
+        """After the call: `message` is the grpc-message trailer as sent (percent-encoded), if any."""
 
 
 @dataclass(slots=True)
@@ -559,7 +560,7 @@ class Link:
             elif call.request_done or not call.modifies:
                 code = int(status) if status.isdigit() else 2
                 req = _grpc_message(call.request) if not call.modifies else bytes(call.request)
-                self.relay.interceptor.post(call.spec, req or b"", _grpc_message(call.response), code)
+                self.relay.interceptor.post(call.spec, req or b"", _grpc_message(call.response), code, message)
         if not self.active:
             self.relay.check_idle()
 

@@ -32,6 +32,7 @@ from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proto import runtime_v1_pb2_grpc as cri_grpc
 from crihook.proxy import systemd
 from crihook.proxy.intercept import Interceptor
+from crihook.proxy.orphans import TaskJanitor
 from crihook.proxy.relay import Relay
 from crihook.proxy.store import ContainerRecord, PodRecord, Store
 
@@ -133,7 +134,8 @@ class Daemon:
         state = self.store.load()
         stats = self.store.reconcile(*await list_runtime(backend))
         log.info("store rebuilt", extra={"file": state, **stats})
-        self.interceptor = Interceptor(chain, self.store)
+        janitor = TaskJanitor(backend, cfg.proxy.runtime_namespace) if cfg.proxy.clear_orphan_tasks else None
+        self.interceptor = Interceptor(chain, self.store, janitor)
         self.relay = Relay(backend, self.interceptor, cfg.proxy.max_message_bytes)
         await bind(self.relay, listen)
         metrics_server = None

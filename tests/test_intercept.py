@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -12,6 +13,7 @@ from crihook.hooks.base import Device, Edit, HookContext, HookError, Mount, Reso
 from crihook.hooks.chain import build_chain
 from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proxy.intercept import METHODS, Interceptor, container_view, pod_view
+from crihook.proxy.orphans import orphan_of
 from crihook.proxy.relay import Rejected
 from crihook.proxy.store import Store
 
@@ -185,19 +187,21 @@ async def test_lifecycle_bookkeeping_and_post_hooks(tmp_path: Path) -> None:
         cri.RunPodSandboxRequest(config=sandbox()).SerializeToString(),
         cri.RunPodSandboxResponse(pod_sandbox_id="sb-1").SerializeToString(),
         0,
+        None,
     )
     create = ic.classify(CREATE)
-    ic.post(create, create_request(), cri.CreateContainerResponse(container_id="c-1").SerializeToString(), 0)
+    ic.post(create, create_request(), cri.CreateContainerResponse(container_id="c-1").SerializeToString(), 0, None)
     assert ic.store.pods["sb-1"].namespace == "ml"
     assert ic.store.containers["c-1"].pod_id == "sb-1"
     stop = ic.classify(b"/runtime.v1.RuntimeService/StopContainer")
-    ic.post(stop, cri.StopContainerRequest(container_id="c-1").SerializeToString(), b"", 0)
+    ic.post(stop, cri.StopContainerRequest(container_id="c-1").SerializeToString(), b"", 0, None)
     # a failed call changes nothing
     ic.post(
         ic.classify(b"/runtime.v1.RuntimeService/RemoveContainer"),
         cri.RemoveContainerRequest(container_id="c-1").SerializeToString(),
         None,
         5,
+        None,
     )
     assert "c-1" in ic.store.containers
     ic.post(
@@ -205,12 +209,40 @@ async def test_lifecycle_bookkeeping_and_post_hooks(tmp_path: Path) -> None:
         cri.RemovePodSandboxRequest(pod_sandbox_id="sb-1").SerializeToString(),
         b"",
         0,
+        None,
     )
     await ic.close()
     assert ic.store.containers == {} and ic.store.pods == {}
     assert [c.stage for c in hook.seen] == [Stage.POST_STOP_CONTAINER, Stage.POST_REMOVE_POD_SANDBOX]
     assert hook.seen[0].pod.ref == "ml/train" and hook.seen[0].container.name == "main"
     await ic.store.close()
+
+
+def test_only_a_refused_removal_reaches_the_task_janitor(tmp_path: Path) -> None:
+    noticed: list[bytes | None] = []
+    ic = interceptor(tmp_path, EditHook(set()))
+    ic.janitor = SimpleNamespace(notice=noticed.append)  # type: ignore[assignment]
+    refused = b"failed to delete containerd container%3A cannot delete running task c-1: failed precondition"
+    remove = cri.RemoveContainerRequest(container_id="c-1").SerializeToString()
+    ic.post(ic.classify(b"/runtime.v1.RuntimeService/RemoveContainer"), remove, None, 9, refused)
+    ic.post(ic.classify(b"/runtime.v1.RuntimeService/RemoveContainer"), remove, None, 5, b"not found")
+    ic.post(ic.classify(b"/runtime.v1.RuntimeService/StopContainer"), remove, None, 9, refused)
+    sandbox = cri.RemovePodSandboxRequest(pod_sandbox_id="sb-1").SerializeToString()
+    ic.post(ic.classify(b"/runtime.v1.RuntimeService/RemovePodSandbox"), sandbox, None, 9, refused)
+    assert noticed == [refused, refused]
+
+
+@pytest.mark.parametrize(
+    ("message", "found"),
+    [
+        (b"failed to remove container: cannot delete running task 4f2a_b.c-9: failed precondition", "4f2a_b.c-9"),
+        (b"cannot%20delete%20running%20task%20abc", "abc"),  # grpc-message is percent-encoded
+        (b"container is still running, to stop first", None),
+        (None, None),
+    ],
+)
+def test_orphan_of_reads_the_container_id(message: bytes | None, found: str | None) -> None:
+    assert orphan_of(message) == found
 
 
 async def test_chain_close_releases_hooks_once_and_survives_a_failing_close() -> None:

@@ -3,6 +3,7 @@ errors arrive unchanged, and the daemon's start, stop and reload behave as syste
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import stat
@@ -21,6 +22,7 @@ from daemon import Crihook, CrihookError, install_hook_package, running_crihook
 
 from crihook.proto import runtime_v1_pb2 as api
 from crihook.proto import runtime_v1_pb2_grpc as api_grpc
+from crihook.proxy.orphans import TaskJanitor
 
 pytestmark = pytest.mark.containerd
 
@@ -107,6 +109,55 @@ def test_errors_arrive_unchanged(proxy_cri: Cri, containerd_cri: Cri) -> None:
         containerd_cri.container_status("no-such-container")
     assert through.value.code == direct.value.code == grpc.StatusCode.NOT_FOUND
     assert through.value.details == direct.value.details
+
+
+def _remove_like_kubelet(cri: Cri, pod_id: str, patience: float = 10.0) -> None:
+    """RemovePodSandbox, retried until it succeeds, as kubelet's pod worker does."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            cri.remove_pod(pod_id)
+            return
+        except CriError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def test_a_task_cri_lost_track_of_is_cleared_so_the_pod_can_go(
+    crihook_proxy: Crihook, proxy_cri: Cri, containerd: Containerd
+) -> None:
+    """containerd 1.6 keeps the task of a StartContainer cancelled mid-way while CRI holds the
+    container as created, and refuses every removal. Recreated here by starting the task behind
+    CRI's back: the first removal is refused as containerd refuses it, crihook clears the task, and
+    the retry succeeds."""
+    pod = pod_config("orphan-task")
+    pod_id = proxy_cri.run_pod(pod)
+    container_id = proxy_cri.create_container(pod_id, container_config("main", pod), pod)
+    containerd.ctr("tasks", "start", "--detach", container_id)
+    proxy_cri.stop_pod(pod_id)
+    with pytest.raises(CriError, match="cannot delete running task"):
+        proxy_cri.remove_pod(pod_id)
+    _remove_like_kubelet(proxy_cri, pod_id)
+    assert proxy_cri.list_pods() == []
+    assert container_id not in containerd.ctr("tasks", "list")
+    assert f'msg="orphan task cleared" container={container_id}' in crihook_proxy.log_text()
+
+
+def test_the_task_of_a_started_container_is_never_cleared(containerd: Containerd, proxy_cri: Cri) -> None:
+    pod = pod_config("started")
+    with proxy_cri.pod(pod) as pod_id, proxy_cri.container(pod_id, container_config("main", pod), pod) as cid:
+        janitor = TaskJanitor(str(containerd.socket), "k8s.io")
+
+        async def clear() -> bool:
+            try:
+                return await janitor.clear(cid)
+            finally:
+                await janitor.close()
+
+        assert asyncio.run(clear()) is False
+        assert proxy_cri.container_status(cid).status.state == api.CONTAINER_RUNNING
+        assert proxy_cri.output(cid, "echo", "alive") == "alive\n"
 
 
 def test_unknown_method_is_forwarded(crihook_proxy: Crihook, containerd: Containerd) -> None:

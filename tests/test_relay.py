@@ -34,6 +34,7 @@ class ScriptedInterceptor:
 
     grow: int = 0
     posts: list[tuple[bytes, bytes | None, int]] = field(default_factory=list)
+    messages: list[bytes | None] = field(default_factory=list)
     delay: float = 0.0
 
     def classify(self, path: bytes) -> Spec | None:
@@ -50,8 +51,9 @@ class ScriptedInterceptor:
             raise Rejected(9, "refused by test: 100% sure, ünïcode")
         return request + b"+" * self.grow
 
-    def post(self, spec: Spec, request: bytes, response: bytes | None, status: int) -> None:
+    def post(self, spec: Spec, request: bytes, response: bytes | None, status: int, message: bytes | None) -> None:
         self.posts.append((request, response, status))
+        self.messages.append(message)
 
 
 class Backend(grpc.GenericRpcHandler):
@@ -161,6 +163,15 @@ async def test_observed_calls_are_copied_not_held(setup) -> None:
     assert await unary(channel, "/t.S/Observe")(b"watch me") == b"echo:watch me"
     await asyncio.sleep(0.01)
     assert interceptor.posts == [(b"watch me", b"echo:watch me", 0)]
+
+
+async def test_observed_failures_reach_post_with_status_and_message(setup) -> None:
+    channel, interceptor, _, _ = setup
+    with pytest.raises(grpc.aio.AioRpcError):
+        await unary(channel, "/t.S/ObserveFail")(b"gone?")
+    await asyncio.sleep(0.01)
+    assert interceptor.posts == [(b"gone?", None, grpc.StatusCode.NOT_FOUND.value[0])]
+    assert interceptor.messages == [b'container "x" not found']
 
 
 async def test_many_concurrent_mixed_calls(setup) -> None:

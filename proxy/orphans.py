@@ -1,0 +1,125 @@
+"""Clearing a task containerd's CRI plugin no longer owns.
+
+containerd 1.6 can leave one behind when a StartContainer is cancelled while the task is being
+created (its caller, crihook included, died mid-call): CRI still holds the container as created,
+StopContainer skips it, and every RemoveContainer or RemovePodSandbox fails with FAILED_PRECONDITION
+"cannot delete running task <id>". kubelet retries forever and the pod never goes. The proxy sees
+that answer go by; when CRI confirms the container never started, it kills and deletes the task
+through containerd's own task service, so kubelet's next retry succeeds. Only that answer starts
+it, so runtimes other than containerd are never sent a call they do not know.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from urllib.parse import unquote_to_bytes
+
+import grpc
+
+from crihook.proto import runtime_v1_pb2 as cri
+from crihook.proto import runtime_v1_pb2_grpc as cri_grpc
+
+log = logging.getLogger("crihook.proxy")
+
+MARK = re.compile(rb"cannot delete running task ([A-Za-z0-9][A-Za-z0-9_.-]*)")
+TASKS = "/containerd.services.tasks.v1.Tasks/"
+SIGKILL = 9
+CALL_TIMEOUT = 10.0
+DELETE_ATTEMPTS = 20  # a killed task takes a moment to exit before containerd will delete it
+DELETE_PAUSE = 0.1
+
+
+def orphan_of(message: bytes | None) -> str | None:
+    """The container id named by containerd's "cannot delete running task" answer, else None."""
+    found = MARK.search(unquote_to_bytes(message or b""))
+    return found.group(1).decode() if found else None
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _string(field: int, value: str) -> bytes:
+    raw = value.encode()
+    return _varint(field << 3 | 2) + _varint(len(raw)) + raw
+
+
+def kill_request(container_id: str) -> bytes:
+    """containerd.services.tasks.v1.KillRequest{container_id: 1, signal: 3, all: 4}: every process."""
+    return _string(1, container_id) + _varint(3 << 3) + _varint(SIGKILL) + _varint(4 << 3) + _varint(1)
+
+
+def delete_request(container_id: str) -> bytes:
+    """containerd.services.tasks.v1.DeleteTaskRequest{container_id: 1}."""
+    return _string(1, container_id)
+
+
+class TaskJanitor:
+    """One clearing per container at a time, in the background; kubelet's own retry does the rest."""
+
+    def __init__(self, runtime_path: str, namespace: str) -> None:
+        self.target = f"unix://{runtime_path}"
+        self.metadata = (("containerd-namespace", namespace),)
+        self.channel: grpc.aio.Channel | None = None
+        self.busy: set[str] = set()
+        self.tasks: set[asyncio.Task[bool]] = set()
+
+    def notice(self, message: bytes | None) -> None:
+        container_id = orphan_of(message)
+        if container_id is None or container_id in self.busy:
+            return
+        self.busy.add(container_id)
+        task = asyncio.get_running_loop().create_task(self.clear(container_id))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(lambda _: self.busy.discard(container_id))
+
+    async def clear(self, container_id: str) -> bool:
+        """Kill and delete the task of `container_id` if CRI holds the container as never started;
+        True when the task is gone. A container CRI knows as running is never touched."""
+        if self.channel is None:
+            self.channel = grpc.aio.insecure_channel(self.target)
+        try:
+            status = await cri_grpc.RuntimeServiceStub(self.channel).ContainerStatus(
+                cri.ContainerStatusRequest(container_id=container_id), timeout=CALL_TIMEOUT
+            )
+            if status.status.state != cri.CONTAINER_CREATED:
+                return False
+            await self._call("Kill", kill_request(container_id), grpc.StatusCode.NOT_FOUND)
+            for _ in range(DELETE_ATTEMPTS):
+                try:
+                    await self._call("Delete", delete_request(container_id), grpc.StatusCode.NOT_FOUND)
+                except grpc.aio.AioRpcError as e:
+                    if e.code() != grpc.StatusCode.FAILED_PRECONDITION:  # not yet exited
+                        raise
+                    await asyncio.sleep(DELETE_PAUSE)
+                else:
+                    log.warning("orphan task cleared", extra={"container": container_id})
+                    return True
+            raise TimeoutError(f"task still running {DELETE_ATTEMPTS * DELETE_PAUSE:.0f}s after SIGKILL")
+        except (grpc.aio.AioRpcError, TimeoutError) as e:
+            why = e.details() if isinstance(e, grpc.aio.AioRpcError) else str(e)
+            log.warning("orphan task not cleared", extra={"container": container_id, "error": why})
+            return False
+
+    async def _call(self, method: str, request: bytes, tolerated: grpc.StatusCode) -> None:
+        assert self.channel is not None
+        call = self.channel.unary_unary(TASKS + method)
+        try:
+            await call(request, timeout=CALL_TIMEOUT, metadata=self.metadata)
+        except grpc.aio.AioRpcError as e:
+            if e.code() != tolerated:
+                raise
+
+    async def close(self) -> None:
+        if self.tasks:
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.channel is not None:
+            await self.channel.close()
