@@ -95,7 +95,8 @@ def _section(cls: type, table: Mapping[str, Any], where: str) -> Any:
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise ConfigFileError(f"{where}.{key}: expected a list of strings, got {value!r}")
             value = tuple(value)
-        elif isinstance(default, bool) or not isinstance(value, type(default)):
+        elif isinstance(value, bool) != isinstance(default, bool) or not isinstance(value, type(default)):
+            # bool is an int to Python, not to an operator: true for a number (or 1 for a flag) is refused
             if not (isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool)):
                 raise ConfigFileError(
                     f"{where}.{key}: expected {type(default).__name__}, got {type(value).__name__} {value!r}"

@@ -344,3 +344,23 @@ def test_config_template_documents_every_key_with_its_default() -> None:
         if f.name != "options"
     }
     assert documented == expected
+
+
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        ("clear_orphan_tasks = 1", "expected bool, got int 1"),
+        ("drain_seconds = true", "expected float, got bool True"),
+        ("max_message_bytes = true", "expected int, got bool True"),
+        ("listen = 3", "expected str, got int 3"),
+    ],
+)
+def test_config_values_of_the_wrong_type_are_refused(line: str, error: str) -> None:
+    with pytest.raises(cfg.ConfigFileError, match=re.escape(f"config [proxy].{line.split()[0]}: {error}")):
+        cfg.parse(tomllib.loads(f"[proxy]\n{line}\n"))
+
+
+def test_config_flags_and_whole_floats_are_accepted() -> None:
+    parsed = cfg.parse(tomllib.loads("[proxy]\nclear_orphan_tasks = false\ndrain_seconds = 3\n"))
+    assert parsed.proxy.clear_orphan_tasks is False
+    assert parsed.proxy.drain_seconds == 3.0 and isinstance(parsed.proxy.drain_seconds, float)
