@@ -14,7 +14,9 @@ on the best-fitting whole GPUs) and measured against the pods seen so far, in pe
   cluster is full);
 - r, rarity: the shapes the node could host and no longer can, each weighted by its frequency
   times nodes / nodes that can still host it. It keeps the few nodes with the CPU and memory for
-  the largest pods for those pods, long before their places run short.
+  the largest pods for those pods, long before their places run short. Until such pods are seen,
+  one pod as large as each kind of node stands in for them (PRIOR, diluted by every pod seen): a
+  fresh scheduler does not hand its most capable nodes to the first small pods.
 
     raw   = floor(100 * sig(d + p + KAPPA * s)) - MU * r + TIE * sig(s + p + 100 * LAM * r)
     score = softplus(raw) * 100 / (100 + TIE)          (0..100, in the order of raw)
@@ -50,6 +52,7 @@ TAU = 8_000  # millicores over which a CPU deficit is smoothed
 LAM = 6.0  # rarity in the tie-break
 KAPPA = 0.5  # CPU surplus growth in the bucket
 MU = 6.0  # rarity against the bucket
+PRIOR = 1.0  # pseudo-pods per kind of node, each as large as the node
 MIN_SCARCE = 0.1  # GPU percent per place: scarcer shapes are weighed
 MIN_RARE = 0.001  # rarer shapes are weighed
 MAX_SHAPES = 512  # the most frequent shapes the outlook looks at (a real cluster's requests vary without end)
@@ -186,12 +189,17 @@ class Outlook:
         if not self.seen or not rows.size:
             return
         seen = self.shapes if len(self.shapes) <= MAX_SHAPES else dict(self.shapes.most_common(MAX_SHAPES))
-        every = Places(np.array(list(seen), dtype=np.int64).T)
+        counts = Counter(seen)
+        prior = node_shapes(st, rows) if PRIOR else set()
+        for shape in prior:
+            counts[shape] += PRIOR
+        every = Places(np.array(list(counts), dtype=np.int64).T)
         places = every.count(host_cpu(st, rows), st.hmem_free[rows], st.left(rows))
-        freq = np.array(list(seen.values()), dtype=np.float64) / self.seen
+        freq = np.array(list(counts.values()), dtype=np.float64) / (self.seen + PRIOR * len(prior))
+        arrivals = np.array([seen.get(k, 0) for k in counts], dtype=np.float64) / self.seen  # forecast: real pods only
         future = st.left(rows).sum() / max(self.gpu / self.seen, 1.0)  # pods until the cluster is full
         room = places.sum(axis=0)
-        tails = np.array([poisson_tail(float(f * future), int(c)) for f, c in zip(freq, room, strict=True)])
+        tails = np.array([poisson_tail(float(f * future), int(c)) for f, c in zip(arrivals, room, strict=True)])
         hosts = (places > 0).sum(axis=0)
         scarce = tails * every.table[2] * every.table[3]
         rare = np.where(hosts > 0, freq * rows.size / np.maximum(hosts, 1), 0.0)
@@ -255,6 +263,16 @@ class Places:
         moved = self.div[np.clip(left - pct, 0, 100)]
         gpu = (per.sum(axis=1)[:, None, :] - per + moved) // self.cnt
         return np.minimum(self._host(cpu, hmem)[:, None, :], self._by_shape(gpu))
+
+
+def node_shapes(st: Cluster, rows: np.ndarray) -> set[tuple[int, int, int, int]]:
+    """One pod as large as each kind of node (all its CPU, memory and GPUs)."""
+    out = set()
+    for r in rows:
+        nd = st.nodes[r]
+        if nd is not None and nd.cpu_milli and nd.memory and st.ngpus[r]:
+            out.add((nd.cpu_milli, nd.memory, 100, int(st.ngpus[r])))
+    return out
 
 
 def poisson_tail(mean: float, k: int) -> float:

@@ -163,12 +163,26 @@ def test_the_only_host_of_a_rare_large_shape_is_kept_for_it(policy: str) -> None
     assert _best(ds, _pod("one", 8000, 1)) == ("b-small" if policy == "default" else "a-big")
 
 
+@pytest.mark.parametrize("names", [("a-big", "b-plain"), ("b-big", "a-plain")])
+def test_before_any_large_pod_is_seen_the_most_capable_node_is_kept(names: tuple[str, str]) -> None:
+    """A fresh scheduler has seen one small pod; the pods as large as each kind of node stand in for
+    what may come. Only the big node could host one as large as itself, so the small pod goes to
+    the plain node, whichever comes first."""
+    big, plain = names
+    ds = DeviceShare()
+    ds.set_node(_node(big, 8, 128_000, 768))
+    ds.set_node(_node(plain, 8, 96_000, 384))
+    scores = ds.score_nodes(ds.pre_filter(_pod("first", 8000, 1)))
+    assert scores[plain] > scores[big] + 1  # not a tie broken by chance: a point of FGD's bucket
+
+
 def test_the_outlook_looks_at_the_most_frequent_shapes_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Requests in a real cluster vary without end; the outlook's cost stays bounded."""
     from crihook.scheduler import score
 
     monkeypatch.setattr(score, "MAX_SHAPES", 2)
     monkeypatch.setattr(score, "MIN_RARE", 0.0)
+    monkeypatch.setattr(score, "PRIOR", 0.0)  # the node-sized stand-ins are not pods seen
     ds = DeviceShare()
     ds.set_node(_node("a", 2, 64_000))
     for i, cpu in enumerate([1000] * 5 + [2000] * 3 + [3000, 4000, 5000]):
