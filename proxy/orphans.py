@@ -20,6 +20,7 @@ import grpc
 
 from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proto import runtime_v1_pb2_grpc as cri_grpc
+from crihook.proto import wire
 
 log = logging.getLogger("crihook.proxy")
 
@@ -37,28 +38,14 @@ def orphan_of(message: bytes | None) -> str | None:
     return found.group(1).decode() if found else None
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, n = n & 0x7F, n >> 7
-        out.append(low | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _string(field: int, value: str) -> bytes:
-    raw = value.encode()
-    return _varint(field << 3 | 2) + _varint(len(raw)) + raw
-
-
 def kill_request(container_id: str) -> bytes:
     """containerd.services.tasks.v1.KillRequest{container_id: 1, signal: 3, all: 4}: every process."""
-    return _string(1, container_id) + _varint(3 << 3) + _varint(SIGKILL) + _varint(4 << 3) + _varint(1)
+    return wire.length_delimited(1, container_id.encode()) + wire.uint(3, SIGKILL) + wire.uint(4, 1)
 
 
 def delete_request(container_id: str) -> bytes:
     """containerd.services.tasks.v1.DeleteTaskRequest{container_id: 1}."""
-    return _string(1, container_id)
+    return wire.length_delimited(1, container_id.encode())
 
 
 class TaskJanitor:

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import grpc
 
+from crihook.proto.wire import length_delimited
+
 HERE = Path(__file__).resolve().parent
 CACHE = HERE / ".cache"
 PAUSE_SOURCE = HERE / "pause.c"
@@ -372,7 +374,7 @@ class Containerd:
 
     def cri_sees_image(self, ref: str) -> bool:
         # ImageStatusRequest{image: ImageSpec{image: ref}}; the reply is empty when the image is unknown
-        request = _length_delimited(1, _length_delimited(1, ref.encode()))
+        request = length_delimited(1, length_delimited(1, ref.encode()))
         return self._cri_call("ImageService/ImageStatus", request) != b""
 
     def stop(self, kill: bool = False, timeout: float = 30.0) -> None:
@@ -456,17 +458,6 @@ class Containerd:
         for pid in shim_pids(str(self.socket)):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-
-
-def _length_delimited(field_number: int, payload: bytes) -> bytes:
-    """A protobuf field of wire type 2 (string, bytes, message): tag, varint length, payload."""
-    head = bytearray([field_number << 3 | 2])
-    size = len(payload)
-    while size >= 0x80:
-        head.append(size & 0x7F | 0x80)
-        size >>= 7
-    head.append(size)
-    return bytes(head) + payload
 
 
 def shim_pids(containerd_socket: str) -> list[int]:

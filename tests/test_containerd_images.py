@@ -18,7 +18,6 @@ from containerd import (
     MEDIA_MANIFEST,
     PAUSE_SOURCE,
     LayerFile,
-    _length_delimited,
     is_static_elf,
     layer_tar,
     oci_archive,
@@ -27,6 +26,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from crihook.proto import runtime_v1_pb2 as api
+from crihook.proto import wire
 
 
 def read_tar(data: bytes) -> dict[str, tarfile.TarInfo | bytes]:
@@ -118,7 +118,8 @@ def test_static_elf_detection(tmp_path: Path) -> None:
 @example("x" * 16383)
 @example("é" * 9000)
 def test_hand_encoded_image_status_request_matches_protobuf(ref: str) -> None:
-    """containerd.py asks CRI for image status before the generated stubs are involved; its bytes must
-    be exactly what protobuf produces, for short and multi-byte-varint lengths alike."""
+    """containerd.py asks CRI for image status before the generated stubs are involved, with
+    crihook.proto.wire; its bytes must be exactly what protobuf produces, for short and
+    multi-byte-varint lengths alike."""
     expected = api.ImageStatusRequest(image=api.ImageSpec(image=ref)).SerializeToString()
-    assert _length_delimited(1, _length_delimited(1, ref.encode())) == expected
+    assert wire.length_delimited(1, wire.length_delimited(1, ref.encode())) == expected

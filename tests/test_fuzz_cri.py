@@ -31,6 +31,7 @@ from crihook.hooks.checkpoint import CheckpointReader
 from crihook.hooks.gpu import GpuHook
 from crihook.hooks.gpu_edit import VISIBLE, GpuOptions
 from crihook.proto import runtime_v1_pb2 as cri
+from crihook.proto import wire as wire_format
 from crihook.proxy.intercept import INVALID_ARGUMENT, METHODS, Interceptor
 from crihook.proxy.relay import Rejected
 from crihook.proxy.store import Store
@@ -154,24 +155,14 @@ def create_requests(draw: st.DrawFn) -> cri.CreateContainerRequest:
 
 
 def _unknown_field(number: int, wire: int, payload: bytes) -> bytes:
-    tag = _varint(number << 3 | wire)
+    tag = wire_format.tag(number, wire)
     if wire == 0:
-        return tag + _varint(int.from_bytes(payload[:9] or b"\0", "little"))
+        return tag + wire_format.varint(int.from_bytes(payload[:9] or b"\0", "little"))
     if wire == 1:
         return tag + payload[:8].ljust(8, b"\0")
     if wire == 5:
         return tag + payload[:4].ljust(4, b"\0")
-    return tag + _varint(len(payload)) + payload  # wire type 2
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
+    return tag + wire_format.varint(len(payload)) + payload  # wire type 2
 
 
 @st.composite

@@ -12,6 +12,7 @@ from crihook.config import HooksConfig, NodeConfig
 from crihook.hooks.base import Device, Edit, HookContext, HookError, Mount, ResourcesPatch, Stage
 from crihook.hooks.chain import build_chain
 from crihook.proto import runtime_v1_pb2 as cri
+from crihook.proto import wire
 from crihook.proxy.intercept import METHODS, Interceptor, container_view, pod_view
 from crihook.proxy.orphans import orphan_of
 from crihook.proxy.relay import Rejected
@@ -23,7 +24,7 @@ RUN = b"/runtime.v1.RuntimeService/RunPodSandbox"
 
 def unknown_field(number: int, payload: bytes) -> bytes:
     """A length-delimited field this schema does not know (as a newer kubelet might send)."""
-    return _varint((number << 3) | 2) + _varint(len(payload)) + payload
+    return wire.length_delimited(number, payload)
 
 
 def sandbox() -> cri.PodSandboxConfig:
@@ -54,17 +55,8 @@ def create_request() -> bytes:
     )
     raw_cfg += unknown_field(99, b"future-config")
     req = cri.CreateContainerRequest(pod_sandbox_id="sb-1", sandbox_config=sandbox())
-    req_raw = req.SerializeToString() + bytes([0x12]) + _varint(len(raw_cfg)) + bytes(raw_cfg)
+    req_raw = req.SerializeToString() + wire.length_delimited(2, bytes(raw_cfg))
     return req_raw
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 class EditHook:

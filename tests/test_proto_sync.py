@@ -11,7 +11,7 @@ import grpc
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
-from crihook.proto import generate
+from crihook.proto import generate, wire
 from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proto import runtime_v1_pb2_grpc as cri_grpc
 
@@ -64,18 +64,9 @@ UNARY = {
 }
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def unknown_field(number: int, payload: bytes) -> bytes:
     """A length-delimited field the schema does not know, as a newer kubelet might send it."""
-    return _varint((number << 3) | 2) + _varint(len(payload)) + payload
+    return wire.length_delimited(number, payload)
 
 
 # -- generated code in step with the sources ------------------------------------------------------
@@ -185,10 +176,10 @@ def test_unknown_fields_survive_decode_and_encode() -> None:
 def test_unknown_fields_inside_nested_messages_survive() -> None:
     cfg = cri.ContainerConfig(metadata=cri.ContainerMetadata(name="main")).SerializeToString()
     nested_extra = unknown_field(1000, b"new container field")
-    config_field = _varint((2 << 3) | 2) + _varint(len(cfg + nested_extra)) + cfg + nested_extra
-    wire = cri.CreateContainerRequest(pod_sandbox_id="p").SerializeToString() + config_field
+    config_field = wire.length_delimited(2, cfg + nested_extra)
+    raw = cri.CreateContainerRequest(pod_sandbox_id="p").SerializeToString() + config_field
 
-    decoded = cri.CreateContainerRequest.FromString(wire)
+    decoded = cri.CreateContainerRequest.FromString(raw)
     decoded.config.working_dir = "/w"
     assert nested_extra in decoded.config.SerializeToString()
 

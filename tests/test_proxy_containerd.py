@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -111,13 +112,12 @@ def test_errors_arrive_unchanged(proxy_cri: Cri, containerd_cri: Cri) -> None:
     assert through.value.details == direct.value.details
 
 
-def _remove_like_kubelet(cri: Cri, pod_id: str, patience: float = 10.0) -> None:
-    """RemovePodSandbox, retried until it succeeds, as kubelet's pod worker does."""
+def _retry_like_kubelet(call: Callable[[], None], patience: float = 10.0) -> None:
+    """Repeat a removal until it succeeds, as kubelet's pod worker does."""
     deadline = time.monotonic() + patience
     while True:
         try:
-            cri.remove_pod(pod_id)
-            return
+            return call()
         except CriError:
             if time.monotonic() > deadline:
                 raise
@@ -129,19 +129,29 @@ def test_a_task_cri_lost_track_of_is_cleared_so_the_pod_can_go(
 ) -> None:
     """containerd 1.6 keeps the task of a StartContainer cancelled mid-way while CRI holds the
     container as created, and refuses every removal. Recreated here by starting the task behind
-    CRI's back: the first removal is refused as containerd refuses it, crihook clears the task, and
-    the retry succeeds."""
+    CRI's back: the first removal is refused as containerd refuses it, crihook kills the live task
+    and deletes it, and the retry succeeds."""
     pod = pod_config("orphan-task")
+    pod_id = proxy_cri.run_pod(pod)
+    container_id = proxy_cri.create_container(pod_id, container_config("main", pod), pod)
+    containerd.ctr("tasks", "start", "--detach", container_id)
+    assert "RUNNING" in containerd.ctr("tasks", "list")
+    with pytest.raises(CriError, match="cannot delete running task"):
+        proxy_cri.remove_container(container_id)
+    _retry_like_kubelet(lambda: proxy_cri.remove_container(container_id))
+    assert container_id not in containerd.ctr("tasks", "list")
+    assert f'msg="orphan task cleared" container={container_id}' in crihook_proxy.log_text()
+    proxy_cri.stop_pod(pod_id)
+    proxy_cri.remove_pod(pod_id)
+    # the same through RemovePodSandbox, the call kubelet makes when the whole pod goes
     pod_id = proxy_cri.run_pod(pod)
     container_id = proxy_cri.create_container(pod_id, container_config("main", pod), pod)
     containerd.ctr("tasks", "start", "--detach", container_id)
     proxy_cri.stop_pod(pod_id)
     with pytest.raises(CriError, match="cannot delete running task"):
         proxy_cri.remove_pod(pod_id)
-    _remove_like_kubelet(proxy_cri, pod_id)
+    _retry_like_kubelet(lambda: proxy_cri.remove_pod(pod_id))
     assert proxy_cri.list_pods() == []
-    assert container_id not in containerd.ctr("tasks", "list")
-    assert f'msg="orphan task cleared" container={container_id}' in crihook_proxy.log_text()
 
 
 def test_the_task_of_a_started_container_is_never_cleared(containerd: Containerd, proxy_cri: Cri) -> None:
