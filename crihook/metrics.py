@@ -336,6 +336,11 @@ REPORTER_WRITES = Counter(
     "Objects the device reporter wrote to the API server, by kind (Device, Node).",
     ("kind",),
 )
+ORPHAN_TASKS = Counter(
+    "crihook_orphan_tasks_total",
+    "Tasks containerd kept for containers CRI holds as never started, by result (cleared, failed).",
+    ("result",),
+)
 SCHEDULER_REQUESTS = Counter(
     "crihook_scheduler_requests_total",
     "Requests `crihook scheduler` answered (extender verbs, admission reviews), by path and HTTP status.",

@@ -18,6 +18,7 @@ from urllib.parse import unquote_to_bytes
 
 import grpc
 
+from crihook.metrics import ORPHAN_TASKS
 from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proto import runtime_v1_pb2_grpc as cri_grpc
 from crihook.proto import wire
@@ -89,11 +90,13 @@ class TaskJanitor:
                     await asyncio.sleep(DELETE_PAUSE)
                 else:
                     log.warning("orphan task cleared", extra={"container": container_id})
+                    ORPHAN_TASKS.inc("cleared")
                     return True
             raise TimeoutError(f"task still running {DELETE_ATTEMPTS * DELETE_PAUSE:.0f}s after SIGKILL")
         except (grpc.aio.AioRpcError, TimeoutError) as e:
             why = e.details() if isinstance(e, grpc.aio.AioRpcError) else str(e)
             log.warning("orphan task not cleared", extra={"container": container_id, "error": why})
+            ORPHAN_TASKS.inc("failed")
             return False
 
     async def _call(self, method: str, request: bytes, tolerated: grpc.StatusCode) -> None:

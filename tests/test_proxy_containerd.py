@@ -21,6 +21,7 @@ from containerd import BUSYBOX_IMAGE, Containerd
 from cri import Cri, CriError, container_config, pod_config
 from daemon import Crihook, CrihookError, install_hook_package, running_crihook
 
+from crihook.metrics import ORPHAN_TASKS
 from crihook.proto import runtime_v1_pb2 as api
 from crihook.proto import runtime_v1_pb2_grpc as api_grpc
 from crihook.proxy.orphans import TaskJanitor
@@ -154,18 +155,36 @@ def test_a_task_cri_lost_track_of_is_cleared_so_the_pod_can_go(
     assert proxy_cri.list_pods() == []
 
 
+def _clear(containerd: Containerd, container_id: str) -> bool:
+    janitor = TaskJanitor(str(containerd.socket), "k8s.io")
+
+    async def clear() -> bool:
+        try:
+            return await janitor.clear(container_id)
+        finally:
+            await janitor.close()
+
+    return asyncio.run(clear())
+
+
+def test_the_janitor_clears_a_live_orphan_task_and_counts_it(containerd: Containerd, containerd_cri: Cri) -> None:
+    pod = pod_config("orphan-direct")
+    pod_id = containerd_cri.run_pod(pod)
+    container_id = containerd_cri.create_container(pod_id, container_config("main", pod), pod)
+    containerd.ctr("tasks", "start", "--detach", container_id)
+    cleared = ORPHAN_TASKS.value("cleared")
+    assert _clear(containerd, container_id) is True
+    assert ORPHAN_TASKS.value("cleared") == cleared + 1
+    assert container_id not in containerd.ctr("tasks", "list")
+    containerd_cri.remove_container(container_id)  # CRI alone can remove it now
+
+
 def test_the_task_of_a_started_container_is_never_cleared(containerd: Containerd, proxy_cri: Cri) -> None:
     pod = pod_config("started")
     with proxy_cri.pod(pod) as pod_id, proxy_cri.container(pod_id, container_config("main", pod), pod) as cid:
-        janitor = TaskJanitor(str(containerd.socket), "k8s.io")
-
-        async def clear() -> bool:
-            try:
-                return await janitor.clear(cid)
-            finally:
-                await janitor.close()
-
-        assert asyncio.run(clear()) is False
+        counted = ORPHAN_TASKS.value("cleared") + ORPHAN_TASKS.value("failed")
+        assert _clear(containerd, cid) is False
+        assert ORPHAN_TASKS.value("cleared") + ORPHAN_TASKS.value("failed") == counted
         assert proxy_cri.container_status(cid).status.state == api.CONTAINER_RUNNING
         assert proxy_cri.output(cid, "echo", "alive") == "alive\n"
 
