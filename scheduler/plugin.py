@@ -32,6 +32,8 @@ from crihook.scheduler.devices import NodeDevices
 from crihook.scheduler.pod import Pod
 from crihook.scheduler.request import STRATEGIES, PodRequest, RequestError, parse_request
 
+LEARNED_MAX = 1 << 16  # pod uids remembered as observed; far more than wait for a place at once
+
 
 class Unschedulable(Exception):
     """The pod does not fit the node (any more); str() is the reason."""
@@ -155,6 +157,7 @@ class DeviceShare:
         self.st = Cluster()
         self.held: dict[str, _Held] = {}
         self.by_node: dict[str, set[str]] = {}
+        self.learned: dict[str, None] = {}  # uids the policy has observed, oldest first
         self._all: tuple[list[str], np.ndarray] | None = None  # every node in name order
         # the last feasibility answer: (request, generation, rows, ok, fits, row -> position)
         self._memo: tuple[PodRequest, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -241,7 +244,7 @@ class DeviceShare:
         else:
             if old is None and req.wants_devices:
                 # placed before a restart or by another scheduler: still the workload the policy learns
-                self.policy.observe(req)
+                self._learn(uid, req)
         held = _Held(node, gpus, nics, cpu, mem_host)
         self._hold(uid, held)
 
@@ -287,8 +290,19 @@ class DeviceShare:
     def pre_filter(self, pod: Pod) -> PodRequest:
         req = parse_request(pod)
         if req.wants_devices:
-            self.policy.observe(req)
+            self._learn(pod.uid, req)
         return req
+
+    def _learn(self, uid: str, req: PodRequest) -> None:
+        """The policy observes each pod once: kube-scheduler sends the same pod to filter and to
+        prioritize, and again at every retry, and a pod that waits long must not weigh more."""
+        if uid:
+            if uid in self.learned:
+                return
+            self.learned[uid] = None
+            if len(self.learned) > LEARNED_MAX:
+                del self.learned[next(iter(self.learned))]
+        self.policy.observe(req)
 
     def filter(self, req: PodRequest, node: str) -> str | None:
         return self.filter_nodes(req, [node])[1].get(node)

@@ -218,6 +218,23 @@ def test_live_pods_new_to_the_plugin_teach_the_policy_the_workload() -> None:
     assert ds.policy.outlook.seen == 2
 
 
+def test_a_pod_filtered_again_is_learned_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kube-scheduler sends one pod to filter and prioritize, and again at each retry."""
+    from crihook.scheduler import plugin
+
+    monkeypatch.setattr(plugin, "LEARNED_MAX", 2)
+    ds = cluster(device("a", 1))
+    for uid in ["p", "p", "q", "p", "q"]:
+        ds.pre_filter(pod(uid, {"nvidia.com/gpu": "1"}))
+    assert ds.policy.outlook.seen == 2
+    ds.pre_filter(pod("r", {"nvidia.com/gpu": "1"}))  # "p" is forgotten: only the last 2 are kept
+    ds.pre_filter(pod("p", {"nvidia.com/gpu": "1"}))
+    assert ds.policy.outlook.seen == 4
+    ds.pre_filter(pod("", {"nvidia.com/gpu": "1"}))  # no uid: nothing to know it by
+    ds.pre_filter(pod("", {"nvidia.com/gpu": "1"}))
+    assert ds.policy.outlook.seen == 6
+
+
 def test_pre_bind_writes_koordinator_annotation_and_per_container_minors() -> None:
     ds = cluster(device("a", 4))
     containers = [
