@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from containerd import Containerd, running_containerd
 from cri import POD_UID, Cri, CriError, container_config, pod_config
-from daemon import Crihook, install_hook_package, running_crihook
+from daemon import Crihook, CrihookError, install_hook_package, running_crihook
 
 from crihook.proto import runtime_v1_pb2 as api
 
@@ -378,8 +378,8 @@ def rss_sampler(proxy: Crihook) -> Callable[[], tuple[int, int] | None]:
             return None
         try:
             return pid, proxy.rss_bytes()
-        except (FileNotFoundError, ProcessLookupError, AssertionError):
-            return None  # exited between the two reads
+        except (FileNotFoundError, ProcessLookupError, AssertionError, CrihookError):
+            return None  # exited between the two reads, or killed and not yet reaped (a zombie has no VmRSS)
 
     return sample
 
