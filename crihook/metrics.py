@@ -338,7 +338,7 @@ REPORTER_WRITES = Counter(
 )
 ORPHAN_TASKS = Counter(
     "crihook_orphan_tasks_total",
-    "Tasks containerd kept for containers CRI holds as never started, by result (cleared, failed).",
+    "Tasks containerd kept for containers CRI holds as created or exited, by result (cleared, failed).",
     ("result",),
 )
 SCHEDULER_REQUESTS = Counter(

@@ -29,9 +29,10 @@ log = logging.getLogger("crihook.proxy")
 
 # gRPC status codes used here (numeric on the wire)
 INVALID_ARGUMENT = 3
-FAILED_PRECONDITION = 9
-REMOVALS = frozenset({"RemoveContainer", "RemovePodSandbox"})
 NOT_FOUND = 5
+FAILED_PRECONDITION = 9
+
+REMOVALS = frozenset({"RemoveContainer", "RemovePodSandbox"})  # refused ones may name an orphan task
 
 # the scalar fields of runtime.v1.LinuxContainerResources that hooks see (same names as the proto's)
 _RESOURCE_FIELDS = tuple(f.name for f in fields(LinuxResources) if f.name != "unified")

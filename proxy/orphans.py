@@ -1,10 +1,11 @@
 """Clearing a task containerd's CRI plugin no longer owns.
 
 containerd 1.6 can leave one behind when a StartContainer is cancelled while the task is being
-created (its caller, crihook included, died mid-call): CRI still holds the container as created,
-StopContainer skips it, and every RemoveContainer or RemovePodSandbox fails with FAILED_PRECONDITION
-"cannot delete running task <id>". kubelet retries forever and the pod never goes. The proxy sees
-that answer go by; when CRI confirms the container never started, it kills and deletes the task
+created (its caller, crihook included, died mid-call): CRI marks the container exited with reason
+StartError (or still holds it as created) while its task runs on. StopContainer skips it, and every
+RemoveContainer or RemovePodSandbox fails with FAILED_PRECONDITION "cannot delete running task
+<id>". kubelet retries forever and the pod never goes. The proxy sees that answer go by; when CRI
+confirms it runs nothing for that container (created or exited), it kills and deletes the task
 through containerd's own task service, so kubelet's next retry succeeds. Only that answer starts
 it, so runtimes other than containerd are never sent a call they do not know.
 """
@@ -25,6 +26,7 @@ from crihook.proto import wire
 
 log = logging.getLogger("crihook.proxy")
 
+NOT_RUNNING = frozenset({cri.CONTAINER_CREATED, cri.CONTAINER_EXITED})  # CRI's states with no process
 MARK = re.compile(rb"cannot delete running task ([A-Za-z0-9][A-Za-z0-9_.-]*)")
 TASKS = "/containerd.services.tasks.v1.Tasks/"
 SIGKILL = 9
@@ -56,60 +58,60 @@ class TaskJanitor:
         self.target = f"unix://{runtime_path}"
         self.metadata = (("containerd-namespace", namespace),)
         self.channel: grpc.aio.Channel | None = None
-        self.busy: set[str] = set()
-        self.tasks: set[asyncio.Task[bool]] = set()
+        self.clearing: dict[str, asyncio.Task[bool]] = {}  # by container id
 
     def notice(self, message: bytes | None) -> None:
         container_id = orphan_of(message)
-        if container_id is None or container_id in self.busy:
+        if container_id is None or container_id in self.clearing:
             return
-        self.busy.add(container_id)
         task = asyncio.get_running_loop().create_task(self.clear(container_id))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        task.add_done_callback(lambda _: self.busy.discard(container_id))
+        self.clearing[container_id] = task
+        task.add_done_callback(lambda _: self.clearing.pop(container_id, None))
 
     async def clear(self, container_id: str) -> bool:
-        """Kill and delete the task of `container_id` if CRI holds the container as never started;
-        True when the task is gone. A container CRI knows as running is never touched."""
+        """Kill and delete the task of `container_id` if CRI holds the container as created or
+        exited; True when the task is gone. A container CRI knows as running is never touched."""
         if self.channel is None:
             self.channel = grpc.aio.insecure_channel(self.target)
         try:
             status = await cri_grpc.RuntimeServiceStub(self.channel).ContainerStatus(
                 cri.ContainerStatusRequest(container_id=container_id), timeout=CALL_TIMEOUT
             )
-            if status.status.state != cri.CONTAINER_CREATED:
+            state = status.status.state
+            if state not in NOT_RUNNING:
+                log.info(
+                    "orphan task left alone",
+                    extra={"container": container_id, "state": cri.ContainerState.Name(state)},
+                )
                 return False
-            await self._call("Kill", kill_request(container_id), grpc.StatusCode.NOT_FOUND)
+            await self._call("Kill", kill_request(container_id))
             for _ in range(DELETE_ATTEMPTS):
-                try:
-                    await self._call("Delete", delete_request(container_id), grpc.StatusCode.NOT_FOUND)
-                except grpc.aio.AioRpcError as e:
-                    if e.code() != grpc.StatusCode.FAILED_PRECONDITION:  # not yet exited
-                        raise
-                    await asyncio.sleep(DELETE_PAUSE)
-                else:
+                if await self._call("Delete", delete_request(container_id)):
                     log.warning("orphan task cleared", extra={"container": container_id})
                     ORPHAN_TASKS.inc("cleared")
                     return True
-            raise TimeoutError(f"task still running {DELETE_ATTEMPTS * DELETE_PAUSE:.0f}s after SIGKILL")
-        except (grpc.aio.AioRpcError, TimeoutError) as e:
-            why = e.details() if isinstance(e, grpc.aio.AioRpcError) else str(e)
-            log.warning("orphan task not cleared", extra={"container": container_id, "error": why})
-            ORPHAN_TASKS.inc("failed")
-            return False
-
-    async def _call(self, method: str, request: bytes, tolerated: grpc.StatusCode) -> None:
-        assert self.channel is not None
-        call = self.channel.unary_unary(TASKS + method)
-        try:
-            await call(request, timeout=CALL_TIMEOUT, metadata=self.metadata)
+                await asyncio.sleep(DELETE_PAUSE)
+            why = f"task still running {DELETE_ATTEMPTS * DELETE_PAUSE:.0f}s after SIGKILL"
         except grpc.aio.AioRpcError as e:
-            if e.code() != tolerated:
+            why = e.details() or e.code().name
+        log.warning("orphan task not cleared", extra={"container": container_id, "error": why})
+        ORPHAN_TASKS.inc("failed")
+        return False
+
+    async def _call(self, method: str, request: bytes) -> bool:
+        """One task-service call; False when the task has not exited yet, NOT_FOUND (gone) is done."""
+        assert self.channel is not None
+        try:
+            await self.channel.unary_unary(TASKS + method)(request, timeout=CALL_TIMEOUT, metadata=self.metadata)
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                return False
+            if e.code() != grpc.StatusCode.NOT_FOUND:
                 raise
+        return True
 
     async def close(self) -> None:
-        if self.tasks:
-            await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.clearing:
+            await asyncio.gather(*self.clearing.values(), return_exceptions=True)
         if self.channel is not None:
             await self.channel.close()

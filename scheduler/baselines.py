@@ -31,7 +31,7 @@ def _pick_best_fit(st: Cluster, req: PodRequest, row: int, fits: np.ndarray) -> 
 def _vectors(st: Cluster, req: PodRequest, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
     cpu_left = host_cpu(st, rows).astype(np.float64)
     gpu_left = st.left(rows).sum(axis=1).astype(np.float64)
-    return cpu_left, gpu_left, float(req.cpu_milli), float(req.count * share_pct(req) if req.count else 0)
+    return cpu_left, gpu_left, float(req.cpu_milli), float(req.count * share_pct(req))
 
 
 class FGD:

@@ -62,8 +62,9 @@ NO_HOST = 2**62  # CPU left on nodes whose allocatable is not known: never the l
 
 
 def share_pct(req: PodRequest) -> int:
-    """One share of the request in percent of a GPU (memory in bytes counts by its core)."""
-    return max(req.core, req.ratio, 1)
+    """One share of the request in percent of a GPU (memory in bytes counts by its core); 0 for a
+    pod that asks no GPU."""
+    return max(req.core, req.ratio, 1) if req.count else 0
 
 
 def host_cpu(st: Cluster, rows: np.ndarray) -> np.ndarray:
@@ -78,7 +79,7 @@ def placements(
     the best-fitting slots (least idle first, then lowest slot)."""
     left = st.left(rows)
     cpu = host_cpu(st, rows)
-    pct = share_pct(req) if req.count else 0
+    pct = share_pct(req)
     if req.count == 1 and req.shared:
         before, after = option_stats(typ, cpu, left, req.cpu_milli, pct)
         return before, after, fits
@@ -176,7 +177,7 @@ class Outlook:
         return self.gpu_cpu / self.gpu_pct if self.gpu_pct else 0.0
 
     def observe(self, req: PodRequest) -> None:
-        pct = share_pct(req) if req.count else 0
+        pct = share_pct(req)
         self.shapes[(req.cpu_milli, req.host_memory, pct, req.count)] += 1
         self.seen += 1
         self.gpu += pct * req.count
@@ -212,7 +213,7 @@ class Outlook:
         cpu, hmem, left = host_cpu(st, rows), st.hmem_free[rows], st.left(rows)
         pl = self.places
         before = pl.count(cpu, hmem, left)[:, None, :]
-        pct = share_pct(req) if req.count else 0
+        pct = share_pct(req)
         if req.count == 1 and req.shared:
             after = pl.count_each_slot(cpu - req.cpu_milli, hmem - req.host_memory, left, pct)
         else:
@@ -334,7 +335,7 @@ class DefaultPolicy:
         cpu = host_cpu(st, rows).astype(np.float64)
         gpu = st.left(rows).sum(axis=1).astype(np.float64)
         rho = self.outlook.rho
-        s = soft_deficit(cpu - req.cpu_milli, gpu - req.count * (share_pct(req) if req.count else 0), rho)
+        s = soft_deficit(cpu - req.cpu_milli, gpu - req.count * share_pct(req), rho)
         s = (s - soft_deficit(cpu, gpu, rho))[:, None]
         with np.errstate(over="ignore"):
             tie = 1.0 / (1.0 + np.exp(np.clip((s + p + 100.0 * LAM * r) / 100.0, -50, 50)))

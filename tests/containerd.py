@@ -405,7 +405,7 @@ class Containerd:
     def delete_task(self, container_id: str) -> None:
         """Kill and delete a container's task through containerd's own API. containerd 1.6 can leave
         a task that CRI does not own (a StartContainer cancelled while the task was being created):
-        StopContainer skips it, as CRI believes the container never started, and every
+        StopContainer skips it, as CRI believes the container is not running, and every
         RemoveContainer fails with "cannot delete running task" until the task is gone."""
         with contextlib.suppress(ContainerdError):  # no task: nothing to delete
             self.ctr("tasks", "delete", "--force", container_id)

@@ -125,18 +125,34 @@ def _retry_like_kubelet(call: Callable[[], None], patience: float = 10.0) -> Non
             time.sleep(0.1)
 
 
+def _orphan(cri: Cri, containerd: Containerd, name: str, failed_start: bool) -> tuple[str, str]:
+    """(pod id, container id) of a container whose task runs while CRI holds it as not running.
+    The task is started behind CRI's back; with `failed_start` a CRI StartContainer then fails on
+    it, which leaves CRI's record as containerd 1.6 leaves a StartContainer cancelled mid-way:
+    exited, reason StartError. Without, CRI still holds the container as created."""
+    pod = pod_config(name)
+    pod_id = cri.run_pod(pod)
+    container_id = cri.create_container(pod_id, container_config("main", pod), pod)
+    containerd.ctr("tasks", "start", "--detach", container_id)
+    if failed_start:
+        with pytest.raises(CriError, match="already exists"):
+            cri.start_container(container_id)
+    status = cri.container_status(container_id).status
+    assert (status.state, status.reason) == (
+        (api.CONTAINER_EXITED, "StartError") if failed_start else (api.CONTAINER_CREATED, "")
+    )
+    assert container_id in containerd.ctr("tasks", "list")
+    return pod_id, container_id
+
+
 def test_a_task_cri_lost_track_of_is_cleared_so_the_pod_can_go(
     crihook_proxy: Crihook, proxy_cri: Cri, containerd: Containerd
 ) -> None:
-    """containerd 1.6 keeps the task of a StartContainer cancelled mid-way while CRI holds the
-    container as created, and refuses every removal. Recreated here by starting the task behind
-    CRI's back: the first removal is refused as containerd refuses it, crihook kills the live task
-    and deletes it, and the retry succeeds."""
-    pod = pod_config("orphan-task")
-    pod_id = proxy_cri.run_pod(pod)
-    container_id = proxy_cri.create_container(pod_id, container_config("main", pod), pod)
-    containerd.ctr("tasks", "start", "--detach", container_id)
-    assert "RUNNING" in containerd.ctr("tasks", "list")
+    """containerd refuses every removal of a container whose task CRI lost track of. Through
+    crihook the first removal is refused as containerd refuses it, crihook kills the live task and
+    deletes it, and the retry succeeds: for RemoveContainer, and for RemovePodSandbox on the state
+    the load test left (exited after a failed start)."""
+    pod_id, container_id = _orphan(proxy_cri, containerd, "orphan-created", failed_start=False)
     with pytest.raises(CriError, match="cannot delete running task"):
         proxy_cri.remove_container(container_id)
     _retry_like_kubelet(lambda: proxy_cri.remove_container(container_id))
@@ -144,15 +160,13 @@ def test_a_task_cri_lost_track_of_is_cleared_so_the_pod_can_go(
     assert f'msg="orphan task cleared" container={container_id}' in crihook_proxy.log_text()
     proxy_cri.stop_pod(pod_id)
     proxy_cri.remove_pod(pod_id)
-    # the same through RemovePodSandbox, the call kubelet makes when the whole pod goes
-    pod_id = proxy_cri.run_pod(pod)
-    container_id = proxy_cri.create_container(pod_id, container_config("main", pod), pod)
-    containerd.ctr("tasks", "start", "--detach", container_id)
+    pod_id, container_id = _orphan(proxy_cri, containerd, "orphan-exited", failed_start=True)
     proxy_cri.stop_pod(pod_id)
     with pytest.raises(CriError, match="cannot delete running task"):
         proxy_cri.remove_pod(pod_id)
     _retry_like_kubelet(lambda: proxy_cri.remove_pod(pod_id))
     assert proxy_cri.list_pods() == []
+    assert f'msg="orphan task cleared" container={container_id}' in crihook_proxy.log_text()
 
 
 def _clear(containerd: Containerd, container_id: str) -> bool:
@@ -167,11 +181,11 @@ def _clear(containerd: Containerd, container_id: str) -> bool:
     return asyncio.run(clear())
 
 
-def test_the_janitor_clears_a_live_orphan_task_and_counts_it(containerd: Containerd, containerd_cri: Cri) -> None:
-    pod = pod_config("orphan-direct")
-    pod_id = containerd_cri.run_pod(pod)
-    container_id = containerd_cri.create_container(pod_id, container_config("main", pod), pod)
-    containerd.ctr("tasks", "start", "--detach", container_id)
+@pytest.mark.parametrize("failed_start", [False, True], ids=["created", "exited"])
+def test_the_janitor_clears_a_live_orphan_task_and_counts_it(
+    containerd: Containerd, containerd_cri: Cri, failed_start: bool
+) -> None:
+    _, container_id = _orphan(containerd_cri, containerd, "orphan-direct", failed_start)
     cleared = ORPHAN_TASKS.value("cleared")
     assert _clear(containerd, container_id) is True
     assert ORPHAN_TASKS.value("cleared") == cleared + 1

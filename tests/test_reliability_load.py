@@ -34,6 +34,7 @@ from load_cri import (  # bench/ is not a package: found through sys.path
 pytestmark = pytest.mark.containerd
 
 RECONNECT_SLACK = 8.0  # gRPC clients back off up to a few seconds before dialling again
+ORPHAN_CLEARED_WITHIN = 5.0  # seconds from the first refused removal to the last: the task is cleared
 
 
 @pytest.fixture
@@ -85,8 +86,15 @@ def test_crihook_killed_mid_load(proxy: Crihook, containerd_cri: Cri) -> None:
     print("\n".join(report.lines()))
     (window,) = report.windows
     assert str(window.notes["Version while down"]).startswith("UNAVAILABLE")
-    assert {c.code for c in report.errors()} <= {"UNAVAILABLE"}
-    assert [c for c in report.errors() if not report.in_windows(c, RECONNECT_SLACK)] == []
+    # A start the kill cut off can leave containerd 1.6 with a task CRI lost track of; removals of
+    # that pod are refused until crihook clears the task (docs/reliability.md), then succeed.
+    orphaned = [c for c in report.errors() if "cannot delete running task" in c.detail]
+    others = [c for c in report.errors() if c not in orphaned]
+    assert {c.code for c in others} <= {"UNAVAILABLE"}
+    assert [c for c in others if not report.in_windows(c, RECONNECT_SLACK)] == []
+    assert {c.code for c in orphaned} <= {"FAILED_PRECONDITION"}
+    if orphaned:
+        assert max(c.started for c in orphaned) - min(c.started for c in orphaned) < ORPHAN_CLEARED_WITHIN
     assert report.recovered(window) is not None
     assert_accounted(report)  # the restarted daemon's store matches the runtime
 
