@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from containerd import Containerd, missing_requirements, running_containerd
+from containerd import RUNTIMES, Containerd, missing_requirements, running_containerd, runtime
 from daemon import Crihook, running_crihook
 from fakenvml import fake_nvml  # noqa: F401  (the fake NVML library fixture, for every test area)
 from hypothesis import HealthCheck, settings
@@ -24,6 +26,51 @@ if os.environ.get("CRIHOOK_HYPOTHESIS_PROFILE"):
     settings.load_profile(os.environ["CRIHOOK_HYPOTHESIS_PROFILE"])
 
 
+# The containerd releases a test using the `containerd` fixture runs on, unless marked
+# `@pytest.mark.runtimes(...)`.
+DEFAULT_RUNTIMES = ("1.6",)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--containerd",
+        default=",".join(RUNTIMES),
+        help="comma-separated containerd releases to test against (1.6, 1.7, 2; default: all); "
+        "a test runs on those of them its `runtimes` mark (default: DEFAULT_RUNTIMES) names",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "runtimes(*names): containerd releases the test runs on (1.6, 1.7, 2)")
+    wanted = config.getoption("--containerd").split(",")
+    for name in wanted:
+        runtime(name)  # an unknown name fails here, not as silently deselected tests
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """The containerd releases this run tests, with their Debian versions (sid's moves from run to run)."""
+    lines = []
+    for name in config.getoption("--containerd").split(","):
+        rt = runtime(name)
+        why = rt.unavailable()
+        used = f"skipped: {why}" if why else f"{rt.package_version()} (Debian {rt.suite})"
+        lines.append(f"containerd {name}: {used}")
+    return lines
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize every test that uses `containerd` (directly or through another fixture) by release."""
+    if "containerd" not in metafunc.fixturenames:
+        return
+    mark = metafunc.definition.get_closest_marker("runtimes")
+    names = mark.args if mark is not None else DEFAULT_RUNTIMES
+    wanted = metafunc.config.getoption("--containerd").split(",")
+    chosen = [n for n in names if n in wanted]
+    if not chosen:  # nothing left: still collected, and skipped saying why
+        chosen = [pytest.param(names[0], marks=pytest.mark.skip(reason=f"--containerd excludes {names}"))]
+    metafunc.parametrize("containerd", chosen, indirect=True, scope="session", ids=lambda n: f"containerd{n}")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Any test using the `containerd` fixture counts as marked `containerd` (so `-m "not containerd"`
     deselects it); marked tests are skipped, with the reason, where containerd can not run."""
@@ -36,11 +83,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def containerd() -> Iterator[Containerd]:
-    """One real containerd for the whole session, with the pause and busybox test images imported.
-    Tests that restart it (`containerd.restart()`) must leave it running."""
-    with running_containerd() as daemon:
+def containerd(request: pytest.FixtureRequest) -> Iterator[Containerd]:
+    """One real containerd per release for the whole session (one runs at a time: pytest groups the
+    tests by release), with the pause and busybox test images imported. Which release: see
+    `DEFAULT_RUNTIMES` and containerd.py's docstring. Tests that restart it must leave it running."""
+    rt = runtime(getattr(request, "param", "1.6"))
+    reason = rt.unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    with running_containerd(runtime=rt) as daemon:
         yield daemon
+
+
+@pytest.fixture
+def cdi_spec_dir(containerd: Containerd) -> Iterator[Path]:
+    """The CDI spec dir of the session's containerd (1.7 and 2.x only), emptied after the test so no
+    spec outlives it: a device two specs declare is refused by containerd as a conflict."""
+    if not containerd.runtime.has_cdi:
+        pytest.skip(f"containerd {containerd.runtime.name} has no CDI")
+    yield containerd.cdi_spec_dir
+    for spec in containerd.cdi_spec_dir.iterdir():
+        if spec.is_dir():
+            shutil.rmtree(spec)
+        else:
+            spec.unlink()
 
 
 @pytest.fixture

@@ -1,11 +1,31 @@
 """A real containerd for the tests: offline OCI images and a private daemon in a temporary directory.
 
+Three containerd releases, named by `Runtime.name`:
+- "1.6": the machine's own (Debian bookworm's containerd 1.6.20, on PATH). No CDI.
+- "1.7": Debian trixie's containerd 1.7.x; "2": Debian sid's containerd 2.x (sid moves: never pinned).
+  `tests/runtimes.sh` (run by tests/run.sh) downloads and extracts them into a cache outside git
+  (`runtimes_dir()`); a release it could not download is skipped with its reason
+  (`Runtime.unavailable()`), one that downloads but does not run fails its tests.
+Every release uses bookworm's runc (trixie's and sid's need a newer glibc). 1.7 and 2.x run with CDI
+on and one spec dir of their own, `Containerd.cdi_spec_dir`; nothing else is searched.
+
+Using it from a test (fixtures in conftest.py): a test that uses `containerd` (or `containerd_cri`,
+`proxy_cri`, `crihook_proxy`) runs once per release in `DEFAULT_RUNTIMES`; `@pytest.mark.runtimes("1.7", "2")`
+chooses others. `containerd.runtime` says which one this run has. For CDI:
+
+    @pytest.mark.runtimes("2")                       # 2.x, CDI enabled
+    def test_x(containerd, cdi_spec_dir, containerd_cri):
+        (cdi_spec_dir / "gpus.json").write_text(json.dumps(spec))   # removed after the test
+        ...  # CDI_devices / cdi.k8s.io/* annotations now really inject what the spec declares
+
+containerd re-reads the spec dir on every injection, so a spec written before CreateContainer applies.
+
 Nothing here talks to a registry. The two images are OCI archives written by this module (a pause
 image from `pause.c` built with `gcc -static`, a busybox image from Debian's busybox-static) and
 imported with `ctr images import`; tests must never call PullImage, because containerd 1.6 contacts
 the registry on PullImage even for an image it already has.
 
-Facts about the machines this runs on (Debian 12: containerd 1.6.20, runc 1.1.5), learned by trying:
+Facts about the machines this runs on (Debian 12, runc 1.1.5), learned by trying:
 - Root, but no CAP_SYS_RESOURCE in the bounding set: runc cannot lower oom_score_adj, and without
   `restrict_oom_score_adj` every RunPodSandbox fails with "can't get final child's PID from pipe: EOF".
 - cgroup v1 controllers with a v2 tree at /sys/fs/cgroup/unified (hybrid); runc's cgroupfs driver
@@ -16,6 +36,9 @@ Facts about the machines this runs on (Debian 12: containerd 1.6.20, runc 1.1.5)
   namespace), which is why kubelet leaves it empty for host-network pods and so does cri.py.
 - containerd 1.6 has no CDI support (that came in 1.7): `CDI_devices` in a CreateContainer reaches
   containerd and is ignored.
+- Beside another containerd, each instance needs its own runc root (the default
+  /run/containerd/runc/k8s.io is shared), NRI off (its socket is shared), and on 1.7/2.x the shim
+  named by `runtime_path`: 2.x otherwise finds the machine's 1.6 shim on PATH and silently uses it.
 """
 
 from __future__ import annotations
@@ -240,22 +263,101 @@ def busybox_archive() -> Path:
 # ---------------------------------------------------------------- the daemon
 
 
-def _config(base: Path) -> str:
-    """containerd 1.6 config (version 2) with every path inside `base`, so it shares nothing with a
-    containerd the machine may already run. runc's state root is ours too, which lets cleanup find
-    the containers even when containerd is gone."""
-    return f"""\
-version = 2
-root = "{base}/root"
-state = "{base}/state"
-oom_score = 0
-disabled_plugins = [
+@dataclass(frozen=True)
+class Runtime:
+    """One containerd release of the test matrix: where its binaries are and what its config looks like."""
+
+    name: str  # "1.6", "1.7", "2": what tests and `--containerd` call it
+    suite: str  # the Debian suite it comes from
+    prefix: Path | None  # the extracted package root; None: the machine's own, on PATH
+
+    def binary(self, name: str) -> str:
+        """containerd, containerd-shim-runc-v2 or ctr of this release."""
+        return name if self.prefix is None else str(self.prefix / "usr" / "bin" / name)
+
+    @property
+    def has_cdi(self) -> bool:
+        return self.name != "1.6"
+
+    def unavailable(self) -> str | None:
+        """Why this release can not be tested here (tests/runtimes.sh did not fetch it), or None."""
+        if self.prefix is None:
+            return missing_requirements()
+        if Path(self.binary("containerd")).is_file():
+            return missing_requirements()
+        note = self.prefix.parent / "unavailable"
+        if note.is_file():
+            return note.read_text().strip()
+        return f"containerd {self.name} (Debian {self.suite}) is not in {self.prefix.parent}: run tests/runtimes.sh"
+
+    def package_version(self) -> str:
+        """The Debian package version, as tests/runtimes.sh recorded it (the system's from dpkg)."""
+        if self.prefix is not None:
+            return (self.prefix.parent / "version").read_text().strip()
+        query = ["dpkg-query", "-W", "-f=${Version}", "containerd"]
+        return subprocess.run(query, capture_output=True, text=True).stdout.strip() or "unknown"
+
+    def config(self, base: Path) -> str:
+        return _config_v3(base, self) if self.name == "2" else _config_v2(base, self)
+
+
+def runtimes_dir() -> Path:
+    """Where tests/runtimes.sh extracts the downloaded releases (the same rule as the script)."""
+    if "CRIHOOK_RUNTIMES" in os.environ:
+        return Path(os.environ["CRIHOOK_RUNTIMES"])
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "crihook" / "runtimes"
+
+
+def runtime(name: str) -> Runtime:
+    """The release called `name` ("1.6", "1.7" or "2")."""
+    suites = {"1.6": "bookworm", "1.7": "trixie", "2": "sid"}
+    if name not in suites:
+        raise ValueError(f"unknown containerd release {name!r}; known: {', '.join(suites)}")
+    prefix = None if name == "1.6" else runtimes_dir() / suites[name] / "root"
+    return Runtime(name, suites[name], prefix)
+
+
+RUNTIMES = ("1.6", "1.7", "2")
+SYSTEM = runtime("1.6")
+
+def _runc() -> str:
+    """bookworm's runc, for every release (sid's and trixie's runc need glibc 2.38)."""
+    return shutil.which("runc") or "/usr/sbin/runc"
+
+
+# Disabled in every release: snapshotters that cannot work here, and the opt plugin, which would
+# install into the shared /opt/containerd.
+_DISABLED = """disabled_plugins = [
   "io.containerd.internal.v1.opt",
   "io.containerd.snapshotter.v1.aufs",
   "io.containerd.snapshotter.v1.btrfs",
   "io.containerd.snapshotter.v1.devmapper",
   "io.containerd.snapshotter.v1.zfs",
-]
+]"""
+
+
+def _config_v2(base: Path, rt: Runtime) -> str:
+    """containerd 1.6/1.7 config (version 2) with every path inside `base`, so it shares nothing with a
+    containerd the machine may already run. runc's state root is ours too, which lets cleanup find
+    the containers even when containerd is gone."""
+    cri = '[plugins."io.containerd.grpc.v1.cri"'
+    # 1.6 knows no CDI and no runtime_path (its shim is the one on PATH, also 1.6).
+    newer = (
+        f"""
+  enable_cdi = true
+  cdi_spec_dirs = ["{base}/cdi"]
+"""
+        if rt.has_cdi
+        else ""
+    )
+    shim = f'\n      runtime_path = "{rt.binary("containerd-shim-runc-v2")}"' if rt.prefix is not None else ""
+    return f"""\
+version = 2
+root = "{base}/root"
+state = "{base}/state"
+oom_score = 0
+{_DISABLED}
 # Without CRI the daemon is useless to us: exit at once instead of serving without it.
 # (The legacy io.containerd.runtime.v1.linux must stay enabled: in 1.6 the tasks service, and
 # through it CRI, refuse to load without it.)
@@ -267,24 +369,81 @@ required_plugins = ["io.containerd.grpc.v1.cri"]
 [ttrpc]
   address = "{base}/containerd.sock.ttrpc"
 
-[plugins."io.containerd.grpc.v1.cri"]
+[plugins."io.containerd.nri.v1.nri"]
+  disable = true
+
+{cri}]
   sandbox_image = "{PAUSE_IMAGE}"
   restrict_oom_score_adj = true
   stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-
-  [plugins."io.containerd.grpc.v1.cri".cni]
+  stream_server_port = "0"{newer}
+  {cri}.cni]
     bin_dir = "{base}/cni/bin"
     conf_dir = "{base}/cni/net.d"
 
-  [plugins."io.containerd.grpc.v1.cri".containerd]
+  {cri}.containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
 
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
+    {cri}.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"{shim}
 
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      {cri}.containerd.runtimes.runc.options]
+        BinaryName = "{_runc()}"
+        Root = "{base}/runc"
+        SystemdCgroup = false
+"""
+
+
+def _config_v3(base: Path, rt: Runtime) -> str:
+    """containerd 2.x config (version 3): CRI is split into an images and a runtime plugin, and the
+    sandbox image is a pinned image."""
+    run = "[plugins.'io.containerd.cri.v1.runtime'"
+    return f"""\
+version = 3
+root = "{base}/root"
+state = "{base}/state"
+oom_score = 0
+{_DISABLED}
+required_plugins = ["io.containerd.grpc.v1.cri"]
+
+[grpc]
+  address = "{base}/containerd.sock"
+
+[ttrpc]
+  address = "{base}/containerd.sock.ttrpc"
+
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
+
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "{PAUSE_IMAGE}"
+
+{run}]
+  restrict_oom_score_adj = true
+  enable_cdi = true
+  cdi_spec_dirs = ["{base}/cdi"]
+
+  {run}.cni]
+    bin_dirs = ["{base}/cni/bin"]
+    conf_dir = "{base}/cni/net.d"
+
+  {run}.containerd]
+    default_runtime_name = "runc"
+
+    {run}.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      runtime_path = "{rt.binary("containerd-shim-runc-v2")}"
+
+      {run}.containerd.runtimes.runc.options]
+        BinaryName = "{_runc()}"
         Root = "{base}/runc"
         SystemdCgroup = false
 """
@@ -300,17 +459,31 @@ class Containerd:
 
     base: Path
     cgroup_root: str = CGROUP_ROOT
+    runtime: Runtime = SYSTEM
     pause_image: str = PAUSE_IMAGE
     busybox_image: str = BUSYBOX_IMAGE
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @classmethod
-    def create(cls, cgroup_root: str = CGROUP_ROOT) -> Containerd:
+    def create(cls, cgroup_root: str = CGROUP_ROOT, runtime: Runtime = SYSTEM) -> Containerd:
         """A stopped instance with its directory and config written. `cgroup_root` is the parent of
         the pod cgroups of the pods it will run (`cri.pod_config(cgroup_root=...)`); close removes it."""
         base = Path(tempfile.mkdtemp(prefix="crihook-containerd-"))
-        (base / "config.toml").write_text(_config(base))
-        return cls(base, cgroup_root)
+        (base / "config.toml").write_text(runtime.config(base))
+        if runtime.has_cdi:
+            (base / "cdi").mkdir()
+        return cls(base, cgroup_root, runtime)
+
+    @property
+    def config_path(self) -> Path:
+        return self.base / "config.toml"
+
+    @property
+    def cdi_spec_dir(self) -> Path:
+        """The only CDI spec dir this instance searches (1.7 and 2.x; 1.6 has no CDI)."""
+        if not self.runtime.has_cdi:
+            raise ContainerdError(f"containerd {self.runtime.name} has no CDI")
+        return self.base / "cdi"
 
     @property
     def socket(self) -> Path:
@@ -339,7 +512,7 @@ class Containerd:
             raise ContainerdError(f"containerd already runs as pid {self.pid}")
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                ["containerd", "--config", str(self.base / "config.toml"), "--log-level", "info"],
+                [self.runtime.binary("containerd"), "--config", str(self.config_path), "--log-level", "info"],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -396,7 +569,7 @@ class Containerd:
 
     def ctr(self, *args: str, timeout: float = 60.0) -> str:
         """Run `ctr` against this daemon in CRI's namespace; its stdout, or ContainerdError."""
-        cmd = ["ctr", "--address", str(self.socket), "--namespace", NAMESPACE, *args]
+        cmd = [self.runtime.binary("ctr"), "--address", str(self.socket), "--namespace", NAMESPACE, *args]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
             raise ContainerdError(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr.strip()}")
@@ -531,9 +704,9 @@ def remove_cgroup_tree(path: str) -> None:
 
 
 @contextlib.contextmanager
-def running_containerd(cgroup_root: str = CGROUP_ROOT) -> Iterator[Containerd]:
+def running_containerd(cgroup_root: str = CGROUP_ROOT, runtime: Runtime = SYSTEM) -> Iterator[Containerd]:
     """A started containerd with both test images imported, closed on exit whatever happens."""
-    daemon = Containerd.create(cgroup_root)
+    daemon = Containerd.create(cgroup_root, runtime)
     try:
         daemon.start()
         daemon.import_test_images()

@@ -4,7 +4,8 @@
 # On a bare Debian machine it first installs what the containerd tests need (containerd, runc,
 # a static busybox, gcc with static libc, python3-venv), but only when something is missing, so a
 # prepared machine never touches apt. It then makes .venv when missing, installs the project into
-# it when pyproject.toml changed since the last install, lints, and runs pytest.
+# it when pyproject.toml changed since the last install, lints, fetches the newer containerd releases
+# of the test matrix (tests/runtimes.sh), and runs pytest.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -55,6 +56,11 @@ if [[ ! -f $stamp || "$(cat "$stamp")" != "$want" ]]; then
 fi
 
 .venv/bin/ruff check .
+
+# containerd 1.7 (trixie) and 2.x (sid) for the test matrix, beside the system's 1.6: downloaded once
+# into a cache shared by every checkout, reused after; prints the versions. One it cannot fetch is
+# recorded and its tests are skipped with the reason.
+bash tests/runtimes.sh
 
 rc=0
 .venv/bin/python -m pytest "$@" || rc=$?

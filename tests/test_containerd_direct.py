@@ -16,6 +16,7 @@ from containerd import (
     cgroup_hierarchies,
     mounts_below,
     running_containerd,
+    runtime,
     shim_pids,
 )
 from cri import Cri, CriError, DeviceSpec, container_config, pod_config
@@ -36,7 +37,7 @@ def runc_ids(daemon: Containerd) -> set[str]:
 def test_images_come_from_the_offline_archives(containerd: Containerd, containerd_cri: Cri) -> None:
     version = containerd_cri.version()
     assert (version.runtime_name, version.runtime_api_version) == ("containerd", "v1")
-    assert version.runtime_version.startswith("1.6.")
+    assert version.runtime_version.startswith(containerd.runtime.name + ".")
     assert containerd_cri.image_present(containerd.pause_image)
     assert containerd_cri.image_present(containerd.busybox_image)
     assert not containerd_cri.image_present("localhost/crihook/never-imported:test")
@@ -105,6 +106,65 @@ def test_device_reaches_the_container(containerd_cri: Cri) -> None:
         assert cri.output(container_id, "sh", "-c", "echo x > /dev/crihook-null && echo written") == "written\n"
 
 
+def _cdi_spec(kind: str, devices: dict[str, str]) -> dict[str, object]:
+    """A CDI spec (format: the CDI specification, github.com/cncf-tags/container-device-interface,
+    SPEC.md) declaring each device as a node at its path, backed by the host's /dev/null, and an env."""
+    return {
+        "cdiVersion": "0.6.0",
+        "kind": kind,
+        "devices": [
+            {
+                "name": name,
+                "containerEdits": {
+                    "deviceNodes": [{"path": path, "hostPath": "/dev/null"}],
+                    "env": [f"CDI_TEST_{name.upper()}=1"],
+                },
+            }
+            for name, path in devices.items()
+        ],
+    }
+
+
+@pytest.mark.runtimes("1.7", "2")
+@pytest.mark.parametrize("via", ["field", "annotation"])
+def test_cdi_devices_are_injected(containerd_cri: Cri, cdi_spec_dir: Path, via: str) -> None:
+    """1.7 and 2.x apply a CDI device named in ContainerConfig.CDI_devices or in a `cdi.k8s.io/*`
+    annotation: the spec's device node and env appear, the spec's other device does not."""
+    spec = _cdi_spec("example.com/dev", {"a": "/dev/cdi-a", "b": "/dev/cdi-b"})
+    (cdi_spec_dir / "example.json").write_text(json.dumps(spec))
+    pod = pod_config("cdi")
+    config = container_config("main", pod)
+    if via == "field":
+        config.CDI_devices.add(name="example.com/dev=a")
+    else:
+        config.annotations["cdi.k8s.io/test"] = "example.com/dev=a"
+    with containerd_cri.pod(pod) as pod_id, containerd_cri.container(pod_id, config, pod) as container_id:
+        assert containerd_cri.output(container_id, "ls", "/dev/cdi-a") == "/dev/cdi-a\n"
+        env = containerd_cri.output(container_id, "env").split()
+        assert "CDI_TEST_A=1" in env and "CDI_TEST_B=1" not in env
+        assert containerd_cri.exec_sync(container_id, "ls", "/dev/cdi-b").exit_code != 0
+
+
+@pytest.mark.runtimes("1.7", "2")
+def test_an_unknown_cdi_device_fails_the_create(containerd_cri: Cri, cdi_spec_dir: Path) -> None:
+    pod = pod_config("cdi-unknown")
+    config = container_config("main", pod)
+    config.CDI_devices.add(name="example.com/dev=none")
+    with containerd_cri.pod(pod) as pod_id, pytest.raises(CriError, match="unresolvable CDI devices"):
+        containerd_cri.create_container(pod_id, config, pod)
+
+
+@pytest.mark.runtimes("1.6")
+def test_containerd_16_ignores_cdi_devices(containerd_cri: Cri) -> None:
+    """1.6 has no CDI: a CDI device reaches it and is dropped without an error. (On 1.7 and 2.x the
+    same request fails, see above.)"""
+    pod = pod_config("cdi-16")
+    config = container_config("main", pod)
+    config.CDI_devices.add(name="example.com/dev=none")
+    with containerd_cri.pod(pod) as pod_id, containerd_cri.container(pod_id, config, pod) as container_id:
+        assert containerd_cri.exec_sync(container_id, "true").exit_code == 0
+
+
 @pytest.mark.parametrize("kill", [False, True], ids=["sigterm", "crash"])
 def test_containers_survive_a_containerd_restart(containerd: Containerd, containerd_cri: Cri, kill: bool) -> None:
     cri = containerd_cri
@@ -135,11 +195,15 @@ def test_a_task_cri_does_not_own_is_cleaned_up(containerd: Containerd, container
     assert container_id not in containerd.ctr("tasks", "list")
 
 
-def test_close_leaves_nothing_behind() -> None:
+@pytest.mark.parametrize("name", ["1.6", "2"])
+def test_close_leaves_nothing_behind(name: str) -> None:
     """Even with a pod still running, closing the daemon ends its processes and removes its mounts,
     cgroups and files."""
+    rt = runtime(name)
+    if (why := rt.unavailable()) is not None:
+        pytest.skip(why)
     cgroup_root = f"{CGROUP_ROOT}-close"
-    with running_containerd(cgroup_root) as daemon:
+    with running_containerd(cgroup_root, rt) as daemon:
         with Cri(daemon.address) as cri:
             pod = pod_config("abandoned", cgroup_root=cgroup_root)
             pod_id = cri.run_pod(pod)
