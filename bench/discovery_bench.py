@@ -1,4 +1,4 @@
-"""Device discovery and reporting cost on the fake 8-GPU NVSwitch node (tests/fakenvml dgx-h100)
+"""Device discovery and reporting cost on the fake 8-GPU NVSwitch node (crihook.simnode's dgx-h100)
 against the fake API server (tests/fakekube.py), through the real pynvml and kubernetes client.
 
 Prints, per step, the median and 95th percentile over the rounds:
@@ -25,13 +25,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import fakenvml
 from fakekube import FakeKube
 
 from crihook import config as cfg
 from crihook.devices import report
 from crihook.devices.nvml import Nvml
 from crihook.devices.reporter import Reporter
+from crihook.simnode import fakenvml
 
 NODE = "bench-node"
 

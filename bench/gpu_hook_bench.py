@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/gpu_hook_bench.py [--calls 5000] [--checkpoint-pods 200]
 
-The node: the fake NVML library with the 8-GPU NVSwitch topology (tests/fakenvml/dgx-h100.json),
+The node: the fake NVML library with the 8-GPU NVSwitch topology (crihook/simnode/topologies/dgx-h100.json),
 device nodes and a kubelet checkpoint in a temporary directory, the checkpoint holding
 `--checkpoint-pods` other pods' device-plugin GPUs (none of them a GPU the pods below ask for, so the
 conflict check reads every entry). The hook is the registered entry point, built as `crihook serve`
@@ -32,13 +32,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import fakenvml
-from gpu_fixtures import Entry, make_dev_root, write_checkpoint
+from gpu_fixtures import Entry, write_checkpoint
 
 from crihook import allocation as al
 from crihook.config import HooksConfig, NodeConfig
 from crihook.hooks.base import ContainerInfo, Device, HookContext, PodInfo, Stage
 from crihook.hooks.chain import build_chain, discover_factories
+from crihook.simnode import fakenvml
+from crihook.simnode.node import make_dev_root
 
 TOPOLOGY = "dgx-h100"
 

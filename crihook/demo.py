@@ -1,14 +1,13 @@
 """`crihook demo`: the whole path on a machine with no GPU and no kubelet, in seconds.
 
-A simulated 8-GPU node (the fake NVML library of tests/fakenvml, so the real `pynvml` and the real
-discovery code run), its Device object as the reporter builds it, the allocator placing pods of every
-request form, and `crihook serve` with the gpu hook in front of a runtime: a private containerd when
-this machine can run one (root, containerd, runc), else the embedded in-process CRI runtime. kubelet's
-part is played by a CRI client that sends the calls kubelet would send. It prints what each container
-got and removes everything it made.
-
-The fake NVML library and the containerd harness live in the source tree's tests/, so the demo runs
-from a checkout (README: `bash demo.sh`).
+A simulated 8-GPU node (crihook.simnode: the fake NVML library, built here with gcc, so the real
+`pynvml` and the real discovery code run), its Device object as the reporter builds it, the
+allocator placing pods of every request form, and `crihook serve` with the gpu hook in front of a
+runtime: a private containerd when this machine can run one (root, containerd, runc, and a source
+checkout, whose tests/containerd.py builds the offline images), else the embedded in-process CRI
+runtime. kubelet's part is played by a CRI client that sends the calls kubelet would send. It prints
+what each container got and removes everything it made. From an installed wheel,
+`crihook demo --runtime embedded` needs only gcc.
 """
 
 from __future__ import annotations
@@ -28,9 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-TESTS = ROOT / "tests"
-TOPOLOGIES = ("dgx1-v100", "dgx-h100", "pcie-l40s")
+from crihook.simnode.fakenvml import TOPOLOGIES
+
+# The containerd harness of a source checkout (absent from an installed wheel)
+TESTS = Path(__file__).resolve().parent.parent / "tests"
 NODE = "demo-node"
 GiB = 1 << 30
 
@@ -138,9 +138,18 @@ def device_object(node: Any, library: Path) -> dict[str, Any]:
 # -- runtimes -------------------------------------------------------------------------------------
 
 
+@dataclass
+class Runtime:
+    """Where the demo's pods run, and what kubelet would put in their configs there."""
+
+    address: str
+    image: str = "busybox"  # the embedded runtime starts nothing, so any name does
+    cgroup_root: str = "/kubepods/besteffort"
+
+
 @contextlib.contextmanager
-def embedded_runtime(work: Path) -> Iterator[str]:
-    """The in-process runtime on its own event loop thread; yields its address."""
+def embedded_runtime(work: Path) -> Iterator[Runtime]:
+    """The in-process runtime on its own event loop thread."""
     from crihook import embedded_runtime as er
 
     sock = str(work / "runtime.sock")
@@ -154,7 +163,7 @@ def embedded_runtime(work: Path) -> Iterator[str]:
     thread.start()
     asyncio.run_coroutine_threadsafe(start(), loop).result(10)
     try:
-        yield f"unix://{sock}"
+        yield Runtime(f"unix://{sock}")
     finally:
         asyncio.run_coroutine_threadsafe(holder["server"].stop(0), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
@@ -163,19 +172,34 @@ def embedded_runtime(work: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def containerd_runtime() -> Iterator[str]:
-    from containerd import running_containerd
+def containerd_runtime() -> Iterator[Runtime]:
+    from containerd import BUSYBOX_IMAGE, CGROUP_ROOT, running_containerd
 
     with running_containerd() as daemon:
-        yield daemon.address
+        yield Runtime(daemon.address, BUSYBOX_IMAGE, CGROUP_ROOT)
+
+
+def harness_missing() -> str | None:
+    """Why the private containerd cannot run here, or None."""
+    if not (TESTS / "containerd.py").exists():
+        return "the containerd runtime needs a source checkout (tests/containerd.py builds its images offline)"
+    if str(TESTS) not in sys.path:
+        sys.path.insert(0, str(TESTS))
+    from containerd import missing_requirements
+
+    return missing_requirements()
 
 
 def choose_runtime(wanted: str) -> str:
-    if wanted != "auto":
+    """`auto` takes containerd where it can run; an explicit `containerd` that cannot is an error."""
+    if wanted == "embedded":
         return wanted
-    from containerd import missing_requirements
-
-    return "containerd" if missing_requirements() is None else "embedded"
+    reason = harness_missing()
+    if reason is None:
+        return "containerd"
+    if wanted == "containerd":
+        raise SystemExit(f"crihook demo: {reason}")
+    return "embedded"
 
 
 # -- kubelet's part -------------------------------------------------------------------------------
@@ -230,8 +254,10 @@ def container_view(cri: Any, cid: str) -> dict[str, Any]:
     return {"env": shown, "devices": devices, "mounts": mounts}
 
 
-def run_pods(address: str, plugin: Any, pods: list[tuple[str, dict[str, Any]]], forged: str) -> list[Outcome]:
-    from cri import Cri, CriError, container_config, pod_config
+def run_pods(
+    address: str, runtime: Runtime, plugin: Any, pods: list[tuple[str, dict[str, Any]]], forged: str
+) -> list[Outcome]:
+    from crihook.simnode.cri import Cri
 
     out: list[Outcome] = []
     with Cri(address) as cri:
@@ -243,20 +269,12 @@ def run_pods(address: str, plugin: Any, pods: list[tuple[str, dict[str, Any]]], 
                 if outcome.scheduled.startswith(("rejected", "unschedulable")):
                     out.append(outcome)
                     continue
-                run_one(cri, pod_json, annotations, outcome, pod_config, container_config, CriError)
+                run_one(cri, runtime, pod_json, annotations, outcome)
                 out.append(outcome)
             outcome = Outcome("forged", "an allocation the scheduler never made (minor 99)")
             outcome.scheduled = "not scheduled by crihook: annotation written by hand"
             forged_pod = _pod("forged", {"main": {}})
-            run_one(
-                cri,
-                forged_pod,
-                {"scheduling.koordinator.sh/device-allocated": forged},
-                outcome,
-                pod_config,
-                container_config,
-                CriError,
-            )
+            run_one(cri, runtime, forged_pod, {"scheduling.koordinator.sh/device-allocated": forged}, outcome)
             out.append(outcome)
         finally:
             cri.remove_all()
@@ -264,14 +282,10 @@ def run_pods(address: str, plugin: Any, pods: list[tuple[str, dict[str, Any]]], 
 
 
 def run_one(
-    cri: Any,
-    pod_json: dict[str, Any],
-    annotations: dict[str, str],
-    outcome: Outcome,
-    pod_config: Any,
-    container_config: Any,
-    cri_error: type[Exception],
+    cri: Any, runtime: Runtime, pod_json: dict[str, Any], annotations: dict[str, str], outcome: Outcome
 ) -> None:
+    from crihook.simnode.cri import CriError, container_config, pod_config
+
     meta = pod_json["metadata"]
     cfg = pod_config(
         meta["name"],
@@ -279,16 +293,17 @@ def run_one(
         uid=meta["uid"],
         labels=meta["labels"],
         annotations={**meta["annotations"], **annotations},
+        cgroup_root=runtime.cgroup_root,
     )
     try:
         pod_id = cri.run_pod(cfg)
         for c in pod_json["spec"]["containers"]:
             # CUDA base images set NVIDIA_VISIBLE_DEVICES=all; crihook decides what it really is
-            cc = container_config(c["name"], cfg, envs={"NVIDIA_VISIBLE_DEVICES": "all"})
+            cc = container_config(c["name"], cfg, image=runtime.image, envs={"NVIDIA_VISIBLE_DEVICES": "all"})
             cid = cri.create_container(pod_id, cc, cfg)
             cri.start_container(cid)
             outcome.containers[c["name"]] = container_view(cri, cid)
-    except cri_error as e:
+    except CriError as e:
         outcome.refused = str(e)
 
 
@@ -314,15 +329,11 @@ def render(outcomes: list[Outcome], runtime: str, topology: str, seconds: float)
 
 
 def run(args: argparse.Namespace) -> int:
-    if not (TESTS / "fakenvml" / "fakenvml.c").exists():
-        print(
-            "crihook demo: run it from a source checkout (it builds the fake NVML library in tests/)", file=sys.stderr
-        )
-        return 2
-    if shutil.which("gcc") is None:
+    from crihook.simnode.fakenvml import compiler
+
+    if compiler() is None:
         print("crihook demo: needs gcc to build the fake NVML library (apt-get install gcc)", file=sys.stderr)
         return 2
-    sys.path.insert(0, str(TESTS))
     started = time.monotonic()
     runtime = choose_runtime(args.runtime)
     work = Path(tempfile.mkdtemp(prefix="crihook-demo-"))
@@ -342,12 +353,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def demo(work: Path, topology: str, runtime: str) -> list[Outcome]:
-    from daemon import running_crihook
-    from fakenvml import CONFIG_ENV, build
-    from gpu_fixtures import make_sim_node
-
     from crihook.scheduler.devices import node_from_device
     from crihook.scheduler.plugin import DeviceShare
+    from crihook.simnode.daemon import running_crihook
+    from crihook.simnode.fakenvml import CONFIG_ENV, build
+    from crihook.simnode.node import make_sim_node
 
     node = make_sim_node(work / "node", topology, char_devices=runtime == "containerd")
     library = build()
@@ -360,13 +370,13 @@ def demo(work: Path, topology: str, runtime: str) -> list[Outcome]:
     forged = json.dumps({"gpu": [{"minor": 99, "resources": {"koordinator.sh/gpu-core": "100"}}]})
     backend = containerd_runtime() if runtime == "containerd" else embedded_runtime(work)
     with (
-        backend as address,
+        backend as where,
         running_crihook(
-            address, work / "crihook", node.proxy_config(library, NODE), {CONFIG_ENV: str(node.config)}
+            where.address, work / "crihook", node.proxy_config(library, NODE), {CONFIG_ENV: str(node.config)}
         ) as proxy,
     ):
         try:
-            return run_pods(proxy.address, plugin, demo_pods(model), forged)
+            return run_pods(proxy.address, where, plugin, demo_pods(model), forged)
         except Exception:
             print(proxy.log_tail(), file=sys.stderr)
             raise

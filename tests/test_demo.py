@@ -7,20 +7,29 @@ import json
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 
-def run_demo(*args: str) -> dict[str, dict[str, Any]]:
+def run_demo(
+    *args: str,
+    command: Sequence[str] = (sys.executable, "-m", "crihook.cli", "demo"),
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """`crihook demo --json ARGS` (or `command`, such as `bash demo.sh`): each pod's outcome by name."""
     before = set(Path(tempfile.gettempdir()).glob("crihook-demo-*"))
     done = subprocess.run(
-        [sys.executable, "-m", "crihook.cli", "demo", "--json", *args],
+        [*command, "--json", *args],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         stdin=subprocess.DEVNULL,
+        cwd=cwd,
+        env=env,
     )
     assert done.returncode == 0, done.stderr
     assert set(Path(tempfile.gettempdir()).glob("crihook-demo-*")) == before  # cleaned up

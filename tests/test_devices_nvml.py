@@ -7,12 +7,12 @@ import logging
 
 import pynvml
 import pytest
-from fakenvml import TOPOLOGIES, root_port
 from hypothesis import given
 from hypothesis import strategies as st
 
 from crihook.devices import sysfs
 from crihook.devices.nvml import GpuIndex, LinkEnd, Nvml, link_matrix
+from crihook.simnode.fakenvml import TOPOLOGIES, root_port
 
 
 class Clock:

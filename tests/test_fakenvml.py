@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pynvml
 import pytest
-from fakenvml import CONFIG_ENV, TOPOLOGIES, build, topology
 
 from crihook.devices.nvml import load_library
+from crihook.simnode.fakenvml import CONFIG_ENV, TOPOLOGIES, build, topology
 
 
 @pytest.fixture

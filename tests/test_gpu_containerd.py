@@ -14,27 +14,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import fakenvml
 import grpc
 import pytest
 from containerd import Containerd
 from cri import Cri, CriError, DeviceSpec, container_config, pod_config
 from daemon import Crihook, running_crihook
-from gpu_fixtures import (
+from gpu_fixtures import Entry, write_checkpoint
+
+from crihook import allocation as al
+from crihook.simnode import fakenvml
+from crihook.simnode.node import (
     NVIDIA_MAJOR,
     NVIDIACTL_MINOR,
     RDMA_CM_MINOR,
     UVERBS_BASE,
     UVERBS_MAJOR,
     UVM_MAJOR,
-    Entry,
     SimNode,
     make_rdma_sys,
     make_sim_node,
-    write_checkpoint,
 )
-
-from crihook import allocation as al
 
 pytestmark = pytest.mark.containerd
 

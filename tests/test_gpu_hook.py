@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 import pytest
-from gpu_fixtures import Entry, Inventory, gpus, make_dev_root, nvidia_plugin_resp, write_checkpoint
+from gpu_fixtures import Entry, Inventory, gpus, nvidia_plugin_resp, write_checkpoint
 
 from crihook import allocation as al
 from crihook.config import HooksConfig, NodeConfig
@@ -21,6 +21,7 @@ from crihook.hooks.chain import build_chain
 from crihook.hooks.checkpoint import CheckpointReader
 from crihook.hooks.gpu import GpuHook, PodDirs, parse_options
 from crihook.hooks.gpu_edit import GpuOptions, HamiCore
+from crihook.simnode.node import make_dev_root
 
 POD_UID = "0b1c2d3e-0000-4000-8000-000000000001"
 OTHER_UID = "0b1c2d3e-0000-4000-8000-000000000002"

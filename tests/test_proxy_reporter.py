@@ -13,7 +13,8 @@ from containerd import Containerd
 from cri import Cri
 from daemon import running_crihook
 from fakekube import ApiError, FakeKube
-from fakenvml import CONFIG_ENV
+
+from crihook.simnode.fakenvml import CONFIG_ENV
 
 pytestmark = pytest.mark.containerd
 NODE = "gpu-node-7"

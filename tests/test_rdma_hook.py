@@ -8,12 +8,12 @@ from pathlib import Path
 
 import grpc
 import pytest
-from gpu_fixtures import make_rdma_sys
 
 from crihook import allocation as al
 from crihook.config import NodeConfig
 from crihook.hooks.base import ConfigError, ContainerInfo, Device, HookContext, HookError, PodInfo, Stage
 from crihook.hooks.rdma import canonical_pci, factory
+from crihook.simnode.node import make_rdma_sys
 
 PF = "0000:09:00.0"
 VF1 = "0000:09:00.2"

@@ -1,9 +1,10 @@
-"""The fake NVML library for tests: build it, point the real `pynvml` at it, describe a node.
+"""The fake NVML library: build it, point the real `pynvml` at it, describe a node.
 
-`fakenvml.c` is compiled once per source version into tests/.cache/ as `libnvidia-ml.so.1`. The
-production loader in `crihook.devices.nvml` takes a library path (config `node.nvml_library`), so a
-test hands it `FakeNvml.library` and nothing in pynvml is patched. The library reads the node it
-models from the JSON file named by CRIHOOK_FAKE_NVML_CONFIG at every nvmlInit.
+`fakenvml.c` is compiled with the machine's C compiler once per source version into the user's
+cache directory (`$XDG_CACHE_HOME/crihook`, else `~/.cache/crihook`) as `libnvidia-ml.so.1`. The
+production loader in `crihook.devices.nvml` takes a library path (config `node.nvml_library`), so
+the demo or a test hands it `FakeNvml.library` and nothing in pynvml is patched. The library reads
+the node it models from the JSON file named by CRIHOOK_FAKE_NVML_CONFIG at every nvmlInit.
 
 Topology file (see the three shipped ones):
 
@@ -21,8 +22,9 @@ Topology file (see the three shipped ones):
                             "active": true}]}],
      "pcie_levels": [[0, 40, …], …]}         # nvmlDeviceGetTopologyCommonAncestor, NxN by NVML index
 
-GPUs are listed in NVML index order. The fixture `fake_nvml` (registered in tests/conftest.py)
-gives each test its own copy of a topology, its sysfs tree and the environment variable.
+GPUs are listed in NVML index order (topologies/ holds the shipped ones). The test fixture
+`fake_nvml` (tests/fakenvml.py) gives each test its own copy of a topology, its sysfs tree and the
+environment variable.
 """
 
 from __future__ import annotations
@@ -34,38 +36,48 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "fakenvml.c"
-CACHE = HERE.parent / ".cache"
 CONFIG_ENV = "CRIHOOK_FAKE_NVML_CONFIG"
 TOPOLOGIES = ("dgx1-v100", "dgx-h100", "pcie-l40s")
 CPUS_PER_NODE = 4  # the made-up CPU layout of make_sys_tree: node N holds CPUs 4N..4N+3, on socket N
+
+
+class NoCompiler(RuntimeError):
+    """No C compiler on this machine to build the fake library with."""
+
+
+def compiler() -> str | None:
+    return shutil.which("gcc") or shutil.which("cc")
+
+
+def cache_dir() -> Path:
+    """Where built libraries go: outside the package, which may be installed read-only."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "crihook"
 
 
 def build() -> Path:
     """The compiled library, built on first use; the path names the source's hash, so an edit to
     fakenvml.c gives a new build and a stale one is never loaded."""
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-    out = CACHE / f"fakenvml-{digest}" / "libnvidia-ml.so.1"
+    out = cache_dir() / f"fakenvml-{digest}" / "libnvidia-ml.so.1"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / ".lock", "w") as lock:  # parallel test processes build it once
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not out.exists():
-            compiler = shutil.which("gcc") or shutil.which("cc")
-            if compiler is None:
-                pytest.skip("no C compiler (gcc) to build the fake NVML library")
+            cc = compiler()
+            if cc is None:
+                raise NoCompiler("no C compiler (gcc) to build the fake NVML library: apt-get install gcc")
             tmp = out.with_name(f".{out.name}.{os.getpid()}")
             subprocess.run(
-                [compiler, "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-pthread", "-o", str(tmp), str(SOURCE)],
+                [cc, "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-pthread", "-o", str(tmp), str(SOURCE)],
                 check=True,
                 capture_output=True,
                 text=True,
@@ -78,7 +90,7 @@ def topology(name: str) -> dict[str, Any]:
     """A fresh copy of a shipped topology."""
     if name not in TOPOLOGIES:
         raise ValueError(f"unknown fake NVML topology {name!r} (known: {', '.join(TOPOLOGIES)})")
-    return json.loads((HERE / f"{name}.json").read_text())
+    return json.loads((HERE / "topologies" / f"{name}.json").read_text())
 
 
 def make_sys_tree(sys_root: Path, doc: dict[str, Any]) -> None:
@@ -153,20 +165,3 @@ class FakeNvml:
         fn = self._lib().fakeNvmlCallCount
         fn.restype = ctypes.c_ulong
         return int(fn())
-
-
-@pytest.fixture
-def fake_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], FakeNvml]]:
-    """`fake_nvml("dgx-h100")`: a private copy of that topology, made current for the library."""
-    library = build()
-
-    def make(name: str) -> FakeNvml:
-        root = tmp_path / f"fakenvml-{name}"
-        root.mkdir()
-        fake = FakeNvml(library=library, config=root / "topology.json", sys_root=root / "sys", doc=topology(name))
-        fake.write()
-        make_sys_tree(fake.sys_root, fake.doc)
-        monkeypatch.setenv(CONFIG_ENV, str(fake.config))
-        return fake
-
-    yield make

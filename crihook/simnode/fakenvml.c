@@ -4,7 +4,7 @@
  * It exports the NVML entry points crihook reaches through pynvml, with NVML's C signatures,
  * return codes and struct layouts, so the real pynvml loads it and calls it exactly as it calls the
  * driver's library. The GPUs, their NVLinks and the PCIe topology come from a JSON file named by
- * CRIHOOK_FAKE_NVML_CONFIG, read by nvmlInit*; see tests/fakenvml/__init__.py for the schema.
+ * CRIHOOK_FAKE_NVML_CONFIG, read by nvmlInit*; see crihook/simnode/fakenvml.py for the schema.
  *
  * Beyond NVML, two control functions for tests: fakeNvmlCallCount() (how many NVML calls were made,
  * to prove a cache made none) and fakeNvmlReload() (re-read the file while initialised, to change a
