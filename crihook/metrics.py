@@ -351,3 +351,7 @@ SCHEDULER_SECONDS = Histogram(
     "Time `crihook scheduler` took to answer an extender verb or admission review, by path.",
     ("path",),
 )
+SCHEDULER_TLS_RELOADS = Counter(
+    "crihook_scheduler_tls_reloads_total",
+    "Times `crihook scheduler` loaded changed certificate files (a rotated Secret) without a restart.",
+)

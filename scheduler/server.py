@@ -5,26 +5,37 @@ admission webhooks), GET /healthz (the process serves), /readyz (the cluster cac
 /metrics (Prometheus: requests by path and status, time to answer).
 
 TLS comes from certificate and key files; with `--client-ca` callers must present a certificate
-signed by it. Plain HTTP is for loopback only (kube-scheduler beside us in one pod): a plain
-listener on any other address is refused unless `--insecure-allow-plain-http` says so, because
-anyone who can reach /bind can place pods.
+signed by it. The files are read again when they change (a mounted Secret is swapped in place), so
+a rotated certificate needs no restart. Plain HTTP is for loopback only (kube-scheduler beside us in
+one pod): a plain listener on any other address is refused unless `--insecure-allow-plain-http`
+says so, because anyone who can reach /bind can place pods.
+
+The HTTP server is our own small HTTP/1.1 server on threads, chosen by measurement over aiohttp
+and uvicorn (docs/scheduler.md, "Serving"): a deep listen backlog, so a burst of new connections is
+queued instead of dropped into TCP's one-second SYN retry; a bounded pool of worker threads that
+run TLS handshakes (OpenSSL releases the GIL, so both cores work on a burst) and requests; and one
+selector thread that accepts and holds idle kept-alive connections, so an idle connection costs a
+file descriptor, not a thread.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
+import itertools
 import json
 import logging
 import os
+import queue
+import selectors
 import signal
 import socket
 import ssl
-import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass, field
 from typing import Any
 
 from crihook import log as crihook_log
@@ -39,9 +50,32 @@ log = logging.getLogger("crihook.scheduler")
 
 DEFAULT_LISTEN = "127.0.0.1:9443"
 MAX_BODY = 64 << 20  # a filter call with 5,000 full Node objects stays well under this
+MAX_HEAD = 64 << 10  # request line and headers
 DEFAULT_SCHEDULER_USER = "system:serviceaccount:kube-system:crihook-scheduler"
+BACKLOG = 4096  # the kernel caps it at net.core.somaxconn; 5 (http.server's) drops bursts
+WORKERS = 16  # threads for handshakes and requests; idle connections hold none
+MAX_CONNECTIONS = 4096  # open connections; beyond it new ones wait in the backlog
 HANDSHAKE_TIMEOUT = 10.0
+REQUEST_TIMEOUT = 15.0  # to read one request, head and body
 IDLE_TIMEOUT = 120.0  # a kept-alive connection with no request for this long is closed
+TLS_CHECK_EVERY = 1.0  # seconds between looks at the certificate files
+
+Answer = tuple[int, bytes, str]  # HTTP status, body, content type
+TEXT = "text/plain"
+JSON_TYPE = "application/json"
+REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    411: "Length Required",
+    413: "Content Too Large",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    501: "Not Implemented",
+    503: "Service Unavailable",
+}
 
 
 @dataclass(frozen=True)
@@ -59,6 +93,59 @@ class TlsFiles:
             ctx.verify_mode = ssl.CERT_REQUIRED
         return ctx
 
+    def signature(self) -> tuple[tuple[int, int, int, int], ...]:
+        """What changes when a file is replaced: a Secret volume swaps its `..data` symlink to a new
+        directory, so the files behind the links are new inodes; an editor or `cp` changes mtime."""
+        out = []
+        for path in (self.cert, self.key, self.client_ca):
+            if path:
+                st = os.stat(path)
+                out.append((st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size))
+        return tuple(out)
+
+
+class Certificates:
+    """The TLS context for new connections, rebuilt when the files change.
+
+    A connection keeps the context it was accepted with, so calls in flight finish on the old
+    certificate. Files caught half-written (a key that does not match the certificate) keep the old
+    context and are tried again at the next look.
+    """
+
+    def __init__(self, files: TlsFiles, check_every: float = TLS_CHECK_EVERY) -> None:
+        self.files = files
+        self.check_every = check_every
+        self._lock = threading.Lock()
+        self._signature = files.signature()
+        self._context = files.context()
+        self._next_check = time.monotonic() + check_every
+        self._failed = ""  # the last load error, logged once
+
+    def context(self) -> ssl.SSLContext:
+        now = time.monotonic()
+        if now < self._next_check:
+            return self._context
+        with self._lock:
+            if now >= self._next_check:
+                self._next_check = now + self.check_every
+                self._reload()
+            return self._context
+
+    def _reload(self) -> None:
+        try:
+            sig = self.files.signature()
+            if sig == self._signature:
+                return
+            ctx = self.files.context()
+        except (OSError, ssl.SSLError, ValueError) as e:
+            if str(e) != self._failed:  # once per distinct failure, not every second
+                self._failed = str(e)
+                log.warning("changed certificate files do not load; serving the previous ones", extra={"error": str(e)})
+            return
+        self._signature, self._context, self._failed = sig, ctx, ""
+        metrics.SCHEDULER_TLS_RELOADS.inc()
+        log.info("certificate files reloaded", extra={"cert": self.files.cert})
+
 
 def check_listen(listen: str, tls: TlsFiles | None, allow_plain: bool) -> tuple[str, int]:
     """(host, port); raises ValueError for a plain listener off loopback unless allowed."""
@@ -71,72 +158,14 @@ def check_listen(listen: str, tls: TlsFiles | None, allow_plain: bool) -> tuple[
     return host, port
 
 
-class Handler(BaseHTTPRequestHandler):
-    """Routes; `app` is set on the subclass made by `make_server`."""
-
-    app: App
-    protocol_version = "HTTP/1.1"  # kube-scheduler keeps connections open between calls
-    timeout = IDLE_TIMEOUT
-
-    def setup(self) -> None:
-        super().setup()
-        # headers and body go out as two writes: without this, Nagle and the peer's delayed ACK
-        # add about 40 ms to every answer
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("http", extra={"request": format % args})
-
-    def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        if path == "/healthz":
-            self._send(200, b"ok\n", "text/plain")
-        elif path == "/readyz":
-            ok = self.app.ready()
-            self._send(200 if ok else 503, b"ok\n" if ok else b"cluster cache loading\n", "text/plain")
-        elif path == "/metrics":
-            self._send(200, metrics.REGISTRY.render(), metrics.CONTENT_TYPE)
-        else:
-            self._send(404, b"not found\n", "text/plain")
-
-    def do_POST(self) -> None:
-        path = self.path.split("?", 1)[0]
-        route = self.app.routes.get(path)
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY:
-            self._send(413, b"request body too large\n", "text/plain")
-            self.close_connection = True
-            return
-        raw = self.rfile.read(length) if length else b""
-        if route is None:
-            self._send(404, b"not found\n", "text/plain")
-            return
-        started = time.perf_counter()
-        code, ctype = 200, "text/plain"
-        try:
-            answer = route(json.loads(raw))
-        except (ValueError, BadRequest, webhook.ReviewError) as e:
-            code, out = 400, f"bad request: {e}\n".encode()
-        except Exception:
-            log.exception("handler failed", extra={"path": self.path})
-            code, out = 500, b"internal error\n"
-        else:
-            out, ctype = json.dumps(answer, separators=(",", ":")).encode(), "application/json"
-        # counted before the answer goes out: a client that reads /metrics after its reply sees its call
-        metrics.SCHEDULER_SECONDS.observe(time.perf_counter() - started, path)
-        metrics.SCHEDULER_REQUESTS.inc(path, str(code))
-        self._send(code, out, ctype)
-
-
 @dataclass
 class App:
+    """What the scheduler answers, apart from how HTTP carries it (the bench serves it on other stacks).
+
+    `routes` are the JSON POST verbs and `get_routes` the plain GETs; a new verb is one more entry.
+    `ready` is what /readyz reports.
+    """
+
     extender: Extender
     webhook_config: webhook.WebhookConfig
     ready: Callable[[], bool]
@@ -151,39 +180,304 @@ class App:
             "/validate": lambda r: webhook.validate(r, self.webhook_config),
         }
 
+    @property
+    def get_routes(self) -> dict[str, Callable[[], Answer]]:
+        return {
+            "/healthz": lambda: (200, b"ok\n", TEXT),
+            "/readyz": lambda: (200, b"ok\n", TEXT) if self.ready() else (503, b"not ready\n", TEXT),
+            "/metrics": lambda: (200, metrics.REGISTRY.render(), metrics.CONTENT_TYPE),
+        }
 
-class Server(ThreadingHTTPServer):
-    """TLS handshakes happen on each connection's own thread, so a slow client can not stall accept()."""
+    def get(self, path: str) -> Answer:
+        route = self.get_routes.get(path)
+        return route() if route is not None else (404, b"not found\n", TEXT)
 
-    daemon_threads = True
+    def post(self, path: str, raw: bytes) -> Answer:
+        route = self.routes.get(path)
+        if route is None:
+            return 404, b"not found\n", TEXT
+        started = time.perf_counter()
+        try:
+            answer: Answer = (200, json.dumps(route(json.loads(raw)), separators=(",", ":")).encode(), JSON_TYPE)
+        except (ValueError, BadRequest, webhook.ReviewError) as e:
+            answer = 400, f"bad request: {e}\n".encode(), TEXT
+        except Exception:
+            log.exception("handler failed", extra={"path": path})
+            answer = 500, b"internal error\n", TEXT
+        # counted before the answer goes out: a client that reads /metrics after its reply sees its call
+        metrics.SCHEDULER_SECONDS.observe(time.perf_counter() - started, path)
+        metrics.SCHEDULER_REQUESTS.inc(path, str(answer[0]))
+        return answer
 
-    def __init__(self, address: tuple[str, int], handler: type[Handler], tls: ssl.SSLContext | None) -> None:
-        super().__init__(address, handler)
+
+class HttpError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    headers: dict[str, str]  # names in lower case
+    body: bytes
+    keep_alive: bool
+
+
+@dataclass
+class Conn:
+    """One client connection; `buf` holds bytes read past the last request."""
+
+    sock: socket.socket
+    peer: str
+    buf: bytearray = field(default_factory=bytearray)
+    idle_since: float = 0.0
+    fresh: bool = True  # TLS handshake still to do
+
+
+def _recv(conn: Conn, deadline: float) -> bytes:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    conn.sock.settimeout(left)
+    return conn.sock.recv(1 << 16)
+
+
+def read_request(conn: Conn) -> Request | None:
+    """The next request on `conn`; None when the peer closed between requests."""
+    deadline = time.monotonic() + REQUEST_TIMEOUT
+    while (end := conn.buf.find(b"\r\n\r\n")) < 0:
+        if len(conn.buf) > MAX_HEAD:
+            raise HttpError(431, "request head too large")
+        data = _recv(conn, deadline)
+        if not data:
+            if conn.buf:
+                raise ConnectionError("closed mid-request")
+            return None
+        conn.buf += data
+    if end > MAX_HEAD:
+        raise HttpError(431, "request head too large")
+    lines = bytes(conn.buf[:end]).decode("latin-1").split("\r\n")
+    del conn.buf[: end + 4]
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        raise HttpError(400, "bad request line")
+    method, target, version = parts
+    headers = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise HttpError(400, "bad header line")
+        headers[name.strip().lower()] = value.strip()
+    if "transfer-encoding" in headers:
+        raise HttpError(411, "send the body with a Content-Length")  # Go's clients do for byte bodies
+    try:
+        length = int(headers.get("content-length", "0"))
+    except ValueError:
+        raise HttpError(400, "bad Content-Length") from None
+    if length < 0:
+        raise HttpError(400, "bad Content-Length")
+    if length > MAX_BODY:
+        raise HttpError(413, "request body too large")
+    if headers.get("expect", "").lower() == "100-continue":
+        conn.sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+    while len(conn.buf) < length:
+        data = _recv(conn, deadline)
+        if not data:
+            raise ConnectionError("closed mid-body")
+        conn.buf += data
+    body = bytes(conn.buf[:length])
+    del conn.buf[:length]
+    connection = headers.get("connection", "").lower()
+    keep = connection != "close" if version == "HTTP/1.1" else connection == "keep-alive"
+    return Request(method, target.split("?", 1)[0], headers, body, keep)
+
+
+def response(code: int, body: bytes, ctype: str, keep_alive: bool) -> bytes:
+    head = f"HTTP/1.1 {code} {REASONS.get(code, '')}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+    return (head + ("\r\n" if keep_alive else "Connection: close\r\n\r\n")).encode() + body
+
+
+class Server:
+    """Accepts on one selector thread, works on a bounded pool; see the module docstring."""
+
+    def __init__(
+        self,
+        app: App,
+        address: tuple[str, int],
+        tls: Certificates | None,
+        workers: int = WORKERS,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
+        self.app = app
         self.tls = tls
+        self.max_connections = max_connections
+        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self.socket = socket.socket(family, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind(address)
+        self.socket.listen(BACKLOG)
+        self.socket.setblocking(False)
+        self.server_address = self.socket.getsockname()
+        # requests on open connections go before new handshakes: an answer costs a fraction of a
+        # handshake, and a burst of new connections must not stall the calls already connected
+        self._work_q: queue.PriorityQueue[tuple[int, int, Conn | None]] = queue.PriorityQueue()
+        self._seq = itertools.count()
+        self._workers = [threading.Thread(target=self._worker, name=f"http-{i}", daemon=True) for i in range(workers)]
+        for t in self._workers:
+            t.start()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._parked: collections.deque[Conn] = collections.deque()  # from workers to the selector
+        self._open = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._stopped = threading.Event()
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        exc = sys.exc_info()[1]
-        if isinstance(exc, ConnectionError):
-            return  # a client that hangs up mid-request
-        log.error("connection failed", extra={"peer": client_address[0], "error": repr(exc)})
+    def serve_forever(self, poll_interval: float = 1.0) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self._wake_r, selectors.EVENT_READ)
+        listening = False
+        idle: dict[int, Conn] = {}
+        try:
+            while not self._stop.is_set():
+                with self._lock:
+                    room = self._open < self.max_connections
+                if room and not listening:
+                    sel.register(self.socket, selectors.EVENT_READ)
+                elif listening and not room:  # full: new connections wait in the backlog
+                    sel.unregister(self.socket)
+                listening = room
+                for key, _ in sel.select(poll_interval):
+                    if key.fileobj is self.socket:
+                        self._accept()
+                    elif key.fileobj is self._wake_r:
+                        self._drain_wake(sel, idle)
+                    else:
+                        conn = idle.pop(key.fd)
+                        sel.unregister(conn.sock)
+                        self._submit(conn)
+                self._close_idle(sel, idle)
+        finally:
+            for conn in idle.values():
+                self._close(conn)
+            sel.close()
+            self._stopped.set()
 
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        if self.tls is not None:
-            request.settimeout(HANDSHAKE_TIMEOUT)
+    def _accept(self) -> None:
+        while True:
+            with self._lock:
+                if self._open >= self.max_connections:
+                    return
             try:
-                request = self.tls.wrap_socket(request, server_side=True)
-            except (ssl.SSLError, OSError) as e:
-                log.debug("TLS handshake failed", extra={"peer": client_address[0], "error": str(e)})
+                sock, peer = self.socket.accept()
+            except (BlockingIOError, InterruptedError):
                 return
-        super().finish_request(request, client_address)
+            except OSError as e:  # out of file descriptors: wait for a close
+                log.warning("accept failed", extra={"error": str(e)})
+                return
+            with self._lock:
+                self._open += 1
+            self._submit(Conn(sock, str(peer[0])))
+
+    def _submit(self, conn: Conn) -> None:
+        self._work_q.put((1 if conn.fresh else 0, next(self._seq), conn))
+
+    def _worker(self) -> None:
+        while (conn := self._work_q.get()[2]) is not None:
+            self._work(conn)
+
+    def _drain_wake(self, sel: selectors.BaseSelector, idle: dict[int, Conn]) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+        while self._parked:
+            conn = self._parked.popleft()
+            conn.idle_since = time.monotonic()
+            idle[conn.sock.fileno()] = conn
+            sel.register(conn.sock, selectors.EVENT_READ)
+
+    def _close_idle(self, sel: selectors.BaseSelector, idle: dict[int, Conn]) -> None:
+        limit = time.monotonic() - IDLE_TIMEOUT
+        for fd in [fd for fd, c in idle.items() if c.idle_since < limit]:
+            conn = idle.pop(fd)
+            sel.unregister(conn.sock)
+            self._close(conn)
+
+    def _close(self, conn: Conn) -> None:
+        try:
+            conn.sock.close()
+        finally:
+            with self._lock:
+                was_full = self._open >= self.max_connections
+                self._open -= 1
+            if was_full:
+                self._wake()  # the selector waits with the listener unregistered
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # the pipe is full: the selector wakes anyway
+            self._wake_w.send(b"x")
+
+    def _work(self, conn: Conn) -> None:
+        """Handshake if new, then answer requests until none is waiting; then park or close."""
+        try:
+            if conn.fresh:
+                conn.fresh = False
+                conn.sock.setblocking(True)
+                conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if self.tls is not None:
+                    conn.sock.settimeout(HANDSHAKE_TIMEOUT)
+                    conn.sock = self.tls.context().wrap_socket(conn.sock, server_side=True)
+            while True:
+                try:
+                    req = read_request(conn)
+                except HttpError as e:
+                    conn.sock.sendall(response(e.code, f"{e}\n".encode(), TEXT, False))
+                    break
+                if req is None:
+                    break
+                code, body, ctype = self._answer(req)
+                conn.sock.sendall(response(code, body, ctype, req.keep_alive))
+                if not req.keep_alive or self._stop.is_set():
+                    break
+                pending = conn.sock.pending() if isinstance(conn.sock, ssl.SSLSocket) else 0
+                if not conn.buf and not pending:
+                    self._parked.append(conn)
+                    self._wake()
+                    return
+        except (OSError, ssl.SSLError) as e:  # timeouts, resets, failed handshakes
+            log.debug("connection ended", extra={"peer": conn.peer, "error": repr(e)})
+        except Exception:
+            log.exception("connection failed", extra={"peer": conn.peer})
+        self._close(conn)
+
+    def _answer(self, req: Request) -> Answer:
+        if req.method == "POST":
+            return self.app.post(req.path, req.body)
+        if req.method == "GET":
+            return self.app.get(req.path)
+        return 405, b"use GET or POST\n", TEXT
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._wake()
+        self._stopped.wait(10)
+        for _ in self._workers:
+            self._work_q.put((2, next(self._seq), None))
+
+    def server_close(self) -> None:
+        self.socket.close()
+        self._wake_r.close()
+        self._wake_w.close()
 
 
-def make_server(app: App, host: str, port: int, tls: TlsFiles | None) -> Server:
-    class Bound(Handler):
-        pass
-
-    Bound.app = app
-    return Server((host, port), Bound, tls.context() if tls is not None else None)
+def make_server(
+    app: App, host: str, port: int, tls: TlsFiles | None, workers: int = WORKERS, max_connections: int = MAX_CONNECTIONS
+) -> Server:
+    return Server(app, (host, port), Certificates(tls) if tls is not None else None, workers, max_connections)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -240,7 +534,11 @@ def run(args: argparse.Namespace) -> int:
     cache = ClusterCache(api_client, plugin, extender.lock)
     users = tuple(args.scheduler_user) or (DEFAULT_SCHEDULER_USER,)
     app = App(extender, webhook.WebhookConfig(users, args.scheduler_name), cache.ready)
-    server = make_server(app, host, port, tls)
+    try:
+        server = make_server(app, host, port, tls)
+    except (OSError, ssl.SSLError) as e:
+        log.error("can not serve", extra={"listen": args.listen, "error": str(e)})
+        return 2
     cache.start()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
