@@ -164,6 +164,9 @@ class HookContext:
     stage: Stage
     pod: PodInfo
     container: ContainerInfo | None = None
+    # time.monotonic() by which kubelet wants the CRI call answered (its grpc-timeout); None when
+    # the call set none or the stage runs after the call
+    deadline: float | None = None
 
 
 @dataclass(slots=True)

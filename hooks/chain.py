@@ -43,6 +43,9 @@ class Registered:
     policy: str  # "fail" | "ignore"
     timeout: float  # seconds
     is_async: bool
+    # an async hook declaring `follows_call_deadline`, with no timeout_ms of its own: its limit is
+    # what is left of the CRI call's deadline (a call without one gets `timeout`)
+    follows_deadline: bool = False
 
 
 @dataclass(slots=True)
@@ -145,12 +148,15 @@ class HookChain:
             if regs[i].is_async:
                 reg = regs[i]
                 start = time.perf_counter()
+                limit = reg.timeout
+                if reg.follows_deadline and out.ctx.deadline is not None:
+                    limit = max(out.ctx.deadline - time.monotonic(), 0.0)
                 try:
-                    result: Any = await asyncio.wait_for(reg.hook.handle(out.ctx), reg.timeout)  # type: ignore[arg-type]
+                    result: Any = await asyncio.wait_for(reg.hook.handle(out.ctx), limit)  # type: ignore[arg-type]
                 except Exception as exc:
-                    self._settle(reg, out, start, exc=exc)
+                    self._settle(reg, out, start, exc=exc, limit=limit)
                 else:
-                    self._settle(reg, out, start, result=result)
+                    self._settle(reg, out, start, result=result, limit=limit)
                 i += 1
                 continue
             j = i
@@ -198,15 +204,23 @@ class HookChain:
         return k
 
     def _settle(
-        self, reg: Registered, out: Outcome, start: float, result: Any = None, exc: BaseException | None = None
+        self,
+        reg: Registered,
+        out: Outcome,
+        start: float,
+        result: Any = None,
+        exc: BaseException | None = None,
+        limit: float | None = None,
     ) -> None:
-        """Account for one hook's answer: check it, apply it to the view, record it, apply its policy."""
+        """Account for one hook's answer: check it, apply it to the view, record it, apply its policy.
+        `limit`: the seconds it had, when not its configured timeout."""
         name = reg.hook.name
         stage = out.ctx.stage
+        limit = reg.timeout if limit is None else limit
         try:
             if exc is not None:
                 raise exc
-            if time.perf_counter() - start > reg.timeout:
+            if time.perf_counter() - start > limit:
                 raise TimeoutError
             if result is not None and not isinstance(result, Edit):
                 raise TypeError(f"returned {type(result).__name__}, not an Edit or None")
@@ -225,7 +239,7 @@ class HookChain:
             else:
                 out.records.append(HookRecord(name, stage, "noop", _ms(start)))
         except Exception as e:  # a hook must never take the daemon down
-            err = _as_hook_error(e, reg)
+            err = _as_hook_error(e, limit)
             ctx = out.ctx
             if reg.policy == "fail" and not stage.is_post:
                 out.records.append(HookRecord(name, stage, "failed", _ms(start), err.reason))
@@ -350,11 +364,11 @@ class _BlockingRun:
                 self.started = time.perf_counter()
 
 
-def _as_hook_error(exc: BaseException, reg: Registered) -> HookError:
+def _as_hook_error(exc: BaseException, limit: float) -> HookError:
     if isinstance(exc, HookError):
         return exc
     if isinstance(exc, TimeoutError):
-        return HookError(grpc.StatusCode.DEADLINE_EXCEEDED, f"timed out after {reg.timeout * 1000:.0f} ms")
+        return HookError(grpc.StatusCode.DEADLINE_EXCEEDED, f"timed out after {limit * 1000:.0f} ms")
     return HookError(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {_error_reason(exc)}")
 
 
@@ -403,6 +417,7 @@ def build_chain(
         policy = str(opts.pop("failure_policy", "fail")).lower()
         if policy not in POLICIES:
             raise ConfigError(f"hook {name}: failure_policy must be fail or ignore, not {policy!r}")
+        own_timeout = "timeout_ms" in opts
         timeout_ms = opts.pop("timeout_ms", hooks_cfg.default_timeout_ms)
         if not isinstance(timeout_ms, int | float) or timeout_ms <= 0:
             raise ConfigError(f"hook {name}: timeout_ms must be a positive number, not {timeout_ms!r}")
@@ -411,7 +426,9 @@ def build_chain(
             hook = factory(opts)
         except ConfigError as e:
             raise ConfigError(f"hook {name}: {e}") from None
-        regs.append(Registered(hook, policy, timeout_ms / 1000, inspect.iscoroutinefunction(hook.handle)))
+        is_async = inspect.iscoroutinefunction(hook.handle)
+        follows = is_async and not own_timeout and getattr(hook, "follows_call_deadline", False) is True
+        regs.append(Registered(hook, policy, timeout_ms / 1000, is_async, follows))
     explicit = {n: i for i, n in enumerate(hooks_cfg.order)}
     regs.sort(key=lambda r: (explicit.get(r.hook.name, len(explicit)), r.hook.priority, r.hook.name))
     patterns = [p.replace("{dev_root}", node.dev_root.rstrip("/") or "/") for p in hooks_cfg.allowed_host_paths]

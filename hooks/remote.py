@@ -10,9 +10,12 @@ Order among hooks: priority 100 puts remote servers before the gpu (200) and rdm
 device hooks see what the servers did and have the last word on what a container gets. The protocol
 carries no devices or mounts; the chain checks every host path any hook adds against the allowlist.
 
-Timing: one server call may take `call_timeout_ms`; all the calls of one CRI call share
-`budget_ms`. Keep the budget below the chain's `timeout_ms` for this hook (default 2000 ms), so a
-slow `Ignore` server is skipped by its own policy rather than by the chain's timeout.
+Timing, as koord-runtime-proxy gives it: the servers of one CRI call may use what is left of that
+call's own deadline (kubelet's grpc-timeout) less `runtime_margin_ms`, kept for the runtime to do
+the call itself. `call_timeout_ms` (one server call) and `budget_ms` (all of them) are optional caps
+below that. A call that carries no deadline gets fallbacks (1 s a server, 1.5 s in all). Setting
+`timeout_ms` for this hook fixes the chain's limit instead of following the deadline: `budget_ms`
+must then stay below it, so a slow `Ignore` server is skipped by its own policy, not the chain's.
 """
 
 from __future__ import annotations
@@ -40,8 +43,11 @@ from crihook.proto.hookservice_v1alpha1_pb2_grpc import RuntimeHookServiceStub
 
 log = logging.getLogger("crihook.hooks.remote")
 
-DEFAULT_CALL_TIMEOUT_MS = 1000
-DEFAULT_BUDGET_MS = 1500
+# without a deadline from the CRI call: one server call, and all of them
+FALLBACK_CALL_TIMEOUT_MS = 1000
+FALLBACK_BUDGET_MS = 1500
+# kept from the CRI call's deadline for the runtime (containerd creating the container)
+DEFAULT_RUNTIME_MARGIN_MS = 2000
 DEFAULT_RELOAD_INTERVAL_MS = 1000
 # grpc shares subchannels between channels to one target process-wide, reconnect back-off
 # included: a channel of its own per server is what lets a dropped connection start afresh.
@@ -52,18 +58,21 @@ class RemoteHook:
     name = "remote"
     priority = 100
     stages = frozenset(RPCS)
+    follows_call_deadline = True  # the chain gives it the CRI call's deadline unless timeout_ms is set
 
     def __init__(
         self,
         config_dir: str = DEFAULT_DIR,
-        call_timeout: float = DEFAULT_CALL_TIMEOUT_MS / 1000,
-        budget: float = DEFAULT_BUDGET_MS / 1000,
+        call_timeout: float | None = None,
+        budget: float | None = None,
         reload_interval: float = DEFAULT_RELOAD_INTERVAL_MS / 1000,
+        runtime_margin: float = DEFAULT_RUNTIME_MARGIN_MS / 1000,
     ) -> None:
         self.config = ConfigDir(config_dir)
         self.config.refresh()
-        self.call_timeout = call_timeout
+        self.call_timeout = call_timeout  # None: no cap of its own
         self.budget = budget
+        self.runtime_margin = runtime_margin
         self.reload_interval = reload_interval
         self._next_reload = time.monotonic() + reload_interval
         self._stubs: dict[str, tuple[grpc.aio.Channel, RuntimeHookServiceStub]] = {}
@@ -95,13 +104,13 @@ class RemoteHook:
         servers = [s for s in self.config.servers if ctx.stage in s.stages]
         if not servers:
             return None
-        deadline = time.monotonic() + self.budget
+        deadline, call_timeout = self._limits(ctx)
         applies = answer_applies(ctx.stage)
         total = Edit()
         view = ctx  # what the next server is told: the call as the servers before it left it
         for server in servers:
             try:
-                answer = await self._call(server, view, deadline)
+                answer = await self._call(server, view, deadline, call_timeout)
                 if not applies:
                     continue
                 reading = read_answer(view, answer)
@@ -132,14 +141,28 @@ class RemoteHook:
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
 
-    async def _call(self, server: ServerConfig, ctx: HookContext, deadline: float) -> Any:
+    def _limits(self, ctx: HookContext) -> tuple[float, float | None]:
+        """(when the servers of this call must be done, time.monotonic(); the cap on one server call)."""
+        now = time.monotonic()
+        if ctx.deadline is None:
+            budget = self.budget if self.budget is not None else FALLBACK_BUDGET_MS / 1000
+            call = self.call_timeout if self.call_timeout is not None else FALLBACK_CALL_TIMEOUT_MS / 1000
+            return now + budget, call
+        left = ctx.deadline - now
+        # the runtime keeps its margin; a call with less than two margins left splits it in half
+        budget = left - self.runtime_margin if left > 2 * self.runtime_margin else left / 2
+        if self.budget is not None:
+            budget = min(budget, self.budget)
+        return now + budget, self.call_timeout
+
+    async def _call(self, server: ServerConfig, ctx: HookContext, deadline: float, cap: float | None) -> Any:
         left = deadline - time.monotonic()
         if left <= 0:
             raise HookError(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"not called: earlier hook servers used up the {self.budget * 1000:.0f} ms budget",
+                "not called: earlier hook servers used up the time this call leaves them",
             )
-        timeout = min(self.call_timeout, left)
+        timeout = left if cap is None else min(cap, left)
         stub = self._stub(server.endpoint)
         try:
             return await getattr(stub, RPCS[ctx.stage])(request_for(ctx), timeout=timeout)
@@ -164,7 +187,7 @@ class RemoteHook:
         entry = self._stubs.pop(endpoint, None)
         if entry is None:
             return
-        task = asyncio.get_running_loop().create_task(entry[0].close(grace=self.budget))
+        task = asyncio.get_running_loop().create_task(entry[0].close(grace=self.budget or FALLBACK_BUDGET_MS / 1000))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
@@ -189,22 +212,20 @@ def create(options: Mapping[str, Any]) -> RemoteHook:
     config_dir = opts.pop("config_dir", DEFAULT_DIR)
     if not isinstance(config_dir, str) or not config_dir:
         raise ConfigError(f"config_dir must be a directory path, not {config_dir!r}")
-    seconds = {
-        name: _positive_ms(opts.pop(name, default), name)
-        for name, default in (
-            ("call_timeout_ms", DEFAULT_CALL_TIMEOUT_MS),
-            ("budget_ms", DEFAULT_BUDGET_MS),
-            ("reload_interval_ms", DEFAULT_RELOAD_INTERVAL_MS),
-        )
-    }
+    caps = {name: _positive_ms(opts.pop(name), name) for name in ("call_timeout_ms", "budget_ms") if name in opts}
+    reload_interval = _positive_ms(opts.pop("reload_interval_ms", DEFAULT_RELOAD_INTERVAL_MS), "reload_interval_ms")
+    margin = opts.pop("runtime_margin_ms", DEFAULT_RUNTIME_MARGIN_MS)
+    if isinstance(margin, bool) or not isinstance(margin, int | float) or margin < 0:
+        raise ConfigError(f"runtime_margin_ms must be a number of milliseconds, 0 or more, not {margin!r}")
     if opts:
-        known = "config_dir, call_timeout_ms, budget_ms, reload_interval_ms"
+        known = "config_dir, call_timeout_ms, budget_ms, runtime_margin_ms, reload_interval_ms"
         raise ConfigError(f"unknown option(s) {', '.join(sorted(opts))} (known: {known})")
     return RemoteHook(
         config_dir,
-        call_timeout=seconds["call_timeout_ms"],
-        budget=seconds["budget_ms"],
-        reload_interval=seconds["reload_interval_ms"],
+        call_timeout=caps.get("call_timeout_ms"),
+        budget=caps.get("budget_ms"),
+        reload_interval=reload_interval,
+        runtime_margin=margin / 1000,
     )
 
 

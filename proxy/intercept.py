@@ -24,6 +24,7 @@ from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proxy.orphans import TaskJanitor
 from crihook.proxy.relay import Rejected
 from crihook.proxy.store import ContainerRecord, PodRecord, Store
+from crihook.proxy.update import apply_update, changed_fields, changed_keys
 
 log = logging.getLogger("crihook.proxy")
 
@@ -303,13 +304,14 @@ class Interceptor:
 
     # pre ----------------------------------------------------------------------------------------
 
-    async def pre(self, call: Call, request: bytes) -> bytes:
+    async def pre(self, call: Call, request: bytes, deadline: float | None = None) -> bytes:
+        """The request to forward. `deadline`: time.monotonic() by which kubelet wants the answer."""
         method = call.method
         try:
             msg = method.request.FromString(request)
         except DecodeError as e:
             raise Rejected(INVALID_ARGUMENT, f"crihook: malformed {method.name} request: {e}") from None
-        ctx, write = self._context(method, msg)
+        ctx, write = self._context(method, msg, deadline)
         outcome = await self.chain.run(ctx)
         call.records = outcome.records
         call.pod = outcome.ctx.pod
@@ -325,11 +327,13 @@ class Interceptor:
         write(outcome.ctx)
         return msg.SerializeToString()
 
-    def _context(self, method: Method, msg: Any) -> tuple[HookContext, Callable[[HookContext], None]]:
+    def _context(
+        self, method: Method, msg: Any, deadline: float | None
+    ) -> tuple[HookContext, Callable[[HookContext], None]]:
         stage = method.pre
         assert stage is not None
         if stage is Stage.PRE_RUN_POD_SANDBOX:
-            ctx = HookContext(stage, pod_view(msg.config, runtime_handler=msg.runtime_handler))
+            ctx = HookContext(stage, pod_view(msg.config, runtime_handler=msg.runtime_handler), deadline=deadline)
             return ctx, lambda new: write_pod(msg.config, ctx.pod, new.pod)
         if stage is Stage.PRE_CREATE_CONTAINER:
             pod = pod_view(msg.sandbox_config, pod_id=msg.pod_sandbox_id)
@@ -343,7 +347,7 @@ class Interceptor:
                     annotations=rec.annotations,
                     cgroup_parent=rec.cgroup_parent or pod.cgroup_parent,
                 )
-            ctx = HookContext(stage, pod, container_view(msg.config))
+            ctx = HookContext(stage, pod, container_view(msg.config), deadline)
             return ctx, lambda new: write_container(msg.config, ctx.container, new.container)  # type: ignore[arg-type]
         # StartContainer and UpdateContainerResources carry only an id: the rest comes from the store.
         rec = self.store.containers.get(msg.container_id)
@@ -355,24 +359,34 @@ class Interceptor:
         else:
             pod, container = pod_from_record(pod_rec), container_from_record(rec)
         if stage is Stage.PRE_UPDATE_CONTAINER_RESOURCES:
-            container = ContainerInfo(
-                name=container.name,
-                attempt=container.attempt,
-                id=container.id,
-                labels=container.labels,
-                annotations=dict(msg.annotations),
-                resources=resources_view(msg.linux, msg.HasField("linux")),
+            # The hooks see the container as it will be once the update is in: what it was
+            # created with (envs, annotations) and its resources with the update applied, the way
+            # the runtime applies it. Only what kubelet asked plus what the hooks changed goes on.
+            asked = resources_view(msg.linux, msg.HasField("linux"))
+            container = replace(
+                container,
+                annotations={**container.annotations, **msg.annotations},
+                resources=apply_update(container.resources, asked),
             )
-            ctx = HookContext(stage, pod, container)
+            ctx = HookContext(stage, pod, container, deadline)
 
             def write(new: HookContext) -> None:
                 assert new.container is not None and ctx.container is not None
-                _set_map(msg.annotations, ctx.container.annotations, new.container.annotations)
-                write_resources(msg.linux, ctx.container.resources, new.container.resources)
+                before, after = ctx.container, new.container
+                msg.annotations.update(changed_keys(before.annotations, after.annotations))
+                changed = changed_fields(before.resources, after.resources)
+                unified = changed_keys(
+                    before.resources.unified if before.resources else {},
+                    after.resources.unified if after.resources else {},
+                )
+                for name, value in changed.items():
+                    setattr(msg.linux, name, value)
+                if unified:
+                    msg.linux.unified.update(unified)
 
             return ctx, write
         # PreStartContainer: the request has nothing to rewrite; hooks may only refuse.
-        return HookContext(stage, pod, container), lambda new: None
+        return HookContext(stage, pod, container, deadline), lambda new: None
 
     # post ---------------------------------------------------------------------------------------
 
@@ -451,8 +465,11 @@ class Interceptor:
         if name == "UpdateContainerResources" or name == "StartContainer":
             store.add_hook_records(cid, records)
         if name == "UpdateContainerResources":
-            if req.HasField("linux"):
-                store.set_container_resources(cid, resources_record(resources_view(req.linux, True)))
+            # `req` is what reached the runtime; it merged it into the container, so does the store
+            crec = store.containers.get(cid)
+            if crec is not None and req.HasField("linux"):
+                merged = apply_update(resources_from_record(crec.resources), resources_view(req.linux, True))
+                store.set_container_resources(cid, resources_record(merged))
             return None
         if name == "RemoveContainer":
             crec = store.remove_container(cid)

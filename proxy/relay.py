@@ -56,7 +56,10 @@ PROTOCOL_ERROR = 0x1
 MAX_HEADER_BLOCK = 1 << 20  # a header block larger than this is an attack, not a CRI call
 
 _FH = struct.Struct(">HBBBI")  # 24-bit length as 16+8 bits, type, flags, stream id
-_PATH = frozenset((b":path",))
+# a request's method, and its deadline for the calls the interceptor claims
+_REQUEST = frozenset((b":path", b"grpc-timeout"))
+# grpc-timeout's units (gRPC over HTTP/2: at most 8 digits and one of these)
+_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 _STATUS = frozenset((b"grpc-status", b"grpc-message"))
 
 
@@ -95,7 +98,8 @@ class CallSpec(Protocol):
 class Interceptor(Protocol):
     def classify(self, path: bytes) -> CallSpec | None: ...
 
-    def pre(self, spec: Any, request: bytes) -> Awaitable[bytes]: ...
+    def pre(self, spec: Any, request: bytes, deadline: float | None) -> Awaitable[bytes]:
+        """`deadline`: time.monotonic() by which the client wants its answer (grpc-timeout), if any."""
 
     def post(self, spec: Any, request: bytes, response: bytes | None, status: int, message: bytes | None) -> None:
         """After the call: `message` is the grpc-message trailer as sent (percent-encoded), if any."""
@@ -112,6 +116,7 @@ class _Call:
     out: memoryview | None = None  # rewritten request (with gRPC framing) not yet sent
     send_window: int = DEFAULT_WINDOW
     task: asyncio.Task[None] | None = None
+    deadline: float | None = None  # time.monotonic(), from the request's grpc-timeout
 
 
 def _bad_frame(buf: bytes, pos: int, length: int, ftype: int, flags: int, max_frame: int) -> str | None:
@@ -162,7 +167,7 @@ class Link:
         self.dbuf = b""
         self.ubuf = b""
         self.preface = False
-        self.req_hpack = Follower(_PATH)
+        self.req_hpack = Follower(_REQUEST)
         self.resp_hpack = Follower(_STATUS)
         self.req_frag: bytearray | None = None
         self.req_frag_sid = 0
@@ -353,7 +358,10 @@ class Link:
         self.active[sid] = (path, time.perf_counter())
         spec = self.relay.interceptor.classify(path)
         if spec is not None:
-            self.calls[sid] = _Call(spec, path, spec.modifies, bytearray(), bytearray(), send_window=self.up_initial)
+            call = _Call(spec, path, spec.modifies, bytearray(), bytearray(), send_window=self.up_initial)
+            if spec.modifies:
+                call.deadline = deadline_of(found.get(b"grpc-timeout"))
+            self.calls[sid] = call
         return True
 
     def request_complete(self, sid: int, call: _Call) -> None:
@@ -366,7 +374,7 @@ class Link:
         try:
             if message is None:
                 raise Rejected(12, "crihook can not inspect a compressed or malformed request")
-            rewritten = await self.relay.interceptor.pre(call.spec, message)
+            rewritten = await self.relay.interceptor.pre(call.spec, message, call.deadline)
         except Rejected as r:
             if self.calls.get(sid) is call:
                 self.reject(sid, r.code, r.message)
@@ -563,6 +571,15 @@ class Link:
                 self.relay.interceptor.post(call.spec, req or b"", _grpc_message(call.response), code, message)
         if not self.active:
             self.relay.check_idle()
+
+
+def deadline_of(timeout: bytes | None) -> float | None:
+    """time.monotonic() at which a call whose grpc-timeout header is `timeout` runs out; None
+    without one or with one that breaks the format (the runtime judges that, not crihook)."""
+    if timeout is None or not 2 <= len(timeout) <= 9 or not timeout[:-1].isdigit():
+        return None
+    unit = _TIMEOUT_UNITS.get(timeout[-1:])
+    return None if unit is None else time.monotonic() + int(timeout[:-1]) * unit
 
 
 def _settings(buf: bytes, start: int, end: int) -> list[tuple[int, int]]:

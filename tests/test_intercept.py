@@ -16,7 +16,7 @@ from crihook.proto import wire
 from crihook.proxy.intercept import METHODS, Interceptor, container_view, pod_view
 from crihook.proxy.orphans import orphan_of
 from crihook.proxy.relay import Rejected
-from crihook.proxy.store import Store
+from crihook.proxy.store import ContainerRecord, PodRecord, Store
 
 CREATE = b"/runtime.v1.RuntimeService/CreateContainer"
 RUN = b"/runtime.v1.RuntimeService/RunPodSandbox"
@@ -266,3 +266,85 @@ async def test_chain_close_releases_hooks_once_and_survives_a_failing_close() ->
     chain = build_chain(HooksConfig(), NodeConfig(), factories={n: (lambda opts, h=h: h) for n, h in hooks.items()})
     await chain.close()
     assert closed == ["a", "a:awaited", "c"]
+
+
+UPDATE = b"/runtime.v1.RuntimeService/UpdateContainerResources"
+CREATED = {  # what the store holds for a container created with shares 256, 128 MiB, oom_score_adj 500
+    "cpu_period": 100000, "cpu_quota": 0, "cpu_shares": 256, "memory_limit_in_bytes": 128 << 20,
+    "oom_score_adj": 500, "cpuset_cpus": "", "cpuset_mems": "", "memory_swap_limit_in_bytes": 0,
+    "unified": {"memory.high": "100000000"},
+}  # fmt: skip
+
+
+def stored_container(ic: Interceptor) -> None:
+    ic.store.pods["sb-1"] = PodRecord("sb-1", "train", "ml", "u-1", cgroup_parent="/kubepods/podu-1")
+    ic.store.containers["c-1"] = ContainerRecord(
+        "c-1", "sb-1", "main", annotations={"a": "1"}, envs={"A": "1", "B": "2"}, resources=dict(CREATED)
+    )
+
+
+async def test_update_shows_the_stored_container_with_the_update_applied(tmp_path: Path) -> None:
+    """kubelet's CPU manager sends only the cpuset; the hooks see everything else from the store,
+    and only kubelet's field plus the hook's changes go to the runtime."""
+    edit = Edit(annotations={"hook": "yes"}, resources=ResourcesPatch(cpu_quota=30000, unified={"cpu.idle": "0"}))
+    hook = EditHook({Stage.PRE_UPDATE_CONTAINER_RESOURCES}, edit)
+    ic = interceptor(tmp_path, hook)
+    stored_container(ic)
+    call = ic.classify(UPDATE)
+    assert call is not None and call.modifies
+    request = cri.UpdateContainerResourcesRequest(
+        container_id="c-1", linux=cri.LinuxContainerResources(cpuset_cpus="0")
+    )
+    out = cri.UpdateContainerResourcesRequest.FromString(await ic.pre(call, request.SerializeToString(), 123.0))
+    (seen,) = hook.seen
+    assert seen.deadline == 123.0 and seen.pod.cgroup_parent == "/kubepods/podu-1"
+    assert seen.container.envs == (("A", "1"), ("B", "2")) and seen.container.annotations == {"a": "1"}
+    res = seen.container.resources
+    assert (res.cpu_shares, res.memory_limit_in_bytes, res.oom_score_adj, res.cpuset_cpus) == (256, 128 << 20, 500, "0")
+    assert res.unified == {"memory.high": "100000000"}
+    assert out.linux == cri.LinuxContainerResources(cpuset_cpus="0", cpu_quota=30000, unified={"cpu.idle": "0"})
+    assert dict(out.annotations) == {"hook": "yes"}
+
+    ic.post(call, out.SerializeToString(), b"", 0, None)  # the runtime merged it in; so does the store
+    assert ic.store.containers["c-1"].resources == {
+        **CREATED, "cpuset_cpus": "0", "cpu_quota": 30000, "unified": {"memory.high": "100000000", "cpu.idle": "0"},
+    }  # fmt: skip
+    # a full update later: every field it sets wins, oom_score_adj stays what the container was created with
+    full = cri.LinuxContainerResources(
+        cpu_period=50000, cpu_quota=25000, cpu_shares=512, memory_limit_in_bytes=256 << 20, oom_score_adj=-999,
+        cpuset_cpus="1", cpuset_mems="0",
+    )  # fmt: skip
+    ic.post(call, cri.UpdateContainerResourcesRequest(container_id="c-1", linux=full).SerializeToString(), b"", 0, None)
+    assert ic.store.containers["c-1"].resources == {
+        **CREATED, "cpu_period": 50000, "cpu_quota": 25000, "cpu_shares": 512, "memory_limit_in_bytes": 256 << 20,
+        "cpuset_cpus": "1", "cpuset_mems": "0", "unified": {"memory.high": "100000000", "cpu.idle": "0"},
+    }  # fmt: skip
+    # a refused update changes nothing
+    ic.post(call, cri.UpdateContainerResourcesRequest(container_id="c-1", linux=cri.LinuxContainerResources(
+        cpu_shares=2)).SerializeToString(), None, 2, None)  # fmt: skip
+    assert ic.store.containers["c-1"].resources["cpu_shares"] == 512
+    await ic.close()
+    await ic.store.close()
+
+
+async def test_update_no_hook_changed_forwards_kubelet_bytes(tmp_path: Path) -> None:
+    ic = interceptor(tmp_path, EditHook({Stage.PRE_UPDATE_CONTAINER_RESOURCES}))
+    stored_container(ic)
+    raw = cri.UpdateContainerResourcesRequest(
+        container_id="c-1", linux=cri.LinuxContainerResources(cpuset_cpus="0-1"), annotations={"k": "v"}
+    ).SerializeToString()
+    assert await ic.pre(ic.classify(UPDATE), raw) is raw
+
+
+async def test_update_of_a_container_crihook_never_saw(tmp_path: Path) -> None:
+    """Created before crihook and not reconciled: the hooks see kubelet's fields alone, and the
+    store gains nothing it could not know."""
+    hook = EditHook({Stage.PRE_UPDATE_CONTAINER_RESOURCES})
+    ic = interceptor(tmp_path, hook)
+    raw = cri.UpdateContainerResourcesRequest(
+        container_id="x", linux=cri.LinuxContainerResources(cpu_shares=300)
+    ).SerializeToString()
+    assert await ic.pre(ic.classify(UPDATE), raw) is raw
+    assert hook.seen[0].container.id == "x" and hook.seen[0].container.resources.cpu_shares == 300
+    ic.post(ic.classify(UPDATE), raw, b"", 0, None)
+    assert ic.store.containers == {}

@@ -7,6 +7,7 @@ these tests need no CRI schema.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,7 @@ import grpc
 import pytest
 
 from crihook.metrics import CRI_CALLS
-from crihook.proxy.relay import Rejected, Relay
+from crihook.proxy.relay import Rejected, Relay, deadline_of
 
 
 def ident(b: bytes) -> bytes:
@@ -36,6 +37,7 @@ class ScriptedInterceptor:
     posts: list[tuple[bytes, bytes | None, int]] = field(default_factory=list)
     messages: list[bytes | None] = field(default_factory=list)
     delay: float = 0.0
+    deadlines: list[float | None] = field(default_factory=list)
 
     def classify(self, path: bytes) -> Spec | None:
         if path.startswith(b"/t.S/Modify"):
@@ -44,7 +46,8 @@ class ScriptedInterceptor:
             return Spec(False)
         return None
 
-    async def pre(self, spec: Spec, request: bytes) -> bytes:
+    async def pre(self, spec: Spec, request: bytes, deadline: float | None) -> bytes:
+        self.deadlines.append(deadline)
         if self.delay:
             await asyncio.sleep(self.delay)
         if request.startswith(b"refuse"):
@@ -131,6 +134,32 @@ async def test_server_streaming_and_deadlines_pass(setup) -> None:
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     await asyncio.sleep(0.05)
     assert relay.in_flight() == 0
+
+
+async def test_claimed_call_gets_the_client_deadline(setup) -> None:
+    """The interceptor learns when the client gives up (grpc-timeout), to leave hooks that much."""
+    channel, interceptor, _, _ = setup
+    before = time.monotonic()
+    assert await unary(channel, "/t.S/Modify")(b"x", timeout=7.5) == b"echo:x"
+    assert await unary(channel, "/t.S/Modify")(b"y") == b"echo:y"  # no deadline set by the client
+    first, second = interceptor.deadlines
+    assert first is not None and before + 7.0 < first <= time.monotonic() + 7.5
+    assert second is None
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [(b"2S", 2.0), (b"1500m", 1.5), (b"99999999u", 99.999999), (b"1H", 3600.0), (b"7M", 420.0), (b"5n", 5e-9)],
+)
+def test_grpc_timeout_units(header: bytes, seconds: float) -> None:
+    now = time.monotonic()
+    deadline = deadline_of(header)
+    assert deadline is not None and abs(deadline - now - seconds) < 0.05
+
+
+@pytest.mark.parametrize("header", [None, b"", b"S", b"12", b"1x", b"-1S", b"123456789S", b"1.5S"])
+def test_grpc_timeout_not_in_the_format_is_no_deadline(header: bytes | None) -> None:
+    assert deadline_of(header) is None
 
 
 async def test_modified_request_larger_than_windows(setup) -> None:

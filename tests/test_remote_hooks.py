@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -84,9 +86,12 @@ async def chains(confdir: Path) -> AsyncIterator[Callable[..., HookChain]]:
     def make(*others: Any, **options: Any) -> HookChain:
         opts = {"config_dir": str(confdir), "call_timeout_ms": 400, "budget_ms": 1000, "reload_interval_ms": 1}
         opts.update(options)
+        opts = {k: v for k, v in opts.items() if v is not None}  # None: leave the option out
+        default_timeout_ms = opts.pop("default_timeout_ms", 2000)
         factories: dict[str, Any] = {"remote": create}
         factories.update({h.name: (lambda o, h=h: h) for h in others})
-        chain = build_chain(HooksConfig(options={"remote": opts}), NodeConfig(), factories)
+        hooks = HooksConfig(options={"remote": opts}, default_timeout_ms=default_timeout_ms)
+        chain = build_chain(hooks, NodeConfig(), factories)
         made.append(chain)
         return chain
 
@@ -334,6 +339,33 @@ async def test_budget_caps_all_calls_below_the_chain_timeout(confdir, servers, c
     assert [len(s.calls) for s in slow] == [1, 1, 0]
 
 
+async def test_servers_get_the_call_deadline_less_the_runtime_margin(confdir, servers, chains) -> None:
+    """As koord-runtime-proxy: a slow server has what is left of the CRI call's own deadline, not a
+    fixed second; crihook keeps `runtime_margin_ms` of it for the runtime."""
+    slow = await servers("slow")
+    slow.on(CREATE, delay=0.5, change=lambda a: a.container_envs.update({"SLOW": "done"}))
+    write_config(confdir, "slow.json", slow.endpoint, "Fail", ["PreCreateContainer"])
+    # no caps, and a chain whose fixed limit (200 ms) the server would overrun
+    chain = chains(call_timeout_ms=None, budget_ms=None, runtime_margin_ms=300, default_timeout_ms=200)
+    in_time = replace(create_ctx(), deadline=time.monotonic() + 1.5)
+    assert envs(await chain.run(in_time))["SLOW"] == "done"
+    # 0.7 s left: 0.4 s for the servers, 0.3 s kept for the runtime
+    out = await chain.run(replace(create_ctx(), deadline=time.monotonic() + 0.7))
+    assert out.error is not None and out.error.code is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "slow.json" in out.error.reason and "no answer within 4" in out.error.reason
+    # a call without a deadline: the fallbacks (1 s a server) and the chain's own limit
+    out = await chain.run(create_ctx())
+    assert out.error is not None and "timed out after 200 ms" in out.error.reason
+    # call_timeout_ms caps one server call however far the deadline is
+    capped = chains(call_timeout_ms=100, budget_ms=None)
+    out = await capped.run(replace(create_ctx(), deadline=time.monotonic() + 60))
+    assert out.error is not None and "no answer within 100 ms" in out.error.reason
+    # timeout_ms set for the hook: the chain's limit is fixed again
+    fixed = chains(call_timeout_ms=None, budget_ms=None, timeout_ms=200)
+    out = await fixed.run(replace(create_ctx(), deadline=time.monotonic() + 60))
+    assert out.error is not None and "timed out after 200 ms" in out.error.reason
+
+
 async def test_unreachable_server_then_back(confdir, servers, chains) -> None:
     path = confdir / "later.sock"
     write_config(confdir, "a.json", str(path), "Fail", ["PreCreateContainer"])
@@ -478,8 +510,12 @@ def test_options_are_checked() -> None:
         create({"config-dir": "/x"})
     with pytest.raises(ConfigError, match="config_dir"):
         create({"config_dir": ""})
+    with pytest.raises(ConfigError, match="runtime_margin_ms"):
+        create({"runtime_margin_ms": -1})
     hook = create({"config_dir": "/nonexistent", "node": NodeConfig(), "budget_ms": 900})
-    assert (hook.name, hook.priority, hook.budget, hook.call_timeout) == ("remote", 100, 0.9, 1.0)
+    # caps only where given; the margin kept for the runtime defaults to 2 s
+    assert (hook.name, hook.priority, hook.budget, hook.call_timeout) == ("remote", 100, 0.9, None)
+    assert hook.runtime_margin == 2.0
     assert hook.stages == frozenset(Stage) - {Stage.POST_REMOVE_CONTAINER, Stage.POST_REMOVE_POD_SANDBOX}
 
 
