@@ -34,7 +34,7 @@ from crihook.proxy import systemd
 from crihook.proxy.intercept import Interceptor
 from crihook.proxy.orphans import TaskJanitor
 from crihook.proxy.relay import Relay
-from crihook.proxy.store import ContainerRecord, PodRecord, Store
+from crihook.proxy.store import ContainerRecord, PodRecord, Store, sandbox_cgroup_parent
 
 log = logging.getLogger("crihook.proxy")
 
@@ -298,26 +298,49 @@ async def wait_for_backend(path: str, patience: float) -> None:
         delay = min(delay * 2, 5.0)
 
 
+async def _sandbox_statuses(stub: Any, ids: list[str], parallel: int = 8) -> dict[str, Any]:
+    """Verbose PodSandboxStatus of each sandbox (what ListPodSandbox leaves out: the cgroup parent,
+    the runtime handler); a sandbox whose status can not be had is left out, and logged."""
+    gate = asyncio.Semaphore(parallel)
+
+    async def one(pod_id: str) -> Any:
+        async with gate:
+            try:
+                return await stub.PodSandboxStatus(cri.PodSandboxStatusRequest(pod_sandbox_id=pod_id, verbose=True),
+                                                   timeout=10)  # fmt: skip
+            except grpc.aio.AioRpcError as e:
+                log.warning("sandbox status unavailable", extra={"id": pod_id[:13], "error": e.details()})
+                return None
+
+    found = await asyncio.gather(*(one(i) for i in ids))
+    return {i: status for i, status in zip(ids, found, strict=True) if status is not None}
+
+
 async def list_runtime(path: str) -> tuple[list[PodRecord], list[ContainerRecord]]:
     opts: list[tuple[str, Any]] = [("grpc.max_receive_message_length", 64 << 20)]
     async with grpc.aio.insecure_channel(f"unix://{path}", options=opts) as ch:
         stub = cri_grpc.RuntimeServiceStub(ch)
         sandboxes = await stub.ListPodSandbox(cri.ListPodSandboxRequest(), timeout=30)
         containers = await stub.ListContainers(cri.ListContainersRequest(), timeout=30)
-    pods = [
-        PodRecord(
-            id=s.id,
-            name=s.metadata.name,
-            namespace=s.metadata.namespace,
-            uid=s.metadata.uid,
-            attempt=s.metadata.attempt,
-            state=_POD_STATES.get(s.state, "notready"),
-            labels=dict(s.labels),
-            annotations=dict(s.annotations),
-            created=s.created_at / 1e9,
+        statuses = await _sandbox_statuses(stub, [s.id for s in sandboxes.items])
+    pods = []
+    for s in sandboxes.items:
+        status = statuses.get(s.id)
+        pods.append(
+            PodRecord(
+                id=s.id,
+                name=s.metadata.name,
+                namespace=s.metadata.namespace,
+                uid=s.metadata.uid,
+                attempt=s.metadata.attempt,
+                state=_POD_STATES.get(s.state, "notready"),
+                labels=dict(s.labels),
+                annotations=dict(s.annotations),
+                created=s.created_at / 1e9,
+                cgroup_parent=sandbox_cgroup_parent(status.info) if status is not None else "",
+                runtime_handler=status.status.runtime_handler if status is not None else "",
+            )
         )
-        for s in sandboxes.items
-    ]
     ctrs = [
         ContainerRecord(
             id=c.id,

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,18 @@ class ContainerRecord:
     # what the container was created with, after the hooks (later stages' hooks are told)
     envs: dict[str, str] = field(default_factory=dict)
     resources: dict[str, Any] = field(default_factory=dict)  # LinuxContainerResources fields; {} unknown
+
+
+def sandbox_cgroup_parent(info: Mapping[str, str]) -> str:
+    """The cgroup parent a sandbox was created with, from its verbose PodSandboxStatus `info`: the
+    JSON under "info" holds the PodSandboxConfig as "config" (containerd 1.6, 1.7 and 2.x alike,
+    encoded with Go's field names: linux.cgroup_parent). "" when it is not there."""
+    try:
+        config = json.loads(info.get("info") or "{}").get("config") or {}
+        parent = (config.get("linux") or {}).get("cgroup_parent", "")
+    except (ValueError, AttributeError):
+        return ""
+    return parent if isinstance(parent, str) else ""
 
 
 class StoreFileError(Exception):
@@ -204,11 +217,10 @@ class Store:
             known = self.pods.get(live.id)
             if known is not None:
                 live.hooks, live.created = known.hooks, known.created or live.created
-                live.runtime_handler, live.resources, live.overhead = (
-                    known.runtime_handler,
-                    known.resources,
-                    known.overhead,
-                )
+                live.resources, live.overhead = known.resources, known.overhead
+                # the runtime's word where it gave one (a verbose sandbox status), else what was recorded
+                live.runtime_handler = live.runtime_handler or known.runtime_handler
+                live.cgroup_parent = live.cgroup_parent or known.cgroup_parent
             pods[live.id] = live
         containers: dict[str, ContainerRecord] = {}
         for live in live_containers:

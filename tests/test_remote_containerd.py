@@ -288,3 +288,110 @@ def test_skip_label_bypasses_hook_servers(servers: ServerThread, confdir: Path, 
     with pytest.raises(CriError) as err:
         cri.run_pod(pod_config("other"))
     assert err.value.code == grpc.StatusCode.UNAVAILABLE and "being upgraded" in err.value.details
+
+
+UPDATE = "PreUpdateContainerResourcesHook"
+ENVS = {"A": "1", "B": "2", "C": "3", "D": "4", "E": "5"}
+
+
+def resources_of(message: Any) -> tuple[Any, ...]:
+    r = message.container_resources
+    return (r.cpu_period, r.cpu_quota, r.cpu_shares, r.memory_limit_in_bytes, r.oom_score_adj, r.cpuset_cpus,
+            r.cpuset_mems)  # fmt: skip
+
+
+def test_update_stage_is_told_the_stored_container_and_the_merged_resources(
+    servers: ServerThread, confdir: Path, cri: Cri
+) -> None:
+    """kubelet's CPU manager updates only the cpuset; the server is told what the container was
+    created with and its resources with the update merged in, as containerd merges it, and so is
+    PostStopContainer after a full update."""
+    s = servers.start(confdir / "u.sock")
+    configure(confdir, "u.json", s, "Fail", ["PreCreateContainer", "PreUpdateContainerResources", "PostStopContainer"])
+    pod = pod_config("update", annotations={"team": "vision"})
+    pod_id = cri.run_pod(pod)
+    cfg = container_config("main", pod, envs=ENVS, annotations={"c": "3"})
+    cfg.linux.resources.cpu_shares = 256
+    cfg.linux.resources.memory_limit_in_bytes = 128 << 20
+    cfg.linux.resources.oom_score_adj = 500
+    cid = cri.create_container(pod_id, cfg, pod)
+    cri.start_container(cid)
+
+    cpuset = api.UpdateContainerResourcesRequest(container_id=cid, linux=api.LinuxContainerResources(cpuset_cpus="0"))
+    cri._call(cri.runtime, "UpdateContainerResources", cpuset)
+    (told,) = s.requests(UPDATE)
+    assert dict(told.container_envs) == ENVS and told.container_annotations["c"] == "3"
+    assert told.pod_annotations["team"] == "vision" and told.pod_cgroup_parent == pod.linux.cgroup_parent
+    assert resources_of(told) == (0, 0, 256, 128 << 20, 500, "0", "")
+    spec = runtime_spec(cri, cid)["linux"]["resources"]  # what containerd made of it: the same merge
+    assert (spec["cpu"]["shares"], spec["cpu"]["cpus"], spec["memory"]["limit"]) == (256, "0", 128 << 20)
+
+    full = api.LinuxContainerResources(cpu_period=100000, cpu_quota=50000, cpu_shares=512,
+                                       memory_limit_in_bytes=256 << 20, cpuset_cpus="0", cpuset_mems="0")  # fmt: skip
+    request = api.UpdateContainerResourcesRequest(container_id=cid, linux=full)
+    cri._call(cri.runtime, "UpdateContainerResources", request)
+    told = s.requests(UPDATE)[1]
+    assert resources_of(told) == (100000, 50000, 512, 256 << 20, 500, "0", "0")
+    assert dict(told.container_envs) == ENVS
+
+    cri.stop_container(cid)
+    (stopped,) = wait_for(lambda: s.requests("PostStopContainerHook"), what="PostStopContainerHook")
+    assert resources_of(stopped) == (100000, 50000, 512, 256 << 20, 500, "0", "0")
+    assert dict(stopped.container_envs) == ENVS and stopped.container_annotations["c"] == "3"
+    assert stopped.pod_cgroup_parent == pod.linux.cgroup_parent
+
+
+@pytest.fixture
+def uncapped(containerd: Containerd, confdir: Path, tmp_path: Path) -> Iterator[Crihook]:
+    """crihook with the remote hook's defaults: no caps, the CRI call's own deadline."""
+    config = f'[hooks]\ndisabled = ["gpu", "rdma"]\n[hooks.remote]\nconfig_dir = "{confdir}"\n'
+    config += f"reload_interval_ms = {RELOAD_INTERVAL_MS}\n"
+    with running_crihook(containerd.address, tmp_path / "crihook", config) as proxy:
+        yield proxy
+
+
+def test_a_slow_server_under_fail_has_the_call_deadline(
+    servers: ServerThread, confdir: Path, uncapped: Crihook
+) -> None:
+    """A koordlet answering in 3 s under Fail: kubelet's call waits (its deadline is 20 s for
+    RunPodSandbox and 10 s for CreateContainer here), and the pod starts with the server's changes."""
+    s = servers.start(confdir / "slow.sock")
+    s.on(RUN, delay=3, change=lambda a: a.labels.update({"koordinator.test/qos": "LS"}))
+    s.on(CREATE, delay=3, change=lambda a: a.container_envs.update({"FROM_SERVER": "slow"}))
+    configure(confdir, "slow.json", s, "Fail", ["PreRunPodSandbox", "PreCreateContainer"])
+    with Cri(uncapped.address, timeout=10) as client:
+        try:
+            pod = pod_config("slow")
+            pod_id = client._call(client.runtime, "RunPodSandbox", api.RunPodSandboxRequest(config=pod), timeout=20)
+            pod_id = pod_id.pod_sandbox_id
+            assert client.pod_status(pod_id).status.labels["koordinator.test/qos"] == "LS"
+            cid = client.create_container(pod_id, container_config("main", pod), pod)
+            client.start_container(cid)
+            assert env_of(client, cid)["FROM_SERVER"] == "slow"
+        finally:
+            client.remove_all()
+
+
+def test_pod_cgroup_parent_survives_a_crihook_restart(servers: ServerThread, confdir: Path, uncapped: Crihook) -> None:
+    """PreStartContainer after a restart is told the pod's cgroup parent: from the store kept
+    across the restart, and from the runtime's sandbox status when the store is gone."""
+    s = servers.start(confdir / "r.sock")
+    configure(confdir, "r.json", s, "Fail", ["PreStartContainer"])
+    with Cri(uncapped.address) as client:
+        try:
+            pod = pod_config("restart")
+            pod_id = client.run_pod(pod)
+            first = client.create_container(pod_id, container_config("first", pod), pod)
+            second = client.create_container(pod_id, container_config("second", pod), pod)
+            uncapped.restart(kill=True)
+            client.start_container(first)
+            uncapped.stop()
+            (uncapped.state_dir / "store.json").unlink()
+            uncapped.start()
+            client.start_container(second)
+            told = s.requests("PreStartContainerHook")
+            assert [t.container_meta.name for t in told] == ["first", "second"]
+            assert [t.pod_cgroup_parent for t in told] == [pod.linux.cgroup_parent] * 2
+            assert told[1].pod_meta.uid == pod.metadata.uid
+        finally:
+            client.remove_all()

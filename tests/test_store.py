@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from crihook.proxy.store import ContainerRecord, PodRecord, Store, StoreFileError, read_file
+from crihook.proxy.store import ContainerRecord, PodRecord, Store, StoreFileError, read_file, sandbox_cgroup_parent
 
 
 def pod(pid: str, **kw: object) -> PodRecord:
@@ -120,3 +120,33 @@ def test_stored_resources_that_crihook_did_not_write_are_ignored(resources: dict
 
     rec = ContainerRecord(id="c", pod_id="p", name="m", resources=resources)
     assert container_from_record(rec).resources is None
+
+
+def test_reconcile_takes_the_cgroup_parent_from_the_runtime_else_keeps_its_own(tmp_path: Path) -> None:
+    s = Store(tmp_path)
+    s.pods = {
+        "p1": pod("p1", cgroup_parent="/kubepods/podu-1", runtime_handler="runc"),
+        "p2": pod("p2", cgroup_parent="/kubepods/podu-2"),
+    }
+    live = [pod("p1"), pod("p2", cgroup_parent="/kubepods/burstable/podu-2", runtime_handler="nvidia"),
+            pod("p3", cgroup_parent="/kubepods/podu-3")]  # fmt: skip
+    s.reconcile(live, [])
+    assert (s.pods["p1"].cgroup_parent, s.pods["p1"].runtime_handler) == ("/kubepods/podu-1", "runc")
+    assert (s.pods["p2"].cgroup_parent, s.pods["p2"].runtime_handler) == ("/kubepods/burstable/podu-2", "nvidia")
+    assert s.pods["p3"].cgroup_parent == "/kubepods/podu-3"  # adopted: the runtime's word only
+
+
+@pytest.mark.parametrize(
+    ("info", "parent"),
+    [
+        # containerd 1.6/1.7 and 2.x: SandboxInfo as JSON, the PodSandboxConfig under "config"
+        ({"info": json.dumps({"pid": 7, "config": {"linux": {"cgroup_parent": "/kubepods/podu"}}})}, "/kubepods/podu"),
+        ({"info": json.dumps({"config": {"metadata": {"name": "x"}}})}, ""),
+        ({"info": json.dumps({"config": {"linux": {"cgroup_parent": 5}}})}, ""),
+        ({"info": "not json"}, ""),
+        ({"info": "[1]"}, ""),
+        ({}, ""),
+    ],
+)
+def test_sandbox_cgroup_parent(info: dict[str, str], parent: str) -> None:
+    assert sandbox_cgroup_parent(info) == parent
