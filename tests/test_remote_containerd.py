@@ -300,6 +300,7 @@ def resources_of(message: Any) -> tuple[Any, ...]:
             r.cpuset_mems)  # fmt: skip
 
 
+@pytest.mark.runtimes("1.6", "1.7", "2")
 def test_update_stage_is_told_the_stored_container_and_the_merged_resources(
     servers: ServerThread, confdir: Path, cri: Cri
 ) -> None:
@@ -350,6 +351,7 @@ def uncapped(containerd: Containerd, confdir: Path, tmp_path: Path) -> Iterator[
         yield proxy
 
 
+@pytest.mark.runtimes("1.6", "1.7", "2")
 def test_a_slow_server_under_fail_has_the_call_deadline(
     servers: ServerThread, confdir: Path, uncapped: Crihook
 ) -> None:
@@ -372,6 +374,7 @@ def test_a_slow_server_under_fail_has_the_call_deadline(
             client.remove_all()
 
 
+@pytest.mark.runtimes("1.6", "1.7", "2")
 def test_pod_cgroup_parent_survives_a_crihook_restart(servers: ServerThread, confdir: Path, uncapped: Crihook) -> None:
     """PreStartContainer after a restart is told the pod's cgroup parent: from the store kept
     across the restart, and from the runtime's sandbox status when the store is gone."""
