@@ -14,7 +14,7 @@ import logging
 import os
 import stat
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -22,8 +22,10 @@ from typing import Any
 import grpc
 import yaml
 
+from crihook import kubelet
 from crihook.config import DEFAULT_CONFIG, Config, ConfigFileError, NodeConfig, ProxyConfig, load
 from crihook.devices.nvml import NodeGpus, Nvml
+from crihook.kubelet import flag_value, kubelet_argv
 
 VERSION_METHOD = "/runtime.v1.RuntimeService/Version"
 KUBELET_API_VERSION = "0.1.0"  # what kubelet itself sends in VersionRequest
@@ -70,17 +72,6 @@ def same_endpoint(a: str, b: str) -> bool:
         return "/run" + path[len("/var/run") :] if path == "/var/run" or path.startswith("/var/run/") else path
 
     return norm(a) == norm(b)
-
-
-def flag_value(argv: Sequence[str], name: str) -> str | None:
-    """The last value of `--name=value` or `--name value` (Go's flag package: the last one wins)."""
-    value = None
-    for i, arg in enumerate(argv):
-        if arg.startswith(f"--{name}="):
-            value = arg.split("=", 1)[1]
-        elif arg == f"--{name}" and i + 1 < len(argv):
-            value = argv[i + 1]
-    return value
 
 
 def kubelet_runtime_endpoint(argv: Sequence[str], read: Callable[[str], str]) -> tuple[str, str]:
@@ -251,22 +242,6 @@ def check_proxy(proxy: ProxyConfig, runtime: Any, timeout: float) -> Finding:
     return Finding(name, Level.OK, found)
 
 
-def kubelet_argv(proc_root: str) -> list[str] | None:
-    """The command line of the running kubelet, or None."""
-    proc = Path(proc_root)
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if (entry / "comm").read_text().strip() != "kubelet":
-                continue
-            raw = (entry / "cmdline").read_bytes()
-        except OSError:  # the process ended while we looked
-            continue
-        return raw.rstrip(b"\0").decode(errors="replace").split("\0")
-    return None
-
-
 def check_kubelet(proxy: ProxyConfig, node: NodeConfig) -> Finding:
     name = "kubelet"
     argv = kubelet_argv(node.proc_root)
@@ -334,7 +309,10 @@ def check_nvml(node: NodeConfig, gpus: NodeGpus | None = None) -> Finding:
     return Finding(name, Level.OK, found + "; device nodes present")
 
 
-def check_checkpoint(node: NodeConfig) -> Finding:
+def check_checkpoint(node: NodeConfig, gpu_options: Mapping[str, Any] | None = None) -> Finding:
+    """The device-plugin checkpoint is readable where kubelet keeps it, and the gpu hook looks for
+    pod directories where kubelet keeps them. The two do not move together: the checkpoint stays in
+    /var/lib/kubelet/device-plugins whatever kubelet's --root-dir, the pods dir follows it."""
     from crihook.hooks.checkpoint import CheckpointError, parse_checkpoint
 
     name = "device checkpoint"
@@ -342,12 +320,21 @@ def check_checkpoint(node: NodeConfig) -> Finding:
     try:
         checkpoint = parse_checkpoint(Path(path).read_bytes())
     except FileNotFoundError:
+        if not Path(path).parent.is_dir():
+            return Finding(
+                name,
+                Level.WARN,
+                f"{Path(path).parent} does not exist, so crihook sees no device-plugin allocation",
+                f"kubelet keeps its checkpoint in {kubelet.CHECKPOINT} whatever its --root-dir: set "
+                "node.kubelet_checkpoint to that (the default)",
+            )
         return Finding(
             name,
             Level.WARN,
-            f"no kubelet device-plugin checkpoint at {path}",
-            "kubelet writes it once its device manager runs; if kubelet's root dir is not /var/lib/kubelet, "
-            "set node.kubelet_checkpoint",
+            f"no kubelet device-plugin checkpoint at {path}: no device plugin has registered with kubelet",
+            "nothing to do if no device plugin runs on this node; else check the plugin's pod and log (it registers "
+            f"at {Path(kubelet.CHECKPOINT).parent}/kubelet.sock). The checkpoint does not move with kubelet's "
+            "--root-dir",
         )
     except (OSError, CheckpointError) as e:
         return Finding(
@@ -373,7 +360,32 @@ def check_checkpoint(node: NodeConfig) -> Finding:
             "crihook can not strip what the device plugin injected into those containers; check the plugin's "
             "version and journalctl -u kubelet",
         )
-    return Finding(name, Level.OK, found)
+    return _with_pods_dir(Finding(name, Level.OK, found), node, gpu_options)
+
+
+def _with_pods_dir(ok: Finding, node: NodeConfig, gpu_options: Mapping[str, Any] | None) -> Finding:
+    """`ok`, or a warning when the gpu hook would look for kubelet's pod directories elsewhere than
+    kubelet keeps them (then every device-plugin holder counts as live)."""
+    argv = kubelet_argv(node.proc_root)
+    if argv is None:
+        return ok
+    theirs = kubelet.pods_dir(argv)
+    ours = (gpu_options or {}).get("kubelet_pods_dir")
+    if isinstance(ours, str) and os.path.normpath(ours) != theirs:
+        return Finding(
+            ok.check,
+            Level.WARN,
+            f"{ok.found}; [hooks.gpu] kubelet_pods_dir is {ours}, but kubelet keeps pods in {theirs}",
+            f"remove kubelet_pods_dir (crihook follows kubelet's --root-dir) or set it to {theirs}",
+        )
+    if not Path(theirs).is_dir():
+        return Finding(
+            ok.check,
+            Level.WARN,
+            f"{ok.found}; kubelet's pods dir {theirs} does not exist, so every device-plugin holder counts as live",
+            "check kubelet's --root-dir; the checkpoint stays in /var/lib/kubelet/device-plugins whatever it says",
+        )
+    return ok
 
 
 def check_state_dir(proxy: ProxyConfig) -> Finding:
@@ -428,7 +440,7 @@ def diagnose(config_path: str | None, timeout: float = 3.0, gpus: NodeGpus | Non
     findings.append(check_proxy(config.proxy, runtime, timeout))
     findings.append(check_kubelet(config.proxy, config.node))
     findings.append(check_nvml(config.node, gpus))
-    findings.append(check_checkpoint(config.node))
+    findings.append(check_checkpoint(config.node, config.hooks.options.get("gpu")))
     findings.append(check_state_dir(config.proxy))
     return findings
 

@@ -183,6 +183,7 @@ class Edit:
     add_cdi_devices: list[str] = field(default_factory=list)
     remove_cdi_devices: set[str] = field(default_factory=set)
     annotations: dict[str, str] = field(default_factory=dict)
+    remove_annotations: set[str] = field(default_factory=set)
     labels: dict[str, str] = field(default_factory=dict)  # pod stages only
     resources: ResourcesPatch | None = None
     cgroup_parent: str | None = None  # pod stages only
@@ -199,6 +200,7 @@ class Edit:
                 self.add_cdi_devices,
                 self.remove_cdi_devices,
                 self.annotations,
+                self.remove_annotations,
                 self.labels,
                 self.resources,
                 self.cgroup_parent,
@@ -226,6 +228,8 @@ class Edit:
             out["remove_cdi_devices"] = sorted(self.remove_cdi_devices)
         if self.annotations:
             out["annotations"] = dict(self.annotations)
+        if self.remove_annotations:
+            out["remove_annotations"] = sorted(self.remove_annotations)
         if self.labels:
             out["labels"] = dict(self.labels)
         if self.resources is not None:
@@ -291,8 +295,8 @@ def apply_edit(ctx: HookContext, edit: Edit) -> HookContext:
         )
         if any(container_only):
             raise ValueError(f"envs, mounts and devices can not change at {ctx.stage}")
-        if edit.annotations:
-            pod = replace(pod, annotations={**pod.annotations, **edit.annotations})
+        if edit.annotations or edit.remove_annotations:
+            pod = replace(pod, annotations=_edit_map(pod.annotations, edit))
         if edit.resources is not None:
             pod = replace(pod, resources=edit.resources.apply(pod.resources))
         return replace(ctx, pod=pod)
@@ -309,10 +313,15 @@ def apply_edit(ctx: HookContext, edit: Edit) -> HookContext:
         mounts=mounts,
         devices=devices,
         cdi_devices=cdi,
-        annotations={**c.annotations, **edit.annotations} if edit.annotations else c.annotations,
+        annotations=_edit_map(c.annotations, edit) if edit.annotations or edit.remove_annotations else c.annotations,
         resources=edit.resources.apply(c.resources) if edit.resources is not None else c.resources,
     )
     return replace(ctx, pod=pod, container=container)
+
+
+def _edit_map(annotations: Mapping[str, str], edit: Edit) -> dict[str, str]:
+    kept = {k: v for k, v in annotations.items() if k not in edit.remove_annotations}
+    return {**kept, **edit.annotations}
 
 
 def _replace_keyed(items: tuple[_T, ...], remove: set[str], add: list[_T], key: Any) -> tuple[_T, ...]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import logging
 import os
 import re
 import threading
@@ -29,6 +30,8 @@ from google.protobuf.message import DecodeError
 from crihook.errors import InputError
 from crihook.hooks.base import Device, Mount
 from crihook.proto import deviceplugin_v1beta1_pb2 as dp
+
+log = logging.getLogger("crihook.checkpoint")
 
 MAX_CHECKPOINT_BYTES = 64 << 20  # thousands of pods' entries fit in a few MiB
 NO_TOPOLOGY = -1  # the NUMA key kubelet uses when a plugin reports no topology, and for the old list layout
@@ -199,7 +202,8 @@ class CheckpointReader:
     Kubelet replaces the file by rename, so one open() sees one whole version. A file that does not
     parse is read again a few times, milliseconds apart, in case a writer that writes in place was
     caught mid-way; only then is it reported. A missing file is an empty checkpoint: no device
-    plugin has allocated anything yet.
+    plugin has allocated anything yet. A missing directory is that too, but kubelet creates it
+    whenever it runs (whatever its --root-dir), so it means the path is wrong: that is logged.
     """
 
     RETRIES = 3
@@ -211,6 +215,7 @@ class CheckpointReader:
         self._key: tuple[int, int, int, int] | None = None
         self._value = Checkpoint()
         self._failed: tuple[tuple[int, int, int, int], CheckpointError] | None = None  # no retries for a known-bad file
+        self._no_dir_said = False
 
     def read(self) -> Checkpoint:
         """Raises CheckpointError (unreadable or malformed after retries)."""
@@ -228,6 +233,7 @@ class CheckpointReader:
                         data = f.read(MAX_CHECKPOINT_BYTES + 1)
                 except FileNotFoundError:
                     self._key, self._value = None, Checkpoint()
+                    self._check_dir()
                     return self._value
                 except OSError as e:
                     raise CheckpointError("", f"{self.path}: {e.strerror or e}") from None
@@ -242,3 +248,14 @@ class CheckpointReader:
                 return value
             assert last is not None
             raise last
+
+    def _check_dir(self) -> None:
+        directory = os.path.dirname(self.path) or "."
+        if os.path.isdir(directory):
+            self._no_dir_said = False
+        elif not self._no_dir_said:
+            self._no_dir_said = True
+            log.warning(
+                "kubelet checkpoint directory missing: device-plugin allocations can not be seen",
+                extra={"dir": directory, "fix": "node.kubelet_checkpoint names a directory kubelet does not use"},
+            )

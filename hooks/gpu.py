@@ -2,25 +2,31 @@
 
 This is the I/O edge around `gpu_edit`: it reads the kubelet checkpoint (parsed again only when the
 file changed), asks the node's GPU index (NVML, cached) about minors and UUIDs, looks for device
-nodes under the node's dev_root and tells live pods from gone ones by kubelet's pod directories.
+nodes under the node's dev_root, tells live pods from gone ones by kubelet's pod directories and
+asks crihook's store which of the node's pods the scheduler placed.
 Every refusal is a HookError; the chain adds the pod and container to the message, and nothing a
 refused call did stays behind, so one bad pod can not affect another.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
+from crihook import allocation as al
+from crihook import kubelet
 from crihook.config import NodeConfig
 from crihook.hooks.base import ConfigError, Edit, HookContext, HookError, Stage
 from crihook.hooks.checkpoint import CheckpointError, CheckpointReader
-from crihook.hooks.gpu_edit import INJECT_MODES, GpuLookup, GpuOptions, HamiCore, NodeView, gpu_edit
+from crihook.hooks.gpu_edit import INJECT_MODES, GpuLookup, GpuOptions, HamiCore, NodeView, SeenPod, gpu_edit
+
+log = logging.getLogger("crihook.hooks.gpu")
 
 PRIORITY = 200  # before rdma (210): the GPU decision is the one most likely to refuse a call
 _POD_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
@@ -28,23 +34,102 @@ _OPTIONS = ("node", "inject", "deny_unallocated", "plugin_resources", "hami_core
 
 
 class PodDirs:
-    """Whether a pod is still on this node: kubelet keeps /var/lib/kubelet/pods/<uid> from admission
-    until it has cleaned the pod up, which covers every moment the pod can hold a device. Anything
-    uncertain (an odd UID, an unreadable directory) counts as live, so a conflict is never missed."""
+    """Whether a pod is still on this node: kubelet keeps <root dir>/pods/<uid> from admission
+    until it has cleaned the pod up, which covers every moment the pod can hold a device.
 
-    def __init__(self, pods_dir: str) -> None:
+    The pods directory is the configured one, else the running kubelet's (its --root-dir, read
+    from its command line the first time a question comes: crihook starts before kubelet). It does
+    not follow the checkpoint, which stays in /var/lib/kubelet/device-plugins whatever the root
+    dir. Anything uncertain (an odd UID, an unreadable or missing pods directory) counts as live,
+    so a conflict is never missed; a missing pods directory is logged once.
+    """
+
+    def __init__(self, pods_dir: str | None, proc_root: str = "/proc") -> None:
         self.pods_dir = pods_dir
+        self.proc_root = proc_root
+        self._missing_said = False
+
+    def directory(self) -> str:
+        if self.pods_dir is not None:
+            return self.pods_dir
+        argv = kubelet.kubelet_argv(self.proc_root)
+        if argv is None:  # not running (yet): kubelet's default, asked again next time
+            return kubelet.pods_dir(())
+        self.pods_dir = kubelet.pods_dir(argv)
+        log.info("kubelet pods dir found", extra={"dir": self.pods_dir, "from": "kubelet's command line"})
+        return self.pods_dir
 
     def __call__(self, pod_uid: str) -> bool:
         if not _POD_UID.fullmatch(pod_uid):
             return True
+        pods = self.directory()
         try:
-            os.stat(f"{self.pods_dir}/{pod_uid}")
+            os.stat(f"{pods}/{pod_uid}")
         except FileNotFoundError:
-            return False
+            if os.path.isdir(pods):
+                self._missing_said = False
+                return False
+            if not self._missing_said:
+                self._missing_said = True
+                log.warning(
+                    "kubelet pods dir missing: device-plugin holders count as live",
+                    extra={"dir": pods, "fix": "set [hooks.gpu] kubelet_pods_dir to <kubelet --root-dir>/pods"},
+                )
+            return True
         except OSError:
             return True
         return True
+
+
+class StorePods:
+    """The gpu hook's view of crihook's store (proxy.store.Store, duck-typed: hooks sit below the
+    proxy): pod records carry the annotations kubelet sent at RunPodSandbox, container records
+    their sandbox id and name. Built once per CreateContainer, on the first question; the store's
+    dicts are copied in one step each, so the event loop changing them meanwhile does no harm."""
+
+    _parsed: dict[str, tuple[bool, frozenset[int]]] = {}  # annotation text -> allocation, shared
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self._seen: dict[str, SeenPod] | None = None
+
+    def _snapshot(self) -> dict[str, SeenPod]:
+        if self._seen is None:
+            names: dict[str, set[str]] = {}
+            for c in list(self.store.containers.values()):
+                names.setdefault(c.pod_id, set()).add(c.name)
+            seen: dict[str, SeenPod] = {}
+            for p in list(self.store.pods.values()):
+                allocated, minors = self._allocation(p.annotations.get(al.DEVICE_ALLOCATED))
+                earlier = seen.get(p.uid)  # a pod whose sandbox was recreated has several
+                containers = frozenset(names.get(p.id, ()))
+                if earlier is not None:
+                    containers |= earlier.containers
+                seen[p.uid] = SeenPod(allocated, minors, containers)
+            self._seen = seen
+        return self._seen
+
+    @classmethod
+    def _allocation(cls, text: str | None) -> tuple[bool, frozenset[int]]:
+        if text is None:
+            return False, frozenset()
+        hit = cls._parsed.get(text)
+        if hit is None:
+            try:
+                gpus = al.parse_device_allocated(text, (al.GPU,)).get(al.GPU, ())
+                hit = bool(gpus), frozenset(a.minor for a in gpus)
+            except al.AnnotationError:
+                hit = True, frozenset()  # the hook refuses its containers: it never holds a plugin GPU
+            if len(cls._parsed) >= 4096:
+                cls._parsed.clear()
+            cls._parsed[text] = hit
+        return hit
+
+    def get(self, uid: str) -> SeenPod | None:
+        return self._snapshot().get(uid)
+
+    def allocated(self) -> Iterable[tuple[str, SeenPod]]:
+        return [(uid, p) for uid, p in self._snapshot().items() if p.allocated]
 
 
 class GpuHook:
@@ -65,6 +150,10 @@ class GpuHook:
         self.checkpoint = checkpoint
         self.pod_live = pod_live
         self.exists = exists
+        self.store: Any = None  # crihook's store, once the daemon has it (attach_store)
+
+    def attach_store(self, store: Any) -> None:
+        self.store = store
 
     def handle(self, ctx: HookContext) -> Edit | None:
         assert ctx.container is not None
@@ -76,7 +165,8 @@ class GpuHook:
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"{e} ({self.checkpoint.path}); can not tell which GPUs the device plugin handed out",
             ) from None
-        return gpu_edit(ctx.pod, ctx.container, self.gpus, NodeView(cp, self.exists, self.pod_live), self.opts)
+        pods = StorePods(self.store) if self.store is not None else None
+        return gpu_edit(ctx.pod, ctx.container, self.gpus, NodeView(cp, self.exists, self.pod_live, pods), self.opts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +174,7 @@ class Settings:
     """The `[hooks.gpu]` table, checked."""
 
     opts: GpuOptions
-    pods_dir: str
+    pods_dir: str | None  # None: the running kubelet's
 
 
 def parse_options(options: Mapping[str, Any], node: NodeConfig) -> Settings:
@@ -111,9 +201,10 @@ def parse_options(options: Mapping[str, Any], node: NodeConfig) -> Settings:
         raise ConfigError(f"hami_core: unknown option(s) {', '.join(hami_unknown)} (known: {', '.join(hami_known)})")
     for key, value in hami_in.items():
         _host_path(value, f"hami_core.{key}", optional=key == "lock_dir")
-    checkpoint_dir = os.path.dirname(os.path.dirname(node.kubelet_checkpoint.rstrip("/")))
-    pods_dir = options.get("kubelet_pods_dir", f"{checkpoint_dir}/pods")
-    _host_path(pods_dir, "kubelet_pods_dir")
+    pods_dir = options.get("kubelet_pods_dir")
+    if pods_dir is not None:
+        _host_path(pods_dir, "kubelet_pods_dir")
+        pods_dir = pods_dir.rstrip("/") or "/"
     opts = GpuOptions(
         inject=inject,
         deny_unallocated=deny,
@@ -121,7 +212,7 @@ def parse_options(options: Mapping[str, Any], node: NodeConfig) -> Settings:
         dev_root=node.dev_root.rstrip("/"),
         hami_core=HamiCore(**hami_in),
     )
-    return Settings(opts, pods_dir.rstrip("/") or "/")
+    return Settings(opts, pods_dir)
 
 
 def _host_path(value: Any, key: str, optional: bool = False) -> None:
@@ -139,4 +230,5 @@ def factory(options: Mapping[str, Any]) -> GpuHook:
     from crihook.devices.nvml import GpuIndex, Nvml  # NVML is loaded on the first lookup, not here
 
     gpus = GpuIndex(Nvml(node.nvml_library, node.sys_root.rstrip("/") or "/"))
-    return GpuHook(settings.opts, gpus, CheckpointReader(node.kubelet_checkpoint), PodDirs(settings.pods_dir))
+    pod_dirs = PodDirs(settings.pods_dir, node.proc_root.rstrip("/") or "/")
+    return GpuHook(settings.opts, gpus, CheckpointReader(node.kubelet_checkpoint), pod_dirs)

@@ -1,9 +1,10 @@
 """What the GPU hook does to one container, as a pure function of what it knows.
 
 Inputs: the pod and container as kubelet described them, the scheduler's annotations (on the pod),
-the kubelet device-plugin checkpoint, the node's GPUs, which device nodes exist and which pods are
-alive. Output: an Edit, or a HookError whose reason names the annotation and the cause (the chain
-adds the pod and container). All I/O stays with the caller, behind the small protocols below.
+the kubelet device-plugin checkpoint, the node's GPUs, which device nodes exist, which pods are
+alive and what crihook's store knows of the node's other pods. Output: an Edit, or a HookError whose
+reason names the annotation and the cause (the chain adds the pod and container). All I/O stays
+with the caller, behind the small protocols below.
 """
 
 from __future__ import annotations
@@ -18,12 +19,15 @@ import grpc
 
 from crihook import allocation as al
 from crihook.hooks.base import ContainerInfo, Device, Edit, HookError, Mount, PodInfo
-from crihook.hooks.checkpoint import Checkpoint, PodDeviceEntry
+from crihook.hooks.checkpoint import Checkpoint, PodDeviceEntry, base_device_id
 from crihook.hooks.scheduled import refuse, scheduled
 
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 VOID = "void"  # the NVIDIA runtime injects nothing, whatever the image says
 CDI_KIND = "nvidia.com/gpu"
+# The annotation prefix CDI-enabled runtimes (containerd >= 1.7, CRI-O) inject devices from; the
+# value is a comma list of qualified names (CDI's pkg/cdi annotations.go).
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 INJECT_MODES = ("env+devices", "cdi")
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
 ISOLATION_LABEL = "koordinator.sh/gpu-isolation-provider"
@@ -34,6 +38,10 @@ DEVICE_PERMISSIONS = "rw"  # what NVIDIA's device plugin grants
 MiB = 1 << 20
 
 _GPU_NODE = re.compile(r"(?:.*/)?nvidia[0-9]+")  # /dev/nvidiaN, as a container or host path
+# CDI kinds that name GPUs: nvidia-ctk's nvidia.com/gpu, NVIDIA's device plugin's own
+# k8s.device-plugin.nvidia.com/gpu, the management spec's management.nvidia.com/gpu. Their device
+# names are an NVML index, a UUID, "all" or a MIG device ("0:1", "MIG-<uuid>").
+_GPU_CDI_KIND = re.compile(r"(?:[A-Za-z0-9_.-]+\.)?nvidia\.com/gpu")
 _PATH_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 
 
@@ -55,6 +63,24 @@ class GpuLookup(Protocol):
 
     def by_minor(self, minor: int) -> GpuLike | None: ...
     def by_uuid(self, uuid: str) -> GpuLike | None: ...
+    def all(self) -> Sequence[GpuLike]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SeenPod:
+    """A pod crihook saw start on this node (its store): whether the scheduler placed its GPUs
+    (the gpu part of the device-allocated annotation), which minors, and which containers exist."""
+
+    allocated: bool
+    minors: frozenset[int] = frozenset()
+    containers: frozenset[str] = frozenset()
+
+
+class SeenPods(Protocol):
+    """crihook's store, by pod UID; hooks.gpu.StorePods in the daemon."""
+
+    def get(self, uid: str) -> SeenPod | None: ...
+    def allocated(self) -> Iterable[tuple[str, SeenPod]]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +113,8 @@ class NodeView:
     checkpoint: Checkpoint
     exists: Callable[[str], bool]  # host path -> present
     pod_live: Callable[[str], bool]  # pod UID -> still running on this node
+    # None (no store): every live holder in the checkpoint counts, as if it were a device-plugin pod
+    pods: SeenPods | None = None
 
 
 def gpu_edit(
@@ -98,13 +126,14 @@ def gpu_edit(
         e for e in node.checkpoint.for_container(pod.uid, container.name) if opts.is_plugin_resource(e.resource_name)
     )
     if allocs is None and plugin:
+        _check_taken(pod.uid, plugin, gpus, node)
         return None  # no word from the scheduler: the device plugin's allocation stands
     if not allocs:
-        return _strip(container, plugin, opts, VOID) if opts.deny_unallocated else None
+        return _strip(container, plugin, (), VOID) if opts.deny_unallocated else None
     chosen = sorted(_resolve(allocs, gpus), key=lambda pair: pair[1].pci_bus_id.lower())
     _check_conflicts(pod.uid, [g for _, g in chosen], node)
     uuids = [g.uuid for _, g in chosen]
-    edit = _strip(container, plugin, opts, VOID if opts.inject == "cdi" else ",".join(uuids))
+    edit = _strip(container, plugin, [g for _, g in chosen], VOID if opts.inject == "cdi" else ",".join(uuids))
     if opts.inject == "cdi":
         edit.add_cdi_devices.extend(f"{CDI_KIND}={u}" for u in uuids)
     else:
@@ -141,12 +170,12 @@ def _resolve(allocs: Iterable[al.DeviceAllocation], gpus: GpuLookup) -> list[tup
 
 
 def _check_conflicts(pod_uid: str, chosen: Sequence[GpuLike], node: NodeView) -> None:
-    """Fail when the checkpoint shows a chosen GPU held through the device plugin by another pod
-    that is still alive. Device ids are compared as text (UUID, or NVML index for plugins run with
-    the index id strategy), so this costs no NVML call."""
+    """Fail when the checkpoint shows a chosen GPU in use through the device plugin by another pod.
+    Device ids are compared as text (UUID, or NVML index for plugins run with the index id
+    strategy), so this costs no NVML call."""
     for g in chosen:
         for e in (*node.checkpoint.holders(g.uuid), *node.checkpoint.holders(str(g.index))):
-            if e.pod_uid != pod_uid and node.pod_live(e.pod_uid):
+            if e.pod_uid != pod_uid and _plugin_uses(e, node):
                 raise refuse(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"GPU minor {g.minor} ({g.uuid}) is held by live pod {e.pod_uid} container {e.container_name}"
@@ -154,9 +183,59 @@ def _check_conflicts(pod_uid: str, chosen: Sequence[GpuLike], node: NodeView) ->
                 )
 
 
-def _strip(container: ContainerInfo, plugin: Sequence[PodDeviceEntry], opts: GpuOptions, visible: str) -> Edit:
+def _plugin_uses(e: PodDeviceEntry, node: NodeView) -> bool:
+    """Whether a checkpoint entry is a GPU its container really uses. Kubelet hands a plugin device
+    to every pod that asks for the plugin's resource, also to the pods crihook's scheduler placed:
+    for those the entry is a phantom (the hook stripped it). A holder counts when crihook saw its
+    container created (not removed), its pod has no gpu allocation of the scheduler's, and kubelet
+    still has the pod. A holder whose container crihook has not seen created uses nothing yet;
+    when it is created, `_check_taken` refuses it if the GPU is in use by then."""
+    if node.pods is not None:
+        seen = node.pods.get(e.pod_uid)
+        if seen is None or seen.allocated or e.container_name not in seen.containers:
+            return False
+    return node.pod_live(e.pod_uid)
+
+
+def _check_taken(pod_uid: str, plugin: Sequence[PodDeviceEntry], gpus: GpuLookup, node: NodeView) -> None:
+    """A device-plugin container (no word from the scheduler) must not start on a GPU a pod the
+    scheduler placed is using: kubelet believes that GPU free, since it counts only the phantom
+    devices it gave the scheduler's pods."""
+    if node.pods is None:
+        return
+    given: dict[int, GpuLike] = {}
+    for e in plugin:
+        for dev_id in e.device_ids:
+            g = _plugin_gpu(base_device_id(dev_id), gpus)
+            if g is not None:
+                given[g.minor] = g
+    if not given:
+        return
+    for uid, seen in node.pods.allocated():
+        taken = sorted(seen.minors & given.keys())
+        if uid != pod_uid and taken and seen.containers and node.pod_live(uid):
+            g = given[taken[0]]
+            raise HookError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"the device plugin gave this container GPU minor {g.minor} ({g.uuid}), which live pod {uid}"
+                " uses as the scheduler placed it; it can start once that pod is gone",
+            )
+
+
+def _plugin_gpu(dev_id: str, gpus: GpuLookup) -> GpuLike | None:
+    """The GPU a device-plugin id names: a UUID, or an NVML index (the plugin's index strategy)."""
+    if dev_id.isdigit():
+        return next((g for g in gpus.all() if g.index == int(dev_id)), None)
+    return gpus.by_uuid(dev_id) if dev_id.startswith("GPU-") else None
+
+
+def _strip(
+    container: ContainerInfo, plugin: Sequence[PodDeviceEntry], chosen: Sequence[GpuLike], visible: str
+) -> Edit:
     """Remove every GPU the container would get some other way: what the device plugin injected
-    for it, any /dev/nvidiaN node and any nvidia.com/gpu CDI device; then set the visible list."""
+    for it, any /dev/nvidiaN node, and every CDI device naming a GPU not chosen, whether in
+    CDI_devices or in a `cdi.k8s.io/*` annotation (the plugin's, an image's, a webhook's); then set
+    the visible list. CDI devices that name no GPU (gds, mofed, imex channels) stay."""
     for e in plugin:
         if e.alloc_resp is None and e.alloc_error:
             raise HookError(
@@ -167,7 +246,8 @@ def _strip(container: ContainerInfo, plugin: Sequence[PodDeviceEntry], opts: Gpu
     env_keys = {k for r in injected for k in r.envs} - {VISIBLE}
     mount_paths = {m.container_path for r in injected for m in r.mounts}
     device_paths = {d.container_path for r in injected for d in r.devices}
-    cdi_names = {n for r in injected for n in r.cdi_devices}
+    plugin_annotations = {k for r in injected for k in r.annotations}
+    names = frozenset(n for g in chosen for n in (g.uuid, str(g.index)))
     edit = Edit(env={VISIBLE: visible})
     edit.remove_env = {k for k, _ in container.envs if k in env_keys}
     edit.remove_mounts = {m.container_path for m in container.mounts if m.container_path in mount_paths}
@@ -176,8 +256,23 @@ def _strip(container: ContainerInfo, plugin: Sequence[PodDeviceEntry], opts: Gpu
         for d in container.devices
         if d.container_path in device_paths or _GPU_NODE.fullmatch(d.container_path) or _GPU_NODE.fullmatch(d.host_path)
     }
-    edit.remove_cdi_devices = {n for n in container.cdi_devices if n in cdi_names or n.startswith(CDI_KIND + "=")}
+    edit.remove_cdi_devices = {n for n in container.cdi_devices if not _cdi_allowed(n, names)}
+    for key, value in container.annotations.items():
+        if key.startswith(CDI_ANNOTATION_PREFIX) or key in plugin_annotations:
+            kept = [n for n in value.split(",") if _cdi_allowed(n, names)]
+            if len(kept) == len(value.split(",")):
+                continue
+            if kept:
+                edit.annotations[key] = ",".join(kept)
+            else:
+                edit.remove_annotations.add(key)
     return edit
+
+
+def _cdi_allowed(name: str, chosen: frozenset[str]) -> bool:
+    """Whether a CDI device may stay: it names no GPU, or one of the chosen (by UUID or index)."""
+    kind, sep, device = name.strip().partition("=")
+    return not (sep and _GPU_CDI_KIND.fullmatch(kind)) or device in chosen
 
 
 def _memory_bytes(a: al.DeviceAllocation, g: GpuLike) -> int:

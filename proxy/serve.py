@@ -118,7 +118,10 @@ class Daemon:
     _closing: set[asyncio.Task[None]] = field(default_factory=set)
 
     def chain(self, cfg: cfgmod.Config) -> HookChain:
-        return build_chain(cfg.hooks, cfg.node)
+        chain = build_chain(cfg.hooks, cfg.node)
+        if self.store is not None:
+            attach_store(chain, self.store)
+        return chain
 
     async def main(self) -> None:
         cfg = self.cfg
@@ -134,6 +137,7 @@ class Daemon:
         state = self.store.load()
         stats = self.store.reconcile(*await list_runtime(backend))
         log.info("store rebuilt", extra={"file": state, **stats})
+        attach_store(chain, self.store)
         janitor = TaskJanitor(backend, cfg.proxy.runtime_namespace) if cfg.proxy.clear_orphan_tasks else None
         self.interceptor = Interceptor(chain, self.store, janitor)
         self.relay = Relay(backend, self.interceptor, cfg.proxy.max_message_bytes)
@@ -200,6 +204,15 @@ class Daemon:
 async def _close_later(chain: HookChain, grace: float) -> None:
     await asyncio.sleep(grace)
     await chain.close()
+
+
+def attach_store(chain: HookChain, store: Store) -> None:
+    """Hands the store to hooks that ask about the node's other pods (the gpu hook: which pods the
+    scheduler placed, which containers exist)."""
+    for reg in chain.hooks:
+        attach = getattr(reg.hook, "attach_store", None)
+        if attach is not None:
+            attach(store)
 
 
 def gpu_index(chain: HookChain) -> Any:

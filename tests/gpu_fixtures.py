@@ -125,3 +125,18 @@ def write_checkpoint(path: Path, entries: Iterable[Entry], **kwargs: Any) -> Non
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(json.dumps(checkpoint_doc(entries, **kwargs)).encode())
     os.replace(tmp, path)
+
+
+def fake_proc(root: Path, argv: list[str] | None) -> Path:
+    """A /proc under `root` with init and, when `argv` is given, a kubelet with that command line:
+    `comm` and the NUL-separated `cmdline` are what crihook reads (proc(5))."""
+    proc = root / "proc"
+    (proc / "1").mkdir(parents=True, exist_ok=True)
+    (proc / "1/comm").write_text("systemd\n")
+    (proc / "1/cmdline").write_bytes(b"/sbin/init\0")
+    (proc / "self").mkdir(exist_ok=True)
+    if argv is not None:
+        (proc / "4242").mkdir(exist_ok=True)
+        (proc / "4242/comm").write_text("kubelet\n")
+        (proc / "4242/cmdline").write_bytes("\0".join(argv).encode() + b"\0")
+    return proc

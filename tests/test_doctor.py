@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 import pytest
+from gpu_fixtures import fake_proc
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -236,19 +237,6 @@ def test_proxy_answering_for_another_runtime_or_open_to_all(fake_runtime: Any, s
     assert doctor.check_proxy(ProxyConfig(listen=listen), same, 2.0).level is (
         Level.OK if os.geteuid() == 0 else Level.WARN
     )
-
-
-def fake_proc(root: Path, argv: list[str] | None) -> Path:
-    proc = root / "proc"
-    (proc / "1").mkdir(parents=True)
-    (proc / "1/comm").write_text("systemd\n")
-    (proc / "1/cmdline").write_bytes(b"/sbin/init\0")
-    (proc / "self").mkdir()
-    if argv is not None:
-        (proc / "4242").mkdir()
-        (proc / "4242/comm").write_text("kubelet\n")
-        (proc / "4242/cmdline").write_bytes("\0".join(argv).encode() + b"\0")
-    return proc
 
 
 def test_kubelet_checks(tmp_path: Path) -> None:
@@ -495,6 +483,8 @@ def test_healthy_node(containerd: Any, short_tmp: Path) -> None:
     listen = short_tmp / "crihook.sock"
     checkpoint = short_tmp / "checkpoint"
     checkpoint.write_text(json.dumps({"Data": {"PodDeviceEntries": [], "RegisteredDevices": {}}, "Checksum": 1}))
+    (short_tmp / "pods").mkdir()
+    root = f"--root-dir={short_tmp}"
     config = write_config(
         short_tmp / "config.toml",
         proxy={
@@ -504,7 +494,7 @@ def test_healthy_node(containerd: Any, short_tmp: Path) -> None:
             "metrics_listen": "",
         },
         node={
-            "proc_root": str(fake_proc(short_tmp, ["kubelet", f"--container-runtime-endpoint=unix://{listen}"])),
+            "proc_root": str(fake_proc(short_tmp, ["kubelet", f"--container-runtime-endpoint=unix://{listen}", root])),
             "dev_root": str(dev_tree(short_tmp, [0, 1])),
             "kubelet_checkpoint": str(checkpoint),
         },
@@ -526,3 +516,26 @@ def test_healthy_node(containerd: Any, short_tmp: Path) -> None:
     assert by_check["crihook socket"].found.startswith(f"crihook answers at unix://{listen} and forwards to containerd")
     assert by_check["kubelet"].found.startswith(f"kubelet uses crihook at unix://{listen}")
     assert by_check["state dir"].found.startswith(f"{short_tmp}/state")
+
+
+def test_checkpoint_and_pods_dir_advice_follows_kubelet(tmp_path: Path) -> None:
+    # kubelet keeps the checkpoint in /var/lib/kubelet/device-plugins whatever --root-dir says; the
+    # pods dir follows --root-dir (the advice used to be to move node.kubelet_checkpoint)
+    gone = NodeConfig(kubelet_checkpoint=str(tmp_path / "kubelet" / "device-plugins" / "kubelet_internal_checkpoint"))
+    f = doctor.check_checkpoint(gone)
+    assert f.level is Level.WARN and "does not exist" in f.found
+    assert "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint whatever its --root-dir" in f.fix
+
+    path = tmp_path / "kubelet_internal_checkpoint"
+    path.write_text(json.dumps({"Data": {"PodDeviceEntries": [], "RegisteredDevices": {}}, "Checksum": 1}))
+    root = tmp_path / "data" / "kubelet"
+    proc = fake_proc(tmp_path, ["kubelet", f"--root-dir={root}"])
+    node = NodeConfig(kubelet_checkpoint=str(path), proc_root=str(proc))
+    f = doctor.check_checkpoint(node)
+    assert f.level is Level.WARN and f"kubelet's pods dir {root}/pods does not exist" in f.found
+    (root / "pods").mkdir(parents=True)
+    assert doctor.check_checkpoint(node).level is Level.OK
+    assert doctor.check_checkpoint(node, {"kubelet_pods_dir": f"{root}/pods"}).level is Level.OK
+    f = doctor.check_checkpoint(node, {"kubelet_pods_dir": "/var/lib/kubelet/pods"})
+    assert f.level is Level.WARN and f"kubelet keeps pods in {root}/pods" in f.found
+    assert "remove kubelet_pods_dir" in f.fix

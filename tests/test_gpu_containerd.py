@@ -187,6 +187,13 @@ def test_forged_and_conflicting_allocations_fail_create(gpu_node: GpuNode, cri: 
     other_uid = "7d0c5f8e-1111-4222-8333-944445555666"
     write_checkpoint(gpu_node.node.checkpoint, [Entry(other_uid, "trainer", [gpu_node.node.uuid(1)])])
     (gpu_node.node.kubelet / "pods" / other_uid).mkdir(exist_ok=True)
+    # the holder: a device-plugin pod (no allocation annotation) whose container runs
+    holder = pod_config("holder", uid=other_uid)
+    with cri.pod(holder) as holder_id, cri.container(holder_id, container_config("trainer", holder), holder):
+        refuse_all(gpu_node, cri, other_uid)
+
+
+def refuse_all(gpu_node: GpuNode, cri: Cri, other_uid: str) -> None:
     ann = al.DEVICE_ALLOCATED
     uuid = gpu_node.node.uuid
     cases = [

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from crihook import allocation as al
 from crihook.hooks.base import ContainerInfo, Device, Edit, HookContext, HookError, Mount, PodInfo, Stage, apply_edit
 from crihook.hooks.checkpoint import Checkpoint, parse_checkpoint
-from crihook.hooks.gpu_edit import GpuOptions, HamiCore, NodeView, gpu_edit
+from crihook.hooks.gpu_edit import GpuOptions, HamiCore, NodeView, SeenPod, gpu_edit
 
 POD_UID = "11111111-2222-3333-4444-555555555555"
 OTHER_UID = "99999999-8888-7777-6666-555555555555"
@@ -472,6 +472,13 @@ def test_hami_core_refuses_a_uid_that_is_not_a_path_part() -> None:
 # -- properties -------------------------------------------------------------------------------------
 
 minor_lists = st.lists(st.integers(min_value=0, max_value=8), max_size=4, unique=True)
+CDI_NAMES = [
+    "nvidia.com/gpu=all",
+    "nvidia.com/gpu=1",
+    f"k8s.device-plugin.nvidia.com/gpu={BOX[2].uuid}",
+    "nvidia.com/gpu=0:0",
+    "x.io/y=1",
+]
 
 
 @st.composite
@@ -491,6 +498,9 @@ def scenarios(draw: st.DrawFn) -> tuple[PodInfo, ContainerInfo, NodeView]:
         envs=(("NVIDIA_VISIBLE_DEVICES", draw(st.sampled_from(["all", "0", "none", ""]))),),
         devices=(*(Device(path, path) for path in own), Device("/dev/fuse", "/dev/fuse")),
         cdi_devices=tuple(draw(st.lists(st.sampled_from(["nvidia.com/gpu=all", "nvidia.com/gpu=0", "x.io/y=1"])))),
+        annotations={
+            "cdi.k8s.io/any": ",".join(draw(st.lists(st.sampled_from(CDI_NAMES), min_size=1))),
+        },
     )
     holders = [
         Entry(draw(st.sampled_from([POD_UID, OTHER_UID])), "cuda", [g.uuid])
@@ -532,4 +542,130 @@ def test_a_container_never_reaches_a_gpu_it_was_not_given(
     }
     assert nodes == (given_minors if inject == "env+devices" else set())
     cdi = {n.split("=", 1)[1] for n in after.cdi_devices if n.startswith("nvidia.com/gpu=")}
-    assert cdi == (uuids if inject == "cdi" else set())
+    indices = {str(g.index) for g in BOX if g.minor in given_minors}
+    assert cdi <= (uuids | indices if inject == "cdi" else indices)
+    if inject == "cdi":
+        assert uuids <= cdi
+    leftover = after.annotations.get("cdi.k8s.io/any", "")
+    named = {n.split("=", 1)[1] for n in leftover.split(",") if "nvidia.com/gpu=" in n}
+    assert named <= uuids | indices
+
+
+# -- CDI: no GPU through a cdi.k8s.io annotation or a CDI_devices entry ----------------------------
+
+PLUGIN_CDI_KEY = "cdi.k8s.io/nvidia-device-plugin_0d7e6a3b"  # NVIDIA's plugin: <prefix>nvidia-device-plugin_<id>
+
+
+def test_cdi_annotations_lose_the_gpus_not_chosen_and_keep_the_rest() -> None:
+    # NVIDIA's plugin with the cdi-annotations strategy: one annotation listing the GPU (by its
+    # device-id strategy: uuid or index) and the gds/mofed extras (k8s-device-plugin, getCDIDeviceAnnotations)
+    resp = alloc_resp(
+        annotations={
+            PLUGIN_CDI_KEY: f"k8s.device-plugin.nvidia.com/gpu={BOX[3].uuid},k8s.device-plugin.nvidia.com/gds=all"
+        }
+    )
+    c = container(
+        annotations={
+            PLUGIN_CDI_KEY: f"k8s.device-plugin.nvidia.com/gpu={BOX[3].uuid},k8s.device-plugin.nvidia.com/gds=all",
+            "cdi.k8s.io/from-a-webhook": f"nvidia.com/gpu=all, nvidia.com/gpu={BOX[0].index}",
+            "cdi.k8s.io/mine": f"nvidia.com/gpu={BOX[0].uuid},management.nvidia.com/gpu=all",
+            "cdi.k8s.io/nic": "vendor.example/nic=eth1",
+            "io.kubernetes.container.hash": "1234",
+        },
+        cdi_devices=(
+            f"k8s.device-plugin.nvidia.com/gpu={BOX[3].index}",
+            "nvidia.com/gpu=0:1",
+            f"nvidia.com/gpu=MIG-{BOX[0].uuid[4:]}",
+            f"nvidia.com/gpu={BOX[0].index}",
+            "nvidia.com/gds=all",
+        ),
+    )
+    p = pod(allocated(2))  # minor 2 is BOX[0]
+    edit = run(p, c, node([Entry(POD_UID, "cuda", [BOX[3].uuid], resp=resp)]))
+    assert edit is not None
+    after = final(p, c, edit)
+    assert after.annotations == {
+        PLUGIN_CDI_KEY: "k8s.device-plugin.nvidia.com/gds=all",
+        "cdi.k8s.io/from-a-webhook": f" nvidia.com/gpu={BOX[0].index}",
+        "cdi.k8s.io/mine": f"nvidia.com/gpu={BOX[0].uuid}",
+        "cdi.k8s.io/nic": "vendor.example/nic=eth1",
+        "io.kubernetes.container.hash": "1234",
+    }
+    assert after.cdi_devices == (f"nvidia.com/gpu={BOX[0].index}", "nvidia.com/gds=all")
+
+
+def test_a_container_without_gpus_loses_every_gpu_cdi_annotation() -> None:
+    c = container(
+        annotations={"cdi.k8s.io/x": "nvidia.com/gpu=all", "cdi.k8s.io/y": "k8s.device-plugin.nvidia.com/gpu=1"}
+    )
+    p = pod()
+    after = final(p, c, run(p, c))
+    assert after.annotations == {} and after.env("NVIDIA_VISIBLE_DEVICES") == "void"
+
+
+def test_a_plugin_pods_own_cdi_stays() -> None:
+    resp = alloc_resp(annotations={PLUGIN_CDI_KEY: f"k8s.device-plugin.nvidia.com/gpu={BOX[1].uuid}"})
+    c = container(annotations=dict(resp.annotations))
+    assert run(pod(), c, node([Entry(POD_UID, "cuda", [BOX[1].uuid], resp=resp)])) is None
+
+
+# -- phantom holders: crihook's store says which pods the scheduler placed -------------------------
+
+
+class Seen:
+    def __init__(self, pods: Mapping[str, SeenPod]) -> None:
+        self.pods = dict(pods)
+
+    def get(self, uid: str) -> SeenPod | None:
+        return self.pods.get(uid)
+
+    def allocated(self) -> list[tuple[str, SeenPod]]:
+        return [(uid, p) for uid, p in self.pods.items() if p.allocated]
+
+
+def seen_node(
+    entries: Iterable[Entry], pods: Mapping[str, SeenPod], live: Iterable[str] = (POD_UID, OTHER_UID)
+) -> NodeView:
+    return replace(node(entries, live=live), pods=Seen(pods))
+
+
+HOLDS_3 = [Entry(OTHER_UID, "trainer", [BOX[1].uuid])]  # BOX[1] is minor 3
+
+
+@pytest.mark.parametrize(
+    ("other", "counts"),
+    [
+        (SeenPod(False, containers=frozenset({"trainer"})), True),  # a device-plugin pod, running
+        (SeenPod(True, frozenset({2}), frozenset({"trainer"})), False),  # placed by the scheduler: a phantom
+        (SeenPod(False, containers=frozenset({"sidecar"})), False),  # its GPU container is not created yet
+        (None, False),  # no sandbox yet: it uses nothing; its own CreateContainer is checked
+    ],
+)
+def test_a_holder_counts_only_when_it_is_a_running_plugin_pod(other: SeenPod | None, counts: bool) -> None:
+    n = seen_node(HOLDS_3, {OTHER_UID: other} if other else {})
+    if counts:
+        refused(grpc.StatusCode.FAILED_PRECONDITION, r"held by live pod", pod(allocated(3)), n=n)
+        gone = seen_node(HOLDS_3, {OTHER_UID: other} if other else {}, live=[POD_UID])
+        assert run(pod(allocated(3)), n=gone) is not None
+    else:
+        edit = run(pod(allocated(3)), n=n)
+        assert edit is not None and edit.env["NVIDIA_VISIBLE_DEVICES"] == BOX[1].uuid
+
+
+@pytest.mark.parametrize("device_id", [BOX[0].uuid, BOX[0].uuid + "::2", str(BOX[0].index)])
+def test_a_plugin_container_may_not_start_on_a_gpu_the_scheduler_gave_away(device_id: str) -> None:
+    mine = [Entry(POD_UID, "cuda", [device_id], resp=nvidia_plugin_resp(BOX[:1]))]
+    user = SeenPod(True, frozenset({2}), frozenset({"trainer"}))
+    refused(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        rf"the device plugin gave this container GPU minor 2 \({BOX[0].uuid}\), which live pod {OTHER_UID} uses",
+        pod(),
+        n=seen_node(mine, {OTHER_UID: user}),
+    )
+    for free in (
+        {OTHER_UID: replace(user, containers=frozenset())},  # placed, no container yet: first come
+        {OTHER_UID: replace(user, minors=frozenset({4}))},
+        {},
+    ):
+        assert run(pod(), n=seen_node(mine, free)) is None
+    assert run(pod(), n=seen_node(mine, {OTHER_UID: user}, live=[POD_UID])) is None

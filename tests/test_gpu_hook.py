@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 import pytest
-from gpu_fixtures import Entry, Inventory, gpus, nvidia_plugin_resp, write_checkpoint
+from gpu_fixtures import Entry, Inventory, fake_proc, gpus, nvidia_plugin_resp, write_checkpoint
 
 from crihook import allocation as al
 from crihook.config import HooksConfig, NodeConfig
@@ -19,8 +19,8 @@ from crihook.hooks import checkpoint as checkpoint_module
 from crihook.hooks.base import ConfigError, ContainerInfo, Device, Edit, HookContext, HookError, PodInfo, Stage
 from crihook.hooks.chain import build_chain
 from crihook.hooks.checkpoint import CheckpointReader
-from crihook.hooks.gpu import GpuHook, PodDirs, parse_options
-from crihook.hooks.gpu_edit import GpuOptions, HamiCore
+from crihook.hooks.gpu import GpuHook, PodDirs, StorePods, parse_options
+from crihook.hooks.gpu_edit import GpuOptions, HamiCore, SeenPod
 from crihook.simnode.node import make_dev_root
 
 POD_UID = "0b1c2d3e-0000-4000-8000-000000000001"
@@ -36,7 +36,10 @@ class Node:
         self.kubelet = root / "kubelet"
         self.checkpoint = self.kubelet / "device-plugins" / "kubelet_internal_checkpoint"
         (self.kubelet / "pods").mkdir(parents=True)
-        self.config = NodeConfig(dev_root=str(self.dev), kubelet_checkpoint=str(self.checkpoint))
+        self.proc = fake_proc(root, ["kubelet", f"--root-dir={self.kubelet}"])
+        self.config = NodeConfig(
+            dev_root=str(self.dev), kubelet_checkpoint=str(self.checkpoint), proc_root=str(self.proc)
+        )
         self.inventory = Inventory(BOX)
 
     def pod_dir(self, uid: str) -> None:
@@ -45,7 +48,7 @@ class Node:
     def hook(self, **options: Any) -> GpuHook:
         settings = parse_options(options, self.config)
         reader = CheckpointReader(str(self.checkpoint), sleep=lambda s: None)
-        return GpuHook(settings.opts, self.inventory, reader, PodDirs(settings.pods_dir))
+        return GpuHook(settings.opts, self.inventory, reader, PodDirs(settings.pods_dir, str(self.proc)))
 
 
 @pytest.fixture
@@ -77,7 +80,8 @@ def refusal(hook: GpuHook, p: PodInfo, c: ContainerInfo | None = None) -> HookEr
 def test_defaults_follow_the_node(node: Node) -> None:
     s = parse_options({"node": node.config}, node.config)
     assert s.opts == GpuOptions(dev_root=str(node.dev))
-    assert s.pods_dir == str(node.kubelet / "pods")
+    assert s.pods_dir is None  # the running kubelet's, found when first needed
+    assert PodDirs(s.pods_dir, str(node.proc)).directory() == str(node.kubelet / "pods")
 
 
 def test_options(node: Node) -> None:
@@ -235,7 +239,7 @@ def chain_run(node: Node, hooks: HooksConfig, p: PodInfo) -> Any:
     def make(options: Mapping[str, Any]) -> GpuHook:
         settings = parse_options(options, options["node"])
         reader = CheckpointReader(str(node.checkpoint))
-        return GpuHook(settings.opts, node.inventory, reader, PodDirs(settings.pods_dir))
+        return GpuHook(settings.opts, node.inventory, reader, PodDirs(settings.pods_dir, str(node.proc)))
 
     chain = build_chain(hooks, node.config, {"gpu": make})
     ctx = HookContext(Stage.PRE_CREATE_CONTAINER, p, ContainerInfo("cuda", envs=(("NVIDIA_VISIBLE_DEVICES", "all"),)))
@@ -304,3 +308,90 @@ def test_registered_hook_over_nvml_makes_no_nvml_call_when_warm(tmp_path: Path, 
     for _ in range(3):
         assert handle(hook, p) == first
     assert fake.call_count() == calls
+
+
+# -- kubelet's directories --------------------------------------------------------------------------
+
+
+def test_pods_dir_follows_kubelets_root_dir_not_the_checkpoint(tmp_path: Path) -> None:
+    # kubelet keeps the checkpoint in /var/lib/kubelet/device-plugins whatever --root-dir says, while
+    # the pods dir is <root dir>/pods (pkg/kubelet/kubelet_getters.go getPodsDir)
+    live = PodDirs(None, str(fake_proc(tmp_path, None)))
+    assert live.directory() == "/var/lib/kubelet/pods"  # kubelet not running yet: its default, asked again
+    fake_proc(tmp_path, ["kubelet", "--config=/etc/kubernetes/kubelet.yaml", "--root-dir", f"{tmp_path}/data/kubelet"])
+    assert live.directory() == str(tmp_path / "data" / "kubelet" / "pods")
+    (tmp_path / "data" / "kubelet" / "pods" / POD_UID).mkdir(parents=True)
+    assert live(POD_UID) and not live(OTHER_UID)
+
+
+def test_missing_pods_dir_counts_as_live_and_is_said_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    live = PodDirs(str(tmp_path / "nowhere" / "pods"))
+    with caplog.at_level("WARNING", logger="crihook.hooks.gpu"):
+        assert live(OTHER_UID) and live(POD_UID)
+    said = [r for r in caplog.records if "kubelet pods dir missing" in r.getMessage()]
+    assert len(said) == 1 and said[0].dir == str(tmp_path / "nowhere" / "pods")
+    (tmp_path / "nowhere" / "pods").mkdir(parents=True)
+    assert not live(OTHER_UID)
+
+
+def test_checkpoint_in_a_missing_directory_is_said(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    reader = CheckpointReader(str(tmp_path / "no-such-dir" / "kubelet_internal_checkpoint"))
+    with caplog.at_level("WARNING", logger="crihook.checkpoint"):
+        assert reader.read().entries == () and reader.read().entries == ()
+    assert [r.dir for r in caplog.records if "checkpoint directory missing" in r.getMessage()] == [
+        str(tmp_path / "no-such-dir")
+    ]
+    caplog.clear()
+    (tmp_path / "no-such-dir").mkdir()
+    with caplog.at_level("WARNING", logger="crihook.checkpoint"):
+        assert reader.read().entries == ()  # kubelet without device plugins writes no checkpoint: silent
+    assert not caplog.records
+
+
+def test_store_pods_reads_crihooks_store(tmp_path: Path) -> None:
+    from crihook.proxy.store import ContainerRecord, PodRecord, Store
+
+    store = Store(tmp_path)
+    placed = allocated(3) | {"other": "x"}
+    store.pods["s1"] = PodRecord("s1", "a", "ml", POD_UID, annotations=placed)
+    store.pods["s2"] = PodRecord("s2", "b", "ml", OTHER_UID, attempt=0)
+    store.pods["s3"] = PodRecord("s3", "b", "ml", OTHER_UID, attempt=1)  # the sandbox recreated
+    store.pods["s4"] = PodRecord("s4", "c", "ml", "bad-uid", annotations={al.DEVICE_ALLOCATED: "{"})
+    store.containers["c1"] = ContainerRecord("c1", "s1", "cuda")
+    store.containers["c2"] = ContainerRecord("c2", "s2", "trainer")
+    store.containers["c3"] = ContainerRecord("c3", "s3", "sidecar")
+    pods = StorePods(store)
+    assert pods.get(POD_UID) == SeenPod(True, frozenset({3}), frozenset({"cuda"}))
+    assert pods.get(OTHER_UID) == SeenPod(False, frozenset(), frozenset({"trainer", "sidecar"}))
+    assert pods.get("bad-uid") == SeenPod(True, frozenset(), frozenset())  # refused by the hook: never a holder
+    assert pods.get("unknown") is None
+    assert sorted(uid for uid, _ in pods.allocated()) == sorted([POD_UID, "bad-uid"])
+
+
+def test_hook_with_the_store_ignores_phantoms_and_guards_plugin_pods(node: Node, tmp_path: Path) -> None:
+    from crihook.proxy.store import ContainerRecord, PodRecord, Store
+
+    store = Store(tmp_path / "state")
+    # OTHER_UID was placed by the scheduler on minor 2; kubelet's plugin gave it minor 3 (a phantom)
+    store.pods["s2"] = PodRecord("s2", "b", "ml", OTHER_UID, annotations=allocated(2))
+    store.containers["c2"] = ContainerRecord("c2", "s2", "trainer")
+    write_checkpoint(
+        node.checkpoint,
+        [
+            Entry(OTHER_UID, "trainer", [BOX[1].uuid], resp=nvidia_plugin_resp(BOX[1:2])),
+            Entry(POD_UID, "cuda", [BOX[0].uuid], resp=nvidia_plugin_resp(BOX[:1])),
+        ],
+    )
+    node.pod_dir(OTHER_UID)
+    hook = node.hook()
+    assert refusal(hook, pod(allocated(3))).code == grpc.StatusCode.FAILED_PRECONDITION  # no store: counts
+    hook.attach_store(store)
+    edit = handle(hook, pod(allocated(3)))
+    assert edit is not None and edit.env["NVIDIA_VISIBLE_DEVICES"] == BOX[1].uuid
+    # a device-plugin pod (no annotation) that the plugin gave minor 2, which OTHER_UID uses
+    err = refusal(hook, pod())
+    assert err.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert err.reason == (
+        f"the device plugin gave this container GPU minor 2 ({BOX[0].uuid}), which live pod {OTHER_UID} uses as "
+        "the scheduler placed it; it can start once that pod is gone"
+    )

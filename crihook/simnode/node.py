@@ -117,6 +117,9 @@ nvml_library = "{nvml_library}"
 [hooks]
 allowed_host_paths = ["{{dev_root}}/nvidia*", "{{dev_root}}/infiniband/*", "{self.hami}/*"]
 
+[hooks.gpu]
+kubelet_pods_dir = "{self.kubelet}/pods"  # no kubelet runs to tell its --root-dir
+
 [hooks.gpu.hami_core]
 library = "{self.hami}/libvgpu.so"
 preload_file = "{self.hami}/ld.so.preload"
