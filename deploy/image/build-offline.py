@@ -12,6 +12,10 @@ writer), so a second build is a lookup. Prints the archive's path; `--ref` the r
 
 from __future__ import annotations
 
+import argparse
+import hashlib
+import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -20,10 +24,13 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))  # containerd.py: the OCI image writer of the test images
+PACKAGE_DIRS = ("crihook", "proxy", "hooks", "scheduler", "devices", "proto")  # pyproject's package-dir
 
 REGISTRY = "ghcr.io/crihook/crihook"
 SUITE = "bookworm"  # its python3 is 3.11, which the dependency wheels are chosen for
 PYTHON_TAG = ("3.11", "cp311")
+GLIBC_MINOR = 36  # bookworm's glibc 2.36
 # python3-venv brings ensurepip's pip, which installs the wheels; passwd has useradd
 PACKAGES = ("python3", "python3-venv", "passwd")
 VENV = "/opt/crihook"
@@ -74,3 +81,96 @@ def build_wheel(out: Path) -> Path:
         )
     (wheel,) = out.glob(f"crihook-{version()}-*.whl")
     return wheel
+
+
+def wheelhouse(out: Path) -> Path:
+    """crihook's wheel and every dependency's, for the image's Python rather than this one's."""
+    wheel = build_wheel(out)
+    machine = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}[platform.machine()]
+    py, abi = PYTHON_TAG
+    target = ["--python-version", py, "--implementation", "cp", "--abi", abi, "--abi", "abi3", "--abi", "none"]
+    # pip takes the platform tags literally: every manylinux glibc level bookworm's 2.36 runs
+    for tag in [f"manylinux_2_{minor}" for minor in range(GLIBC_MINOR, 4, -1)] + ["manylinux2014", "manylinux1"]:
+        target += ["--platform", f"{tag}_{machine}"]
+    target += ["--platform", "any"]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "-d", str(out), "--only-binary=:all:", *target, str(wheel)],
+        check=True,
+        stdin=subprocess.DEVNULL,
+    )
+    return out
+
+
+def rootfs(wheels: Path, out: Path) -> None:
+    """The image's file system as a tar: Debian from its packages, crihook installed into a venv
+    from `wheels` (no index), the unprivileged user, no apt lists or caches."""
+    hooks = [
+        f'copy-in {wheels} /tmp',
+        f'chroot "$1" python3 -m venv {VENV}',
+        f'chroot "$1" env -i PATH=/usr/bin:/bin {VENV}/bin/pip install -q --no-index --no-cache-dir'
+        f' --find-links /tmp/{wheels.name} crihook',
+        f'chroot "$1" groupadd -g {UID} nonroot',
+        f'chroot "$1" useradd -u {UID} -g {UID} -M -d /nonexistent -s /usr/sbin/nologin nonroot',
+        f'rm -rf "$1"/tmp/{wheels.name} "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*',
+    ]
+    cmd = ["mmdebstrap", "--quiet", "--variant=essential", "--include=" + ",".join(PACKAGES)]
+    # documentation is of no use in the image (Debian's own slim images drop it the same way)
+    cmd += ["--dpkgopt=path-exclude=/usr/share/man/*", "--dpkgopt=path-exclude=/usr/share/doc/*"]
+    cmd += ["--dpkgopt=path-include=/usr/share/doc/*/copyright", "--dpkgopt=path-exclude=/usr/share/locale/*"]
+    cmd += [f"--customize-hook={h}" for h in hooks]
+    cmd += [SUITE, str(out)]
+    env = {**os.environ, "SOURCE_DATE_EPOCH": os.environ.get("SOURCE_DATE_EPOCH", "0")}
+    subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL, env=env)
+
+
+def cache_key() -> str:
+    """A hash of everything the archive is built from."""
+    key = hashlib.sha256()
+    inputs = [Path(__file__).resolve(), ROOT / "tests" / "containerd.py"]
+    inputs += [ROOT / p for p in sources() if p.parts[0] in PACKAGE_DIRS or p.name in ("pyproject.toml", "README.md")]
+    for path in inputs:
+        key.update(str(path.relative_to(ROOT)).encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return key.hexdigest()[:16]
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "crihook" / "image"
+
+
+def build(cache: Path | None = None) -> Path:
+    """The OCI archive for this checkout, built when its inputs changed."""
+    from containerd import oci_archive
+
+    cache = cache or cache_dir()
+    archive = cache / f"crihook-{version()}-{cache_key()}.oci.tar"
+    if archive.exists():
+        return archive
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="crihook-image-", dir=cache) as tmp:
+        wheels = wheelhouse(Path(tmp) / "wheels")
+        layer = Path(tmp) / "rootfs.tar"
+        rootfs(wheels, layer)
+        partial = Path(tmp) / archive.name
+        partial.write_bytes(oci_archive(ref(), layer.read_bytes(), IMAGE_CONFIG))
+        partial.replace(archive)
+    return archive
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--ref", action="store_true", help="print the image reference the archive carries and exit")
+    p.add_argument("--cache", type=Path, help=f"where archives are kept (default {cache_dir()})")
+    args = p.parse_args()
+    if args.ref:
+        print(ref())
+        return 0
+    if shutil.which("mmdebstrap") is None:
+        print("build-offline: needs mmdebstrap (apt-get install mmdebstrap)", file=sys.stderr)
+        return 2
+    print(build(args.cache))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
