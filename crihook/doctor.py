@@ -432,6 +432,52 @@ def check_state_dir(proxy: ProxyConfig) -> Finding:
     return Finding(name, Level.OK, found)
 
 
+def check_hook_servers(config: Config) -> Finding:
+    """The Koordinator hook-server files the remote hook reads: a file crihook skips (an unknown
+    failure-policy, bad JSON) means a server that is silently not called, which only the log said."""
+    from crihook.hooks.remote_config import DEFAULT_DIR, InvalidConfig, is_server_file, read_server_file
+
+    name = "hook servers"
+    if "remote" in config.hooks.disabled:
+        return Finding(name, Level.OK, "the remote hook is disabled: no hook servers are called")
+    directory = str(config.hooks.options.get("remote", {}).get("config_dir", DEFAULT_DIR))
+    try:
+        names = sorted(n for n in os.listdir(directory) if is_server_file(n))
+    except FileNotFoundError:
+        return Finding(name, Level.OK, f"no {directory}: no hook servers configured")
+    except OSError as e:
+        return Finding(name, Level.FAIL, f"{directory} can not be listed: {e.strerror}", "check its owner and mode")
+    servers, skipped, down = [], [], []
+    for file in names:
+        if not os.path.isfile(os.path.join(directory, file)):
+            continue
+        try:
+            server = read_server_file(directory, file)
+        except InvalidConfig as e:
+            skipped.append(f"{file}: {e}")
+            continue
+        servers.append(f"{file} ({server.policy.value})")
+        if not os.path.exists(server.endpoint):
+            down.append(f"{file}: {server.endpoint} does not exist")
+    if skipped:
+        return Finding(
+            name,
+            Level.FAIL,
+            f"{len(skipped)} file(s) in {directory} skipped, their servers are never called: " + "; ".join(skipped),
+            "fix the field named; crihook reads the file again within reload_interval_ms (no restart)",
+        )
+    if down:
+        return Finding(
+            name,
+            Level.WARN,
+            "hook server not listening: " + "; ".join(down),
+            "start the server (koordlet) or remove its file: while it is down a Fail server refuses every call "
+            "it is configured for",
+        )
+    found = f"{len(servers)} server(s) in {directory}" + (": " + ", ".join(servers) if servers else "")
+    return Finding(name, Level.OK, found)
+
+
 def diagnose(config_path: str | None, timeout: float = 3.0, gpus: NodeGpus | None = None) -> list[Finding]:
     config, finding = check_config(config_path)
     findings = [finding]
@@ -442,6 +488,7 @@ def diagnose(config_path: str | None, timeout: float = 3.0, gpus: NodeGpus | Non
     findings.append(check_nvml(config.node, gpus))
     findings.append(check_checkpoint(config.node, config.hooks.options.get("gpu")))
     findings.append(check_state_dir(config.proxy))
+    findings.append(check_hook_servers(config))
     return findings
 
 

@@ -326,6 +326,12 @@ HOOK_FAILURES = Counter(
     "Hook runs that failed or timed out, whatever their failure policy, by hook name.",
     ("hook",),
 )
+HOOK_SERVER_FILES = Gauge(
+    "crihook_hook_server_files",
+    "Koordinator hook-server files in [hooks.remote] config_dir, by state: in_use, or skipped (unusable, e.g. "
+    "an unknown failure-policy: that server is not called; the log and `crihook doctor` name the file and field).",
+    ("state",),
+)
 STORE_OBJECTS = Gauge(
     "crihook_store_objects",
     "Pods and containers in crihook's store (kind is pods or containers).",

@@ -20,6 +20,7 @@ from typing import Any
 
 from crihook.hooks.base import Stage
 from crihook.hooks.remote_protocol import RPCS
+from crihook.metrics import HOOK_SERVER_FILES
 
 log = logging.getLogger("crihook.hooks.remote")
 
@@ -83,6 +84,21 @@ def parse_server_config(file: str, raw: bytes) -> ServerConfig:
 _POLICIES = {"": Policy.IGNORE, "fail": Policy.FAIL, "ignore": Policy.IGNORE}
 
 
+def is_server_file(name: str) -> bool:
+    """`*.json`, not hidden: a Kubernetes ConfigMap mount's `..data` links and dot files are not servers."""
+    return name.endswith(".json") and not name.startswith(".")
+
+
+def read_server_file(directory: str, name: str) -> ServerConfig:
+    """One server file, read and parsed. Raises InvalidConfig, an unreadable file included."""
+    try:
+        with open(os.path.join(directory, name), "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise InvalidConfig(f"can not be read: {e.strerror or e}") from None
+    return parse_server_config(name, raw)
+
+
 def _json_type(value: Any) -> str:
     names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
     return names.get(type(value), "a number")
@@ -117,6 +133,8 @@ class ConfigDir:
             changed |= self._read(name)
         if changed:
             self.servers = tuple(k.config for _, k in sorted(self._known.items()) if k.config is not None)
+        HOOK_SERVER_FILES.set(len(self.servers), "in_use")
+        HOOK_SERVER_FILES.set(len(self._known) - len(self.servers), "skipped")
         return changed
 
     def _list(self) -> list[str]:
@@ -131,7 +149,7 @@ class ConfigDir:
             log.error("cannot list the hook server directory", extra={"dir": self.path, "error": e.strerror})
             return list(self._known)  # keep what is known rather than drop every server
         self._missing_reported = False
-        return sorted(n for n in entries if n.endswith(".json") and not n.startswith("."))
+        return sorted(n for n in entries if is_server_file(n))
 
     def _read(self, name: str) -> bool:
         full = os.path.join(self.path, name)
@@ -153,10 +171,7 @@ class ConfigDir:
         config: ServerConfig | None = None
         if st is not None:
             try:
-                with open(full, "rb") as f:
-                    config = parse_server_config(name, f.read())
-            except OSError as e:
-                error = e.strerror or str(e)
+                config = read_server_file(self.path, name)
             except InvalidConfig as e:
                 error = str(e)
         self._known[name] = _Known(signature, config)

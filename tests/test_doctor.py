@@ -392,6 +392,33 @@ def test_state_dir_checks(tmp_path: Path) -> None:
     assert f.level is Level.FAIL and "checksum" in f.found
 
 
+def test_hook_server_checks(tmp_path: Path) -> None:
+    """A server file crihook skips (Koordinator calls a server with an unknown policy as Ignore;
+    crihook does not call it at all) is a failure doctor names, not only a log line."""
+    from crihook.config import Config, HooksConfig
+
+    confdir = tmp_path / "hookserver.d"
+
+    def check(disabled: tuple[str, ...] = ()) -> doctor.Finding:
+        hooks = HooksConfig(disabled=disabled, options={"remote": {"config_dir": str(confdir)}})
+        return doctor.check_hook_servers(Config(hooks=hooks))
+
+    assert check().level is Level.OK and "no hook servers configured" in check().found
+    confdir.mkdir()
+    socket = tmp_path / "koordlet.sock"
+    doc = {"remote-endpoint": str(socket), "failure-policy": "Fail", "runtime-hooks": ["PreCreateContainer"]}
+    (confdir / "koordlet.json").write_text(json.dumps(doc))
+    (confdir / ".hidden.json").write_text("not a server")
+    f = check()
+    assert f.level is Level.WARN and "koordlet.json" in f.found and str(socket) in f.found and f.fix
+    socket.touch()
+    assert check() == doctor.Finding("hook servers", Level.OK, f"1 server(s) in {confdir}: koordlet.json (Fail)")
+    (confdir / "other.json").write_text(json.dumps({**doc, "failure-policy": "Always"}))
+    f = check()
+    assert f.level is Level.FAIL and "other.json: failure-policy must be Fail or Ignore" in f.found and f.fix
+    assert check(disabled=("remote",)).level is Level.OK
+
+
 def test_config_checks(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[proxy]\nlisten = 3\n")
@@ -441,6 +468,7 @@ def test_broken_node_command_line(short_tmp: Path) -> None:
             "kubelet_checkpoint": str(short_tmp / "checkpoint"),
             "nvml_library": str(short_tmp / "libnvidia-ml.so.1"),
         },
+        **{"hooks.remote": {"config_dir": str(short_tmp / "hookserver.d")}},
     )
     rc, out = run_doctor(config, "--json")
     assert rc == 1, out
@@ -453,6 +481,7 @@ def test_broken_node_command_line(short_tmp: Path) -> None:
         "NVIDIA driver",
         "device checkpoint",
         "state dir",
+        "hook servers",
     ]
     assert {c: f["level"] for c, f in findings.items()} == {
         "config": "ok",
@@ -462,6 +491,7 @@ def test_broken_node_command_line(short_tmp: Path) -> None:
         "NVIDIA driver": "fail",
         "device checkpoint": "warn",
         "state dir": "warn",
+        "hook servers": "ok",
     }
     assert all(f["fix"] for f in findings.values() if f["level"] != "ok")
     rc, text = run_doctor(config)

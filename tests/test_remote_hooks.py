@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import shutil
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -22,6 +23,7 @@ from crihook.hooks.base import ConfigError, ContainerInfo, Edit, HookContext, Li
 from crihook.hooks.chain import HookChain, Outcome, build_chain
 from crihook.hooks.remote import RemoteHook, create
 from crihook.hooks.remote_protocol import SKIP_LABEL
+from crihook.metrics import HOOK_SERVER_FILES
 
 CREATE = "PreCreateContainerHook"
 RUN = "PreRunPodSandboxHook"
@@ -352,7 +354,7 @@ async def test_servers_get_the_call_deadline_less_the_runtime_margin(confdir, se
     # 0.7 s left: 0.4 s for the servers, 0.3 s kept for the runtime
     out = await chain.run(replace(create_ctx(), deadline=time.monotonic() + 0.7))
     assert out.error is not None and out.error.code is grpc.StatusCode.DEADLINE_EXCEEDED
-    assert "slow.json" in out.error.reason and "no answer within 4" in out.error.reason
+    assert "slow.json" in out.error.reason and re.search(r"no answer within (3[5-9]\d|400) ms", out.error.reason)
     # a call without a deadline: the fallbacks (1 s a server) and the chain's own limit
     out = await chain.run(create_ctx())
     assert out.error is not None and "timed out after 200 ms" in out.error.reason
@@ -475,11 +477,14 @@ async def test_malformed_file_is_reported_and_skipped(confdir, servers, chains, 
     skipped = {r.server: r.error for r in caplog.records if r.getMessage() == "hook server file skipped"}
     assert set(skipped) == {"broken.json", "policy.json"}
     assert "not valid JSON" in skipped["broken.json"] and "'Sometimes'" in skipped["policy.json"]
+    # and on the metrics endpoint, for an alert: a skipped file is a server never called
+    assert (HOOK_SERVER_FILES.value("in_use"), HOOK_SERVER_FILES.value("skipped")) == (1, 2)
 
     # a good file that breaks stops being called; fixed, it is called again
     write_raw(confdir, "good.json", b"[]")
     await asyncio.sleep(0.01)
     assert "OK" not in envs(await chain.run(create_ctx()))
+    assert (HOOK_SERVER_FILES.value("in_use"), HOOK_SERVER_FILES.value("skipped")) == (0, 3)
     write_config(confdir, "good.json", s.endpoint, "Fail", ["PreCreateContainer"])
     await asyncio.sleep(0.01)
     assert envs(await chain.run(create_ctx()))["OK"] == "1"
