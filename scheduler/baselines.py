@@ -14,7 +14,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from crihook.scheduler.frag import Typical
-from crihook.scheduler.score import ShapeCache, best_fit_cols, bucket, growth, host_cpu, placements, share_pct
+from crihook.scheduler.score import (
+    ShapeCache,
+    best_fit_cols,
+    bucket,
+    growth,
+    host_cpu,
+    per_node,
+    placements,
+    share_pct,
+)
 
 if TYPE_CHECKING:
     from crihook.scheduler.plugin import Cluster
@@ -36,22 +45,25 @@ def _vectors(st: Cluster, req: PodRequest, rows: np.ndarray) -> tuple[np.ndarray
 
 class FGD:
     """Fragmentation gradient descent: the node (and GPU) whose fragmentation against the workload's
-    typical pods grows least; score int(100 * sigmoid(-growth / 1 GPU))."""
+    typical pods grows least; score int(100 * sigmoid(-growth / 1 GPU)). A typical pod pinned to GPU
+    models finds a node of another model all fragment, as the paper's simulator has it."""
 
     def __init__(self, typical: Typical) -> None:
+        self.typical = typical
         self.typ = typical
+        self.models = -1  # GPU models of the cluster `typ` is bound to
         self.cache = ShapeCache()
 
     def observe(self, req: PodRequest) -> None:
         return None
 
-    def _quantised(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> np.ndarray:
-        before, after, valid = placements(self.typ, st, req, rows, fits)
-        return np.where(valid, bucket(growth(self.typ, before, after)), -1.0)
-
     def _best(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        q = self._quantised(st, req, rows, fits)
-        return q.max(axis=1), np.argmax(q, axis=1)  # the first GPU with the top score
+        if len(st.model_names) != self.models:
+            self.typ, self.models = self.typical.bind(st.model_names), len(st.model_names)
+            self.cache.clear()
+        before, after, opts = placements(self.typ, st, req, rows, fits)
+        q = bucket(growth(self.typ, before, after, opts))
+        return per_node(q, opts, fits.shape if req.count == 1 and req.shared else (rows.size, 1))  # first top GPU
 
     def scores(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> np.ndarray:
         return self.cache.get(st, req, rows, fits, lambda r, f: self._best(st, req, r, f))[0]

@@ -1,8 +1,10 @@
 """GPU fragmentation of nodes against a workload, vectorised (Weng et al., ATC '23, "FGD").
 
 A node's fragmentation for one pod shape is the idle GPU capacity that shape can not use: all of
-it when the shape does not fit the node at all (too little CPU, too few GPUs with enough room),
-else the idle capacity of the GPUs too small for one share of it. Weighted by how common each
+it when the shape does not fit the node at all (too little CPU, too few GPUs with enough room, or
+none of the GPU models it accepts), else the idle capacity of the GPUs too small for one share of
+it or of a model it refuses. As in the paper's simulator, a shape pinned to GPU models finds every
+idle GPU of any other model a fragment. Weighted by how common each
 shape is in the workload, that is the expected amount of idle GPU the next pod can not use.
 Units: GPU capacity in percent of one GPU, CPU in millicores.
 """
@@ -10,18 +12,24 @@ Units: GPU capacity in percent of one GPU, CPU in millicores.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 
-@dataclass(frozen=True, slots=True, order=True)
+@dataclass(frozen=True, slots=True)
 class Shape:
-    """One kind of pod: CPU, GPU percent per GPU (0 for CPU-only pods) and GPU count."""
+    """One kind of pod: CPU, GPU percent per GPU (0 for CPU-only pods), GPU count and the GPU
+    models it accepts (None: any model)."""
 
     cpu: int
     pct: int
     count: int
+    models: tuple[str, ...] | None = None
+
+    def key(self) -> tuple:
+        return (self.cpu, self.pct, self.count, self.models is not None, self.models or ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,13 +40,22 @@ class Typical:
     pct: np.ndarray
     count: np.ndarray
     weight: np.ndarray
+    models: tuple[tuple[str, ...] | None, ...] = ()
+    acc: np.ndarray | None = None  # (model id, shape): the shape accepts the model; None: all accept all
+
+    def bind(self, names: Sequence[str]) -> Typical:
+        """The same shapes with `acc` for a cluster whose model ids index `names`."""
+        if all(m is None for m in self.models):
+            return self if self.acc is None else replace(self, acc=None)
+        acc = np.array([[m is None or name in m for m in self.models] for name in names], bool).reshape(len(names), -1)
+        return replace(self, acc=acc)
 
     @classmethod
     def of(cls, shapes: Counter[Shape] | dict[Shape, float], coverage: float = 0.95) -> Typical:
         """The most frequent shapes until `coverage` of all pods is covered (FGD's "typical pods");
         ties in frequency are ordered by shape so the result does not depend on arrival order."""
         total = float(sum(shapes.values()))
-        ranked = sorted(shapes.items(), key=lambda kv: (-kv[1], kv[0]))
+        ranked = sorted(shapes.items(), key=lambda kv: (-kv[1], kv[0].key()))
         chosen: list[tuple[Shape, float]] = []
         covered = 0.0
         for shape, n in ranked:
@@ -53,6 +70,7 @@ class Typical:
             pct=np.array([s.pct for s, _ in chosen], dtype=np.int64),
             count=np.array([s.count for s, _ in chosen], dtype=np.int64),
             weight=w,
+            models=tuple(s.models for s, _ in chosen),
         )
 
 
@@ -68,55 +86,76 @@ class Stats:
     cpu: np.ndarray
 
 
-def stats(typ: Typical, cpu_left: np.ndarray, left: np.ndarray) -> Stats:
-    fits = left[:, :, None] >= typ.pct  # (K, G, M)
+def _fits(typ: Typical, left: np.ndarray, model: np.ndarray | None) -> np.ndarray:
+    """(..., M): the slots (idle percent `left`, model ids `model`) with room for one share of each
+    shape, of a model it accepts."""
+    fits = left[..., None] >= typ.pct
+    if typ.acc is not None and model is not None:
+        fits &= typ.acc[model]
+    return fits
+
+
+def stats(typ: Typical, cpu_left: np.ndarray, left: np.ndarray, model: np.ndarray | None = None) -> Stats:
+    """Stats of K node states: CPU left (K,), idle percent per slot (K, G), model id per slot (K, G)
+    (None: every shape accepts every slot)."""
+    fits = _fits(typ, left, model)  # (K, G, M)
     small = np.einsum("kg,kgm->km", left.astype(np.float64), ~fits)
     return Stats(fits.sum(axis=1), small, left.sum(axis=1).astype(np.float64), cpu_left)
 
 
 def frag_of(typ: Typical, s: Stats) -> np.ndarray:
     """Expected unusable idle GPU percent; works on any leading shape (K,) or (K, O): for each shape,
-    all idle GPU when the next pod of it does not fit (too little CPU, too few GPUs with room), else
-    the idle GPU on the GPUs too small for one share."""
+    all idle GPU when the next pod of it does not fit (too little CPU, too few GPUs with room of a
+    model it accepts), else the idle GPU on the GPUs too small for one share or of a refused model."""
     usable = (s.nfit >= typ.count) & (s.cpu[..., None] >= typ.cpu) & (typ.pct > 0)  # CPU-only shapes use no GPU
     return np.where(usable, s.small, s.total[..., None]) @ typ.weight
 
 
-def node_frag(typ: Typical, cpu_left: np.ndarray, left: np.ndarray) -> np.ndarray:
+def node_frag(typ: Typical, cpu_left: np.ndarray, left: np.ndarray, model: np.ndarray | None = None) -> np.ndarray:
     """Expected unusable idle GPU percent of K node states: cpu_left (K,), left (K, G) percent per GPU
-    (0 for absent or unhealthy GPUs). Returns (K,) floats."""
-    return frag_of(typ, stats(typ, cpu_left, left))
+    (0 for absent or unhealthy GPUs), model ids (K, G). Returns (K,) floats."""
+    return frag_of(typ, stats(typ, cpu_left, left, model))
 
 
-def slot_deltas(typ: Typical, left: np.ndarray, pct: int) -> tuple[np.ndarray, np.ndarray]:
-    """(K, G, M) changes of nfit and small when one share of `pct` is taken from each slot."""
-    fit0 = left[:, :, None] >= typ.pct
+def _deltas(typ: Typical, left: np.ndarray, model: np.ndarray | None, pct: int) -> tuple[np.ndarray, np.ndarray]:
+    """(..., M) changes of nfit and small when one share of `pct` is taken from slots with idle
+    percent `left` and model ids `model`."""
+    fit0 = _fits(typ, left, model)
     new = left - pct
-    fit1 = new[:, :, None] >= typ.pct
-    dsmall = np.where(fit1, 0, new[:, :, None]) - np.where(fit0, 0, left[:, :, None])
+    fit1 = _fits(typ, new, model)
+    dsmall = np.where(fit1, 0, new[..., None]) - np.where(fit0, 0, left[..., None])
     return fit1.astype(np.int64) - fit0, dsmall.astype(np.float64)
 
 
-def option_stats(typ: Typical, cpu_left: np.ndarray, left: np.ndarray, cpu: int, pct: int) -> tuple[Stats, Stats]:
-    """Stats before (K,) and after (K, G) placing a one-GPU share of `pct` (with `cpu` millicores)
-    on each slot; invalid slots are the caller's to mask."""
-    s = stats(typ, cpu_left, left)
-    dn, ds = slot_deltas(typ, left, pct)
-    after = Stats(s.nfit[:, None, :] + dn, s.small[:, None, :] + ds, s.total[:, None] - pct, (cpu_left - cpu)[:, None])
-    return s, after
+def option_stats(
+    typ: Typical,
+    cpu_left: np.ndarray,
+    left: np.ndarray,
+    cpu: int,
+    pct: int,
+    opts: tuple[np.ndarray, np.ndarray],
+    model: np.ndarray | None = None,
+) -> tuple[Stats, Stats]:
+    """Stats before (K,) and after (N,) placing a one-GPU share of `pct` (with `cpu` millicores) on
+    each option, option i being slot opts[1][i] of node opts[0][i]."""
+    s = stats(typ, cpu_left, left, model)
+    k, g = opts
+    dn, ds = _deltas(typ, left[k, g], None if model is None else model[k, g], pct)
+    return s, Stats(s.nfit[k] + dn, s.small[k] + ds, s.total[k] - pct, cpu_left[k] - cpu)
 
 
 def set_stats(
-    typ: Typical, cpu_left: np.ndarray, left: np.ndarray, cpu: int, pct: int, chosen: np.ndarray
+    typ: Typical,
+    cpu_left: np.ndarray,
+    left: np.ndarray,
+    cpu: int,
+    pct: int,
+    cols: np.ndarray,
+    model: np.ndarray | None = None,
 ) -> tuple[Stats, Stats]:
-    """Stats before and after (both (K,)) taking `pct` from every slot where `chosen` (K, G)."""
-    s = stats(typ, cpu_left, left)
-    dn, ds = slot_deltas(typ, left, pct)
-    c = chosen.astype(np.int64)
-    after = Stats(
-        s.nfit + np.einsum("kg,kgm->km", c, dn),
-        s.small + np.einsum("kg,kgm->km", c.astype(np.float64), ds),
-        s.total - pct * c.sum(axis=1),
-        cpu_left - cpu,
-    )
+    """Stats before and after (both (K,)) taking `pct` from the slots `cols` (K, C) of each node."""
+    s = stats(typ, cpu_left, left, model)
+    taken = np.take_along_axis(left, cols, axis=1)
+    dn, ds = _deltas(typ, taken, None if model is None else np.take_along_axis(model, cols, axis=1), pct)
+    after = Stats(s.nfit + dn.sum(axis=1), s.small + ds.sum(axis=1), s.total - pct * cols.shape[1], cpu_left - cpu)
     return s, after

@@ -30,7 +30,7 @@ from crihook.allocation import (
 from crihook.scheduler import topology
 from crihook.scheduler.devices import NodeDevices
 from crihook.scheduler.pod import Pod
-from crihook.scheduler.request import STRATEGIES, PodRequest, RequestError, parse_request
+from crihook.scheduler.request import STRATEGIES, PodRequest, RequestError, Selectors, parse_request
 
 LEARNED_MAX = 1 << 16  # pod uids remembered as observed; far more than wait for a place at once
 
@@ -96,6 +96,9 @@ class Cluster:
         self.version = np.zeros(0, np.int64)  # bumped on every change of a row
         self.idle = np.zeros((0, 0), np.int64)  # left() of every slot, kept current by touch()
         self.ngpus = np.zeros(0, np.int64)  # GPU slots present per row
+        self.model = np.zeros((0, 0), np.int64)  # per slot: index into model_names (0 for absent slots)
+        self.model_names: list[str] = []  # every GPU model seen, in order of appearance
+        self.model_ids: dict[str, int] = {}
         self.special = np.zeros(0, bool)  # rows that need a per-node GPU choice in Filter (partitions)
         self.generation = 0  # bumped on every change of any row
         self.epoch = 0  # bumped when rows or columns are re-laid out
@@ -125,12 +128,20 @@ class Cluster:
         self.host_known, self.live = grow1(self.host_known, False), grow1(self.live, False)
         self.version = grow1(self.version, 0)
         self.idle, self.special, self.ngpus = grow2(self.idle, 0), grow1(self.special, False), grow1(self.ngpus, 0)
+        self.model = grow2(self.model, 0)
         self.width = w1
         self.epoch += 1
 
     def left(self, rows: np.ndarray | slice) -> np.ndarray:
         """Idle capacity of each GPU slot in percent: the smaller of compute and memory."""
         return self.idle[rows]
+
+    def model_id(self, name: str) -> int:
+        i = self.model_ids.get(name)
+        if i is None:
+            i = self.model_ids[name] = len(self.model_names)
+            self.model_names.append(name)
+        return i
 
     def touch(self, row: int) -> None:
         """Record a change of one row: its idle capacity, its version, the cluster's generation."""
@@ -161,6 +172,7 @@ class DeviceShare:
         self._all: tuple[list[str], np.ndarray] | None = None  # every node in name order
         # the last feasibility answer: (request, generation, rows, ok, fits, row -> position)
         self._memo: tuple[PodRequest, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._allowed: dict[tuple[tuple[str, ...], tuple[str, ...]], np.ndarray] = {}
 
     # ----- cluster state -----------------------------------------------------------------------
     def set_node(self, node: NodeDevices) -> None:
@@ -181,7 +193,9 @@ class DeviceShare:
         st.mem_free[row] = 0
         st.mem_total[row] = 1
         st.usable[row] = False
+        st.model[row] = 0
         for i, g in enumerate(node.gpus):
+            st.model[row, i] = st.model_id(g.model)
             st.core_free[row, i] = 100
             st.mem_free[row, i] = g.memory
             st.mem_total[row, i] = max(g.memory, 1)
@@ -430,7 +444,10 @@ class DeviceShare:
         fits = st.usable[rows] & (st.core_free[rows] >= req.core)
         need = req.memory if req.memory else req.ratio * st.mem_total[rows] // 100
         fits &= st.mem_free[rows] >= need
-        if req.selectors:
+        sel = req.selectors
+        if sel.use_types or sel.nouse_types:
+            fits &= self._models_allowed(sel)[st.model[rows]]
+        if sel.use_uuids or sel.nouse_uuids:
             for i, r in enumerate(rows):
                 nd = st.nodes[r]
                 assert nd is not None
@@ -438,6 +455,19 @@ class DeviceShare:
                     if fits[i, col] and req.selectors.refuses(g.model, g.uuid):
                         fits[i, col] = False
         return fits
+
+    def _models_allowed(self, sel: Selectors) -> np.ndarray:
+        """(models,): the GPU models the selectors' type lists allow, remembered per type lists."""
+        names = self.st.model_names
+        key = (sel.use_types, sel.nouse_types)
+        got = self._allowed.get(key)
+        if got is None or got.size != len(names):
+            types = Selectors(sel.use_types, sel.nouse_types)
+            got = np.array([types.refuses(n, "") is None for n in names], bool)
+            if len(self._allowed) > LEARNED_MAX:
+                self._allowed.clear()
+            self._allowed[key] = got
+        return got
 
     def _feasible(self, req: PodRequest, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(ok (K,), fits (K, G)) for the rows. Filter, Score and Reserve of one pod ask about the

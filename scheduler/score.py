@@ -35,13 +35,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from crihook.scheduler.frag import Shape, Stats, Typical, frag_of, option_stats, set_stats
+from crihook.scheduler.request import Selectors
 
 if TYPE_CHECKING:
     from crihook.scheduler.plugin import Cluster
@@ -71,29 +72,46 @@ def host_cpu(st: Cluster, rows: np.ndarray) -> np.ndarray:
     return np.where(st.host_known[rows], st.cpu_free[rows], NO_HOST)
 
 
+Options = tuple[np.ndarray, np.ndarray]  # option i is slot [1][i] of node [0][i] (slot 0 for a set of slots)
+
+
+def share_options(left: np.ndarray, fits: np.ndarray, model: np.ndarray) -> Options:
+    """The slots that can take a one-GPU share, less those equal (idle, model) to a lower slot of the
+    same node: a placement there measures the same, and ties go to the lowest slot anyway."""
+    same = (left[:, :, None] == left[:, None, :]) & (model[:, :, None] == model[:, None, :]) & fits[:, None, :]
+    dup = np.tril(same, k=-1).any(axis=2)  # an equal fitting slot before it
+    return np.nonzero(fits & ~dup)
+
+
 def placements(
     typ: Typical, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray
-) -> tuple[Stats, Stats, np.ndarray]:
-    """Node stats before (K,) and after each option (K, O), and which options are valid (K, O). A
-    one-GPU share has one option per GPU slot (option o = slot o); anything else has one option:
-    the best-fitting slots (least idle first, then lowest slot)."""
+) -> tuple[Stats, Stats, Options]:
+    """Node stats before (K,) and after each option (N,), and the options. A one-GPU share has one
+    option per GPU slot that can take it (equal slots of a node once); anything else has one option
+    per node: the best-fitting slots (least idle first, then lowest slot)."""
     left = st.left(rows)
     cpu = host_cpu(st, rows)
     pct = share_pct(req)
+    model = st.model[rows] if typ.acc is not None else None
     if req.count == 1 and req.shared:
-        before, after = option_stats(typ, cpu, left, req.cpu_milli, pct)
-        return before, after, fits
-    before, after = set_stats(typ, cpu, left, req.cpu_milli, pct, best_fit_mask(left, fits, req.count))
-    return (
-        before,
-        Stats(after.nfit[:, None], after.small[:, None], after.total[:, None], after.cpu[:, None]),
-        (np.ones((left.shape[0], 1), bool)),
-    )
+        opts = share_options(left, fits, st.model[rows])
+        before, after = option_stats(typ, cpu, left, req.cpu_milli, pct, opts, model)
+        return before, after, opts
+    cols = best_fit_cols(left, fits, req.count)
+    before, after = set_stats(typ, cpu, left, req.cpu_milli, pct, cols, model)
+    return before, after, (np.arange(left.shape[0]), np.zeros(left.shape[0], np.int64))
 
 
-def growth(typ: Typical, before: Stats, after: Stats) -> np.ndarray:
-    """FGD's fragmentation growth of each option (K, O), in percent of a GPU."""
-    return frag_of(typ, after) - frag_of(typ, before)[:, None]
+def per_node(q: np.ndarray, opts: Options, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """(best value (K,), its option's slot (K,)) of option values q (N,); -1 for a node without one."""
+    out = np.full(shape, -1.0)
+    out[opts] = q
+    return out.max(axis=1), np.argmax(out, axis=1)
+
+
+def growth(typ: Typical, before: Stats, after: Stats, opts: Options) -> np.ndarray:
+    """FGD's fragmentation growth of each option (N,), in percent of a GPU."""
+    return frag_of(typ, after) - frag_of(typ, before)[opts[0]]
 
 
 def bucket(growth: np.ndarray) -> np.ndarray:
@@ -105,14 +123,6 @@ def bucket(growth: np.ndarray) -> np.ndarray:
 def best_fit_cols(left: np.ndarray, fits: np.ndarray, count: int) -> np.ndarray:
     order = np.argsort(np.where(fits, left, 10_000), axis=1, kind="stable")
     return order[:, :count]
-
-
-def best_fit_mask(left: np.ndarray, fits: np.ndarray, count: int) -> np.ndarray:
-    """(K, G): the slots a request of `count` whole GPUs or one share takes on each node."""
-    chosen = np.zeros(left.shape, bool)
-    if count:
-        np.put_along_axis(chosen, best_fit_cols(left, fits, count), True, axis=1)
-    return chosen
 
 
 @dataclass(slots=True)
@@ -139,9 +149,7 @@ class ShapeCache:
     def get(
         self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray, evaluate: Evaluate
     ) -> tuple[np.ndarray, np.ndarray]:
-        if req.selectors:  # the selection changes which GPUs count: not a shape of its own
-            return evaluate(rows, fits)
-        key = (req.count, req.core, req.ratio, req.memory, req.cpu_milli)
+        key = (req.count, req.core, req.ratio, req.memory, req.cpu_milli, req.host_memory, req.selectors)
         ent = self.entries.get(key)
         n = st.version.size
         if ent is None or ent.epoch != st.epoch or ent.version.size != n:
@@ -150,19 +158,60 @@ class ShapeCache:
         pos = np.flatnonzero(ent.version[rows] != st.version[rows])
         if pos.size:
             stale = rows[pos]
-            ent.value[stale], ent.choice[stale] = evaluate(stale, fits[pos])
+            ent.value[stale], ent.choice[stale] = distinct(st, stale, fits[pos], evaluate)
             ent.version[stale] = st.version[stale]
         return ent.value[rows], ent.choice[rows]
 
 
+_MIX = np.random.default_rng(14).integers(1, 2**62, 64, dtype=np.int64) | 1  # odd multipliers of the state hash
+DISTINCT = 64  # rows from which evaluating each distinct node state once pays for finding them
+
+
+def distinct(st: Cluster, rows: np.ndarray, fits: np.ndarray, evaluate: Evaluate) -> tuple[np.ndarray, np.ndarray]:
+    """`evaluate` once per distinct node state (CPU, memory, idle, fitting slots and model per slot):
+    the scores are per node, and many nodes are alike (all empty ones of a kind, at first)."""
+    if rows.size < DISTINCT:
+        return evaluate(rows, fits)
+    state = np.concatenate(
+        (host_cpu(st, rows)[:, None], st.hmem_free[rows, None], st.left(rows), fits, st.model[rows]), axis=1
+    )
+    digest = state @ np.resize(_MIX, state.shape[1])  # wraps around: a hash
+    _, first, inverse = np.unique(digest, return_index=True, return_inverse=True)
+    if not (state[first][inverse] == state).all():  # two states met in the hash: no shortcut
+        return evaluate(rows, fits)
+    value, choice = evaluate(rows[first], fits[first])
+    inverse = inverse.ravel()
+    return value[inverse], choice[inverse]
+
+
+Types = tuple[tuple[str, ...], tuple[str, ...]] | None  # a pod's GPU type lists (use, nouse); None: none
+
+
+def types_of(req: PodRequest) -> Types:
+    sel = req.selectors
+    return (sel.use_types, sel.nouse_types) if sel.use_types or sel.nouse_types else None
+
+
+def model_set(types: Types, names: Sequence[str]) -> tuple[str, ...] | None:
+    """The GPU models among `names` that a pod with these type lists accepts, as its selectors
+    decide (scheduler/request.py); None when that is every model, so such a pod is a plain one."""
+    if types is None:
+        return None
+    sel = Selectors(*types)
+    ok = tuple(sorted(n for n in set(names) if sel.refuses(n, "") is None))
+    return None if len(ok) == len(set(names)) else ok
+
+
 class Outlook:
     """What the pods still to come are expected to need, from the pods seen so far and the cluster
-    as it is. Shapes are (CPU, host memory, GPU percent, GPU count); per shape: `scarce`, the GPU
-    percent expected to be lost per place of it a placement takes away, and `rare`, its frequency
-    times nodes / nodes that can host it. Shapes that weigh next to nothing in both are left out."""
+    as it is. Shapes are (CPU, host memory, GPU percent, GPU count, GPU models accepted); per shape:
+    `scarce`, the GPU percent expected to be lost per place of it a placement takes away, and `rare`,
+    its frequency times nodes / nodes that can host it. A shape pinned to models has places only on
+    GPUs of those models, so scarcity and rarity are per model set. Shapes that weigh next to
+    nothing in both are left out."""
 
     def __init__(self) -> None:
-        self.shapes: Counter[tuple[int, int, int, int]] = Counter()
+        self.shapes: Counter[tuple[int, int, int, int, Types]] = Counter()
         self.seen = 0
         self.gpu = 0  # GPU percent asked by all pods seen
         self.gpu_cpu = 0  # CPU asked by the GPU pods seen
@@ -178,24 +227,32 @@ class Outlook:
 
     def observe(self, req: PodRequest) -> None:
         pct = share_pct(req)
-        self.shapes[(req.cpu_milli, req.host_memory, pct, req.count)] += 1
+        self.shapes[(req.cpu_milli, req.host_memory, pct, req.count, types_of(req) if req.count else None)] += 1
         self.seen += 1
         self.gpu += pct * req.count
         if req.count:
             self.gpu_cpu += req.cpu_milli
             self.gpu_pct += pct * req.count
 
+    def resolved(self, names: Sequence[str]) -> Counter[tuple[int, int, int, int, tuple[str, ...] | None]]:
+        """The shapes seen (the MAX_SHAPES most frequent), type lists resolved to model sets."""
+        seen = self.shapes if len(self.shapes) <= MAX_SHAPES else dict(self.shapes.most_common(MAX_SHAPES))
+        out: Counter[tuple[int, int, int, int, tuple[str, ...] | None]] = Counter()
+        for (cpu, hmem, pct, count, types), n in seen.items():
+            out[(cpu, hmem, pct, count, model_set(types, names))] += n
+        return out
+
     def update(self, st: Cluster) -> None:
         rows = np.flatnonzero(st.live)
         if not self.seen or not rows.size:
             return
-        seen = self.shapes if len(self.shapes) <= MAX_SHAPES else dict(self.shapes.most_common(MAX_SHAPES))
+        seen = self.resolved(st.model_names)
         counts = Counter(seen)
         prior = node_shapes(st, rows) if PRIOR else set()
         for shape in prior:
             counts[shape] += PRIOR
-        every = Places(np.array(list(counts), dtype=np.int64).T)
-        places = every.count(host_cpu(st, rows), st.hmem_free[rows], st.left(rows))
+        every = Places.of(list(counts), st.model_names)
+        places = every.count(host_cpu(st, rows), st.hmem_free[rows], st.left(rows), st.model[rows])
         freq = np.array(list(counts.values()), dtype=np.float64) / (self.seen + PRIOR * len(prior))
         arrivals = np.array([seen.get(k, 0) for k in counts], dtype=np.float64) / self.seen  # forecast: real pods only
         future = st.left(rows).sum() / max(self.gpu / self.seen, 1.0)  # pods until the cluster is full
@@ -205,20 +262,25 @@ class Outlook:
         scarce = tails * every.table[2] * every.table[3]
         rare = np.where(hosts > 0, freq * rows.size / np.maximum(hosts, 1), 0.0)
         keep = (scarce >= MIN_SCARCE) | (rare >= MIN_RARE)
-        self.places = Places(every.table[:, keep])
+        self.places = every.subset(keep)
         self.scarce, self.rare = scarce[keep], rare[keep]
 
-    def costs(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(scarcity p, rarity r), both (K, O), of each option `placements` makes."""
-        cpu, hmem, left = host_cpu(st, rows), st.hmem_free[rows], st.left(rows)
+    def costs(
+        self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray, opts: Options
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(scarcity p, rarity r), both (N,), of each option `placements` makes."""
+        cpu, hmem, left, model = host_cpu(st, rows), st.hmem_free[rows], st.left(rows), st.model[rows]
         pl = self.places
-        before = pl.count(cpu, hmem, left)[:, None, :]
+        before = pl.count(cpu, hmem, left, model)
         pct = share_pct(req)
         if req.count == 1 and req.shared:
-            after = pl.count_each_slot(cpu - req.cpu_milli, hmem - req.host_memory, left, pct)
+            after = pl.count_options(cpu - req.cpu_milli, hmem - req.host_memory, left, model, pct, opts)
         else:
-            taken = left - pct * best_fit_mask(left, fits, req.count)
-            after = pl.count(cpu - req.cpu_milli, hmem - req.host_memory, taken)[:, None, :]
+            taken = left.copy()
+            cols = best_fit_cols(left, fits, req.count)
+            np.put_along_axis(taken, cols, np.take_along_axis(left, cols, axis=1) - pct, axis=1)
+            after = pl.count(cpu - req.cpu_milli, hmem - req.host_memory, taken, model)
+        before = before[opts[0]]
         lost = np.maximum(before - after, 0)
         return lost @ self.scarce, ((before > 0) & (after == 0)) @ self.rare
 
@@ -227,25 +289,46 @@ BIG = 2**40  # places of a shape on a node when nothing limits it (CPU-free, mem
 
 
 class Places:
-    """How many pods of each shape (table (4, M): CPU, host memory, GPU percent, GPU count) fit node
-    states together. Many shapes share a GPU part (percent, count), so GPU room is counted once per
-    distinct part, by table lookup rather than division. Exact for whole GPUs and one-GPU shares;
-    for shares spread over several GPUs it counts shares, not distinct GPUs (an upper bound)."""
+    """How many pods of each shape (table (4, M): CPU, host memory, GPU percent, GPU count; and the
+    GPU models each accepts) fit node states together. Many shapes share a GPU part (percent, count,
+    models), so GPU room is counted once per distinct part, by table lookup rather than division.
+    Exact for whole GPUs and one-GPU shares; for shares spread over several GPUs it counts shares,
+    not distinct GPUs (an upper bound)."""
 
-    def __init__(self, table: np.ndarray) -> None:
+    def __init__(
+        self, table: np.ndarray, models: Sequence[tuple[str, ...] | None] = (), names: Sequence[str] = ()
+    ) -> None:
         self.table = table
+        self.models = tuple(models) or (None,) * table.shape[1]
+        self.names = tuple(names)
         gpu = table[2] > 0
-        parts, inv = np.unique(table[2:4, gpu], axis=1, return_inverse=True)
-        self.cnt = np.maximum(parts[1], 1)
-        self.part = np.where(gpu, 0, -1)
-        self.part[gpu] = inv.ravel()
-        self.div = np.arange(101)[:, None] // np.maximum(parts[0], 1)  # (101, U): percent idle // share
+        keys = [(int(p), int(c), m) for p, c, m, g in zip(table[2], table[3], self.models, gpu, strict=True) if g]
+        parts = sorted(set(keys), key=lambda k: (k[0], k[1], k[2] is not None, k[2] or ()))
+        at = {k: i for i, k in enumerate(parts)}
+        self.cnt = np.array([max(c, 1) for _, c, _ in parts], np.int64)
+        self.part = np.full(table.shape[1], -1, np.int64)
+        self.part[gpu] = [at[k] for k in keys]
+        pcts = np.array([p for p, _, _ in parts], np.int64)
+        self.div = np.arange(101)[:, None] // np.maximum(pcts, 1)  # (101, U): percent idle // share
+        self.cpus, self.cpu_at = np.unique(table[0], return_inverse=True)
+        self.mems, self.mem_at = np.unique(table[1], return_inverse=True)
+        self.acc: np.ndarray | None = None  # (model id, U): the part's shapes accept the model
+        if any(m is not None for _, _, m in parts) and self.names:
+            self.acc = np.array([[m is None or n in m for _, _, m in parts] for n in self.names], np.int64)
+
+    @classmethod
+    def of(cls, shapes: Sequence[tuple[int, int, int, int, tuple[str, ...] | None]], names: Sequence[str]) -> Places:
+        table = np.array([s[:4] for s in shapes], dtype=np.int64).reshape(-1, 4).T
+        return cls(table, [s[4] for s in shapes], names)
+
+    def subset(self, keep: np.ndarray) -> Places:
+        return Places(self.table[:, keep], [m for m, k in zip(self.models, keep, strict=True) if k], self.names)
 
     def _host(self, cpu: np.ndarray, hmem: np.ndarray) -> np.ndarray:
-        t = self.table
-        by_cpu = np.where(t[0] > 0, np.maximum(cpu, 0)[:, None] // np.maximum(t[0], 1), BIG)
-        by_mem = np.where(t[1] > 0, np.maximum(hmem, 0)[:, None] // np.maximum(t[1], 1), BIG)
-        return np.minimum(by_cpu, by_mem)
+        """(K, M) places by CPU and memory; shapes share few distinct sizes, so each is divided once."""
+        by_cpu = np.where(self.cpus > 0, np.maximum(cpu, 0)[:, None] // np.maximum(self.cpus, 1), BIG)
+        by_mem = np.where(self.mems > 0, np.maximum(hmem, 0)[:, None] // np.maximum(self.mems, 1), BIG)
+        return np.minimum(np.take(by_cpu, self.cpu_at, axis=1), np.take(by_mem, self.mem_at, axis=1))
 
     def _by_shape(self, gpu: np.ndarray) -> np.ndarray:
         """GPU room per distinct part (..., U) -> per shape (..., M); BIG for CPU-only shapes."""
@@ -253,26 +336,35 @@ class Places:
             return np.full(gpu.shape[:-1] + self.part.shape, BIG)
         return np.where(self.part >= 0, np.take(gpu, np.maximum(self.part, 0), axis=-1), BIG)
 
-    def count(self, cpu: np.ndarray, hmem: np.ndarray, left: np.ndarray) -> np.ndarray:
-        """(K, M) for K node states: CPU left (K,), memory left (K,), percent idle per slot (K, G)."""
-        gpu = self.div[np.clip(left, 0, 100)].sum(axis=1) // self.cnt
+    def _room(self, left: np.ndarray, model: np.ndarray | None) -> np.ndarray:
+        """(..., U) shares of each part the slots (...) hold, 0 on models the part refuses."""
+        per = self.div[np.clip(left, 0, 100)]
+        return per * self.acc[model] if self.acc is not None and model is not None else per
+
+    def count(self, cpu: np.ndarray, hmem: np.ndarray, left: np.ndarray, model: np.ndarray | None = None) -> np.ndarray:
+        """(K, M) for K node states: CPU left (K,), memory left (K,), percent idle per slot (K, G),
+        model id per slot (K, G)."""
+        gpu = self._room(left, model).sum(axis=1) // self.cnt
         return np.minimum(self._host(cpu, hmem), self._by_shape(gpu))
 
-    def count_each_slot(self, cpu: np.ndarray, hmem: np.ndarray, left: np.ndarray, pct: int) -> np.ndarray:
-        """(K, G, M): the same after `pct` is taken from each slot in turn (CPU and memory as given)."""
-        per = self.div[np.clip(left, 0, 100)]
-        moved = self.div[np.clip(left - pct, 0, 100)]
-        gpu = (per.sum(axis=1)[:, None, :] - per + moved) // self.cnt
-        return np.minimum(self._host(cpu, hmem)[:, None, :], self._by_shape(gpu))
+    def count_options(
+        self, cpu: np.ndarray, hmem: np.ndarray, left: np.ndarray, model: np.ndarray | None, pct: int, opts: Options
+    ) -> np.ndarray:
+        """(N, M): the same after `pct` is taken from each option's slot (CPU and memory as given)."""
+        k, g = opts
+        per = self._room(left, model)
+        slot_model = None if model is None else model[k, g]
+        gpu = (per.sum(axis=1)[k] - per[k, g] + self._room(left[k, g] - pct, slot_model)) // self.cnt
+        return np.minimum(self._host(cpu[k], hmem[k]), self._by_shape(gpu))
 
 
-def node_shapes(st: Cluster, rows: np.ndarray) -> set[tuple[int, int, int, int]]:
+def node_shapes(st: Cluster, rows: np.ndarray) -> set[tuple[int, int, int, int, None]]:
     """One pod as large as each kind of node (all its CPU, memory and GPUs)."""
     out = set()
     for r in rows:
         nd = st.nodes[r]
         if nd is not None and nd.cpu_milli and nd.memory and st.ngpus[r]:
-            out.add((nd.cpu_milli, nd.memory, 100, int(st.ngpus[r])))
+            out.add((nd.cpu_milli, nd.memory, 100, int(st.ngpus[r]), None))
     return out
 
 
@@ -308,6 +400,8 @@ class DefaultPolicy:
         self.typ = Typical.of({}, coverage)
         self.outlook = Outlook()
         self.due = False  # the outlook needs the cluster: updated at the next evaluation
+        self.retype = False  # the typical shapes too
+        self.models = 0  # GPU models the cluster had when the shapes were resolved
         self.cache = ShapeCache()
 
     def observe(self, req: PodRequest) -> None:
@@ -317,34 +411,43 @@ class DefaultPolicy:
         n = self.outlook.seen
         early = (n & (n - 1)) == 0
         if (early and n < self.refresh) or n % self.refresh == 0:
-            typical: Counter[Shape] = Counter()
-            for (cpu, _, pct, count), k in self.outlook.shapes.items():  # FGD's shapes leave host memory out
-                typical[Shape(cpu, pct, count)] += k
-            self.typ = Typical.of(typical, self.coverage)
-            self.due = True
+            self.retype = self.due = True
         if (early and n < self.every) or n % self.every == 0:
             self.due = True
+
+    def _typical(self, names: Sequence[str]) -> Typical:
+        """FGD's typical shapes from the shapes seen: host memory left out, models kept."""
+        typical: Counter[Shape] = Counter()
+        for (cpu, _, pct, count, models), k in self.outlook.resolved(names).items():
+            typical[Shape(cpu, pct, count, models)] += k
+        return Typical.of(typical, self.coverage).bind(names)
 
     def _evaluate(
         self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """(score (K,), chosen option (K,)): the best option's score, the first option that has it."""
-        before, after, valid = placements(self.typ, st, req, rows, fits)
-        d = growth(self.typ, before, after)
-        p, r = self.outlook.costs(st, req, rows, fits)
+        """(score (K,), chosen slot (K,)): the best option's score, the first option that has it."""
+        before, after, opts = placements(self.typ, st, req, rows, fits)
+        d = growth(self.typ, before, after, opts)
+        p, r = self.outlook.costs(st, req, rows, fits, opts)
         cpu = host_cpu(st, rows).astype(np.float64)
         gpu = st.left(rows).sum(axis=1).astype(np.float64)
         rho = self.outlook.rho
         s = soft_deficit(cpu - req.cpu_milli, gpu - req.count * share_pct(req), rho)
-        s = (s - soft_deficit(cpu, gpu, rho))[:, None]
+        s = (s - soft_deficit(cpu, gpu, rho))[opts[0]]
         with np.errstate(over="ignore"):
             tie = 1.0 / (1.0 + np.exp(np.clip((s + p + 100.0 * LAM * r) / 100.0, -50, 50)))
         raw = bucket(d + p + KAPPA * s) - MU * r + TIE * tie  # below 100 + TIE, unbounded below
-        q = np.where(valid, np.logaddexp(0.0, raw) * (100.0 / (100.0 + TIE)), -1.0)  # softplus: 0..100, same order
-        return q.max(axis=1), np.argmax(q, axis=1)
+        q = np.logaddexp(0.0, raw) * (100.0 / (100.0 + TIE))  # softplus: 0..100, same order
+        return per_node(q, opts, fits.shape if req.count == 1 and req.shared else (rows.size, 1))
 
     def _fresh(self, st: Cluster) -> None:
+        if len(st.model_names) != self.models:  # a new GPU model: shapes pinned to it resolve anew
+            self.models = len(st.model_names)
+            self.retype = self.due = True
         if self.due:
+            if self.retype:
+                self.typ = self._typical(st.model_names)
+                self.retype = False
             self.outlook.update(st)
             self.cache.clear()
             self.due = False

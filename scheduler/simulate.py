@@ -31,6 +31,8 @@ from crihook.scheduler.devices import Gpu, NodeDevices
 from crihook.scheduler.frag import Shape, Typical
 from crihook.scheduler.plugin import DeviceShare, PluginConfig
 from crihook.scheduler.pod import Container, Pod
+from crihook.scheduler.request import parse_request
+from crihook.scheduler.score import model_set, types_of
 
 POLICIES = ("default", "fgd", "bestfit", "dotprod", "random")
 TUNE = 1.3
@@ -143,15 +145,24 @@ def to_pod(p: TracePod, i: int) -> Pod:
     return Pod(uid=uid, namespace="trace", name=uid, containers=(Container("main", req),), annotations=ann)
 
 
-def typical_of(pods: Sequence[TracePod]) -> Typical:
-    return Typical.of(Counter(Shape(p.cpu, p.gpu_milli // 10, p.num_gpu) for p in pods))
+def typical_of(pods: Sequence[TracePod], models: Sequence[str]) -> Typical:
+    """FGD's typical pods of the whole arrival list, keyed as the paper's simulator keys them: CPU,
+    GPU share, GPU count and the GPU models the pod accepts (of the cluster's `models`)."""
+    resolved: dict[str, tuple[str, ...] | None] = {}
+    shapes: Counter[Shape] = Counter()
+    for p in pods:
+        spec = p.gpu_spec if p.num_gpu else ""
+        if spec not in resolved:
+            resolved[spec] = model_set(types_of(parse_request(to_pod(p, 0))), models)
+        shapes[Shape(p.cpu, p.gpu_milli // 10, p.num_gpu, resolved[spec])] += 1
+    return Typical.of(shapes)
 
 
-def make_policy(name: str, pods: Sequence[TracePod], seed: int) -> PluginConfig:
+def make_policy(name: str, pods: Sequence[TracePod], seed: int, models: Sequence[str] = ()) -> PluginConfig:
     if name == "default":
         return PluginConfig()
     if name == "fgd":
-        return PluginConfig(policy=baselines.FGD(typical_of(pods)))
+        return PluginConfig(policy=baselines.FGD(typical_of(pods, models)))
     if name == "bestfit":
         return PluginConfig(policy=baselines.BestFit())
     if name == "dotprod":
@@ -176,7 +187,7 @@ def replay(
     """Every arrival of one seeded run, with the allocator's state right after it."""
     capacity = 1000 * sum(n.gpus for n in nodes)
     arrivals = workload(pods, capacity, seed)
-    ds = DeviceShare(make_policy(policy, arrivals, seed))
+    ds = DeviceShare(make_policy(policy, arrivals, seed, sorted({n.model for n in nodes})))
     perm = np.random.default_rng(seed).permutation(len(nodes))
     by_name = {}
     for n, k in zip(nodes, perm, strict=True):

@@ -25,27 +25,35 @@ shape_rows = st.lists(
         st.sampled_from([0, 1 << 30, 64 << 30]),  # host memory
         st.sampled_from([0, 10, 25, 50, 81, 100]),  # GPU percent
         st.sampled_from([1, 1, 2, 4]),  # GPU count
-    ).map(lambda s: (s[0], s[1], 0, 0) if not s[2] else s if s[2] == 100 else (*s[:3], 1)),  # as requests are
+        st.sampled_from([None, None, ("T4",), ("G2", "T4")]),  # GPU models accepted
+    ).map(
+        lambda s: (s[0], s[1], 0, 0, None) if not s[2] else s if s[2] == 100 else (*s[:3], 1, s[4])
+    ),  # as requests are
     min_size=1,
     max_size=6,
 )
+MODELS = ["T4", "G2", "P100"]
 node_states = st.lists(
     st.tuples(
         st.integers(0, 40000),
         st.integers(0, 100 << 30),
         st.lists(st.sampled_from([0, 5, 19, 50, 75, 100]), min_size=4, max_size=4),
+        st.lists(st.integers(0, len(MODELS) - 1), min_size=4, max_size=4),
     ),
     min_size=1,
     max_size=4,
 )
 
 
-def places_reference(shape: tuple[int, int, int, int], cpu: int, mem: int, left: list[int]) -> float:
-    """Pods of one shape that fit together, counted the slow way: add them one by one."""
-    c, m, pct, count = shape
+def places_reference(
+    shape: tuple[int, int, int, int, tuple[str, ...] | None], cpu: int, mem: int, left: list[int], model: list[int]
+) -> float:
+    """Pods of one shape that fit together, counted the slow way: add them one by one, each on slots
+    of a model the shape accepts."""
+    c, m, pct, count, models = shape
     if not (c or m or pct):
         return math.inf
-    left = list(left)
+    left = [x if models is None or MODELS[g] in models else 0 for x, g in zip(left, model, strict=True)]
     n = 0
     while n < 1000:
         room = [i for i, x in enumerate(left) if x >= pct] if pct else []
@@ -61,26 +69,30 @@ def places_reference(shape: tuple[int, int, int, int], cpu: int, mem: int, left:
 @settings(max_examples=80, deadline=None)
 @given(shape_rows, node_states, st.sampled_from([10, 25, 50, 100]))
 def test_places_match_adding_pods_one_by_one(
-    shapes: list[tuple[int, int, int, int]], nodes: list[tuple[int, int, list[int]]], pct: int
+    shapes: list[tuple[int, int, int, int, tuple[str, ...] | None]],
+    nodes: list[tuple[int, int, list[int], list[int]]],
+    pct: int,
 ) -> None:
-    pl = Places(np.array(shapes, dtype=np.int64).T)
-    cpu = np.array([c for c, _, _ in nodes], np.int64)
-    mem = np.array([m for _, m, _ in nodes], np.int64)
-    left = np.array([lv for _, _, lv in nodes], np.int64)
+    pl = Places.of(shapes, MODELS)
+    cpu = np.array([c for c, _, _, _ in nodes], np.int64)
+    mem = np.array([m for _, m, _, _ in nodes], np.int64)
+    left = np.array([lv for _, _, lv, _ in nodes], np.int64)
+    model = np.array([g for _, _, _, g in nodes], np.int64)
 
     def check(got: np.ndarray, c: np.ndarray, m: np.ndarray, lv: np.ndarray) -> None:
         for k in range(len(c)):
             for j, s in enumerate(shapes):
-                want = places_reference(s, int(c[k]), int(m[k]), list(lv[k]))
+                want = places_reference(s, int(c[k]), int(m[k]), list(lv[k]), list(model[k]))
                 assert got[k, j] == want or (want == math.inf and got[k, j] >= 2**40)
 
-    check(pl.count(cpu, mem, left), cpu, mem, left)
+    check(pl.count(cpu, mem, left, model), cpu, mem, left)
     cpu_after = np.maximum(cpu - 500, 0)
-    each = pl.count_each_slot(cpu_after, mem, left, pct)
-    for g in range(left.shape[1]):
+    k, g = np.nonzero(np.ones_like(left, bool))
+    each = pl.count_options(cpu_after, mem, left, model, pct, (k, g)).reshape(*left.shape, -1)
+    for col in range(left.shape[1]):
         moved = left.copy()
-        moved[:, g] = np.maximum(moved[:, g] - pct, 0)
-        check(each[:, g, :], cpu_after, mem, moved)
+        moved[:, col] = np.maximum(moved[:, col] - pct, 0)
+        check(each[:, col, :], cpu_after, mem, moved)
 
 
 @pytest.mark.parametrize("mean", [0.0, 0.3, 2.5, 40.0, 400.0])
@@ -191,3 +203,52 @@ def test_the_outlook_looks_at_the_most_frequent_shapes_only(monkeypatch: pytest.
     assert isinstance(policy, score.DefaultPolicy)
     policy.outlook.update(ds.st)
     assert sorted(policy.outlook.places.table[0].tolist()) == [1000, 2000]
+
+
+FLEET = ("T4", "G2", "V100M16", "V100M32")
+pinned_pods = st.lists(
+    st.tuples(
+        st.sampled_from([1000, 4000, 12000]),  # CPU
+        st.sampled_from([(1, 100), (1, 30), (1, 50), (2, 100), (4, 100)]),  # GPUs, percent
+        st.sampled_from(["", "", "T4", "G2", "V100", "V100M16,G2", "t4,v100m32"]),  # use-gputype
+        st.sampled_from(["", "", "", "M32", "G2"]),  # nouse-gputype
+    ),
+    min_size=1,
+    max_size=60,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(pinned_pods, st.lists(st.sampled_from(FLEET), min_size=2, max_size=6), st.booleans())
+def test_the_default_never_places_a_pinned_pod_on_a_model_it_refused(
+    pods: list[tuple[int, tuple[int, int], str, str]], models: list[str], mixed: bool
+) -> None:
+    """Whatever the fleet and the pins, every GPU a pod gets is of a model its type lists accept
+    (substrings, case-insensitive; nouse wins), however the outlook weighs the pinned shapes."""
+    ds = DeviceShare()
+    for i, model in enumerate(models):
+        slot_models = [FLEET[(i + g) % len(FLEET)] if mixed else model for g in range(4)]
+        gpus = tuple(Gpu(minor=g, memory=16 << 30, model=m, uuid=f"n{i}-{g}") for g, m in enumerate(slot_models))
+        ds.set_node(NodeDevices(f"n{i}", gpus, cpu_milli=64_000, memory=1 << 40))
+    model_of = {(f"n{i}", g.minor): g.model for i in range(len(models)) for g in ds.st.nodes[ds.st.rows[f"n{i}"]].gpus}
+    for j, (cpu, (count, pct), use, nouse) in enumerate(pods):
+        res = {"cpu": f"{cpu}m"}
+        if pct == 100:
+            res["nvidia.com/gpu"] = str(count)
+        else:
+            res |= {"koordinator.sh/gpu-core": str(pct), "koordinator.sh/gpu-memory-ratio": str(pct)}
+            res["koordinator.sh/gpu.shared"] = "1"
+        ann = {k: v for k, v in (("nvidia.com/use-gputype", use), ("nvidia.com/nouse-gputype", nouse)) if v}
+        req = ds.pre_filter(
+            Pod(uid=f"p{j}", namespace="t", name=f"p{j}", containers=(Container("m", res),), annotations=ann)
+        )
+        fit, _ = ds.filter_nodes(req, reasons=False)
+        if not fit:
+            continue
+        scores = ds.score_nodes(req, fit)
+        node = max(scores, key=scores.__getitem__)
+        alloc = ds.reserve(req, node)
+        for g in alloc.gpus:
+            model = model_of[(node, g.minor)]
+            assert not use or any(t.upper() in model for t in use.split(",")), (use, model)
+            assert not nouse or nouse.upper() not in model, (nouse, model)
