@@ -62,6 +62,18 @@ class KubeApi:
         self.core = client.CoreV1Api(api_client)
         self.timeout = timeout
 
+    def node_pods(self, node: str) -> list[dict[str, Any]]:
+        """The node's live pods, read from the API server now (not from a cache)."""
+        try:
+            resp = self.core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node},{POD_SELECTOR}",
+                _preload_content=False,
+                _request_timeout=self.timeout,
+            )
+        except ApiException as e:
+            raise _failure(e) from None
+        return json.loads(resp.data).get("items") or []
+
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         try:
             resp = self.core.read_namespaced_pod(name, namespace, _preload_content=False, _request_timeout=self.timeout)
@@ -69,18 +81,29 @@ class KubeApi:
             raise _failure(e) from None
         return json.loads(resp.data)
 
-    def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Mapping[str, str]) -> None:
-        # metadata.uid is immutable, so naming it makes the patch fail (422) on a pod created again
-        # under the same name instead of annotating a pod this bind is not about
-        body = {"metadata": {"uid": uid, "annotations": dict(annotations)}}
+    def annotate_pod(
+        self, namespace: str, name: str, uid: str, annotations: Mapping[str, str], resource_version: str
+    ) -> str:
+        """Returns the pod's new resourceVersion. metadata.uid is immutable, so naming it makes the
+        patch fail (422) on a pod created again under the same name; a resourceVersion in a patch is
+        a precondition (409 when the pod changed since it was read)."""
+        meta: dict[str, Any] = {"uid": uid, "annotations": dict(annotations)}
+        if resource_version:
+            meta["resourceVersion"] = resource_version
         try:
-            self.core.patch_namespaced_pod(name, namespace, body, _preload_content=False, _request_timeout=self.timeout)
+            resp = self.core.patch_namespaced_pod(
+                name, namespace, {"metadata": meta}, _preload_content=False, _request_timeout=self.timeout
+            )
         except ApiException as e:
             raise _failure(e) from None
+        return str((json.loads(resp.data).get("metadata") or {}).get("resourceVersion") or "")
 
-    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str, resource_version: str = "") -> None:
+        # uid and resourceVersion are preconditions of the Binding (BindingREST in the API server)
         binding = client.V1Binding(
-            metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=uid),
+            metadata=client.V1ObjectMeta(
+                name=name, namespace=namespace, uid=uid, resource_version=resource_version or None
+            ),
             target=client.V1ObjectReference(kind="Node", name=node, api_version="v1"),
         )
         try:
@@ -206,6 +229,7 @@ class ClusterCache:
         self.devices: dict[str, dict[str, Any]] = {}
         self.nodes: dict[str, tuple[dict[str, str], dict[str, Any]]] = {}  # name -> (labels, allocatable)
         self.pods: dict[str, str] = {}  # uid -> node, pods charged to the allocator
+        self.priorities: dict[str, int] = {}  # uid -> spec.priority of those pods (for preemption)
         core = client.CoreV1Api(api_client)
         custom = client.CustomObjectsApi(api_client)
 
@@ -309,8 +333,7 @@ class ClusterCache:
         uid = pod.uid or pod.key
         if not pod.node_name or pod.finished:
             if uid in self.pods:
-                self.pods.pop(uid)
-                self.plugin.remove_pod(uid)
+                self._drop(uid)
             return
         try:
             self.plugin.add_pod(pod, pod.node_name)
@@ -319,21 +342,26 @@ class ClusterCache:
             log.warning("pod allocation annotation ignored", extra={"pod": pod.key, "error": str(e)})
             return
         self.pods[uid] = pod.node_name
+        priority = (obj.get("spec") or {}).get("priority")
+        self.priorities[uid] = priority if isinstance(priority, int) else 0
+
+    def _drop(self, uid: str) -> None:
+        """Caller holds self.lock."""
+        self.pods.pop(uid, None)
+        self.priorities.pop(uid, None)
+        self.plugin.remove_pod(uid)  # also frees a reservation of a pod deleted while pending
 
     def _replace_pods(self, items: list[dict[str, Any]]) -> None:
         with self.lock:
             listed = {str((p.get("metadata") or {}).get("uid") or "") for p in items}
             for uid in set(self.pods) - listed:
-                self.pods.pop(uid)
-                self.plugin.remove_pod(uid)
+                self._drop(uid)
             for p in items:
                 self._charge(p)
 
     def _pod_event(self, kind: str, obj: dict[str, Any]) -> None:
         with self.lock:
             if kind == "DELETED":
-                uid = str((obj.get("metadata") or {}).get("uid") or "")
-                self.pods.pop(uid, None)
-                self.plugin.remove_pod(uid)  # also frees a reservation of a pod deleted while pending
+                self._drop(str((obj.get("metadata") or {}).get("uid") or ""))
             else:
                 self._charge(obj)

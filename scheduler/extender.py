@@ -1,17 +1,23 @@
-"""kube-scheduler extender verbs over the DeviceShare allocator: filter, prioritize, bind.
+"""kube-scheduler extender verbs over the DeviceShare allocator: filter, prioritize, preempt, bind.
 
 The wire format is kube-scheduler's (k8s.io/kube-scheduler/extender/v1), Go field names without
 JSON tags: ExtenderArgs {Pod, Nodes, NodeNames}, ExtenderFilterResult {Nodes, NodeNames, FailedNodes,
 FailedAndUnresolvableNodes, Error}, HostPriorityList [{Host, Score}] with scores 0..MaxExtenderPriority,
-ExtenderBindingArgs {PodName, PodNamespace, PodUID, Node}, ExtenderBindingResult {Error}.
+ExtenderPreemptionArgs {Pod, NodeNameToVictims, NodeNameToMetaVictims} with Victims {Pods,
+NumPDBViolations} or MetaVictims {Pods [{UID}], NumPDBViolations}, ExtenderPreemptionResult
+{NodeNameToMetaVictims}, ExtenderBindingArgs {PodName, PodNamespace, PodUID, Node},
+ExtenderBindingResult {Error}.
 
-Nodes that can not take the pod's devices are reported as FailedAndUnresolvableNodes: this extender
-has no preempt verb, so kube-scheduler's preemption could not see which victims would free a GPU
-and would evict pods for nothing.
+Nodes whose GPUs are busy are FailedNodes (evicting pods could help, so kube-scheduler may try
+preemption and asks the preempt verb which victims free a GPU); nodes that could not take the pod
+even empty are FailedAndUnresolvableNodes.
 
 One lock serialises every use of the allocator, so two binds to one node can never be handed the
 same GPU; the API writes of a bind happen outside it. Binds of one pod are serialised by pod uid,
-which makes a kube-scheduler retry of a bind that in fact went through a no-op.
+which makes a kube-scheduler retry of a bind that in fact went through a no-op. With several
+replicas, a bind writes only while `may_write()` (this replica holds the leader Lease), re-checks
+its GPUs against the node's pods on the API server, and writes with the pod's resourceVersion as a
+precondition (scheduler/leader.py, scheduler/fence.py).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from crihook.scheduler import fence, preempt
 from crihook.scheduler.plugin import DeviceShare, Unschedulable
 from crihook.scheduler.pod import PodError, pod_from_json
 from crihook.scheduler.request import PodRequest, RequestError
@@ -31,6 +38,7 @@ log = logging.getLogger("crihook.scheduler")
 
 MAX_EXTENDER_PRIORITY = 10  # k8s.io/kube-scheduler/extender/v1.MaxExtenderPriority
 MAX_PLUGIN_SCORE = 100
+NOT_LEADER = "crihook scheduler: this replica does not hold the leader Lease (any more); not binding"
 
 
 class ApiFailure(Exception):
@@ -46,9 +54,13 @@ class PodApi(Protocol):
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
 
-    def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Mapping[str, str]) -> None: ...
+    def node_pods(self, node: str) -> list[dict[str, Any]]: ...
 
-    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+    def annotate_pod(
+        self, namespace: str, name: str, uid: str, annotations: Mapping[str, str], resource_version: str
+    ) -> str: ...
+
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str, resource_version: str) -> None: ...
 
 
 class BadRequest(ValueError):
@@ -84,7 +96,13 @@ def candidates(args: Mapping[str, Any]) -> Candidates:
     return Candidates(out, items)
 
 
-def filter_result(c: Candidates, fit: list[str], failed: Mapping[str, str], error: str = "") -> dict[str, Any]:
+def filter_result(
+    c: Candidates,
+    fit: list[str],
+    failed: Mapping[str, str],
+    error: str = "",
+    resolvable: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """ExtenderFilterResult in the form of the request: NodeNames back for NodeNames, Nodes for Nodes."""
     if c.nodes is None:
         nodes, names = None, fit
@@ -95,7 +113,7 @@ def filter_result(c: Candidates, fit: list[str], failed: Mapping[str, str], erro
     return {
         "Nodes": nodes,
         "NodeNames": names,
-        "FailedNodes": {},
+        "FailedNodes": dict(resolvable or {}),
         "FailedAndUnresolvableNodes": dict(failed),
         "Error": error,
     }
@@ -111,10 +129,18 @@ class Extender:
     """The verbs. `ready` says whether the cluster state is complete (the cache's initial lists are
     in); before that filter and bind answer an error so kube-scheduler retries the pod later."""
 
-    def __init__(self, plugin: DeviceShare, api: PodApi | None = None, ready: Callable[[], bool] = lambda: True):
+    def __init__(
+        self,
+        plugin: DeviceShare,
+        api: PodApi | None = None,
+        ready: Callable[[], bool] = lambda: True,
+        may_write: Callable[[], bool] = lambda: True,
+    ):
         self.plugin = plugin
         self.api = api
         self.ready = ready
+        self.may_write = may_write  # False on a replica that does not hold the leader Lease (now)
+        self.priorities: Mapping[str, int] = {}  # pod uid -> priority, from the cluster cache
         self.lock = threading.Lock()  # guards self.plugin
         self._pod_locks: dict[str, tuple[threading.Lock, int]] = {}
         self._pod_locks_guard = threading.Lock()
@@ -141,7 +167,9 @@ class Extender:
             return filter_result(c, c.names, {})
         with self.lock:
             fit, failed = self.plugin.filter_nodes(req, c.names)
-        return filter_result(c, fit, failed)
+            helped = self.plugin.could_fit_empty(req, failed) if failed else set()
+        resolvable = {n: why for n, why in failed.items() if n in helped}
+        return filter_result(c, fit, {n: why for n, why in failed.items() if n not in helped}, "", resolvable)
 
     def prioritize(self, args: Any) -> list[dict[str, Any]]:
         if not isinstance(args, dict):
@@ -157,6 +185,60 @@ class Extender:
                 with self.lock:
                     scores = self.plugin.score_nodes(req, c.names)
         return [{"Host": n, "Score": to_extender_score(scores.get(n, 0.0))} for n in c.names]
+
+    # --- preempt ---
+
+    def preempt(self, args: Any) -> dict[str, Any]:
+        """ExtenderPreemptionResult {NodeNameToMetaVictims}: per candidate node the victims that
+        free enough GPU (scheduler/preempt.py). kube-scheduler always reads the answer as
+        MetaVictims, whichever form it sent (HTTPExtender.ProcessPreemption, convertToVictims), and
+        refuses a node with no victims, so such nodes are left out."""
+        if not isinstance(args, dict):
+            raise BadRequest("expected ExtenderPreemptionArgs (a JSON object)")
+        meta = args.get("NodeNameToMetaVictims")
+        full = args.get("NodeNameToVictims")
+        given = meta if meta is not None else full
+        if given is None:
+            given = {}
+        if not isinstance(given, dict):
+            raise BadRequest("ExtenderPreemptionArgs.NodeNameToVictims must be an object of nodes")
+        victims = {node: self._victims(node, v, meta is not None) for node, v in given.items()}
+        if not self.ready():
+            return {"NodeNameToMetaVictims": {}}  # no preemption this cycle; kube-scheduler tries again
+        try:
+            req = self._request(args.get("Pod"))
+        except (PodError, RequestError):
+            return {"NodeNameToMetaVictims": {}}  # filter has said why
+        out: dict[str, Any] = {}
+        with self.lock:
+            for node, (vs, pdb) in victims.items():
+                chosen = vs if not req.wants_devices else preempt.choose(self.plugin, req, node, vs)
+                if chosen:
+                    pods = [{"UID": v.uid} for v in chosen]
+                    # which victims break a PodDisruptionBudget is kube-scheduler's knowledge: a subset
+                    # breaks at most as many as the whole set, and at most one per pod
+                    out[node] = {"Pods": pods, "NumPDBViolations": min(pdb, len(pods))}
+        return {"NodeNameToMetaVictims": out}
+
+    def _victims(self, node: str, v: Any, meta: bool) -> tuple[list[preempt.Victim], int]:
+        where = f"ExtenderPreemptionArgs.{'NodeNameToMetaVictims' if meta else 'NodeNameToVictims'}[{node}]"
+        if not isinstance(v, dict) or not isinstance(v.get("Pods") or [], list):
+            raise BadRequest(f"{where} must be an object with a Pods list")
+        pdb = v.get("NumPDBViolations") or 0
+        if not isinstance(pdb, int):
+            raise BadRequest(f"{where}.NumPDBViolations must be an integer")
+        out = []
+        for i, p in enumerate(v.get("Pods") or []):
+            if meta:
+                uid = p.get("UID") if isinstance(p, dict) else None
+                priority = self.priorities.get(uid or "", 0)
+            else:
+                m, spec = (p.get("metadata") or {}, p.get("spec") or {}) if isinstance(p, dict) else ({}, {})
+                uid, priority = m.get("uid"), spec.get("priority") or 0
+            if not isinstance(uid, str) or not uid or not isinstance(priority, int):
+                raise BadRequest(f"{where}.Pods[{i}] has no UID" + ("" if meta else " (metadata.uid) or priority"))
+            out.append(preempt.Victim(uid, priority))
+        return out, pdb
 
     # --- bind ---
 
@@ -187,6 +269,8 @@ class Extender:
         name, ns, uid, node = fields["PodName"], fields["PodNamespace"], fields["PodUID"], fields["Node"]
         if self.api is None:
             return {"Error": "crihook scheduler has no API server connection to bind with"}
+        if not self.may_write():
+            return {"Error": NOT_LEADER}
         if not self.ready():
             return {"Error": "crihook scheduler is not ready: the cluster cache is still loading"}
         with self._pod_lock(uid):
@@ -211,6 +295,8 @@ class Extender:
         if bound:
             # a retry of a bind that went through, or a pod someone else bound
             return "" if bound == node else f"pod {key} is already bound to node {bound}"
+        if not self.may_write():
+            return NOT_LEADER
         try:
             pod = pod_from_json(pod_json)
             with self.lock:
@@ -218,15 +304,30 @@ class Extender:
                 if req.wants_devices:
                     alloc = self.plugin.reserve(req, node)
                     annotations = self.plugin.pre_bind(req, alloc)
+                    memory = self.plugin.gpu_memory(node)
                 else:
                     annotations = {}
         except (PodError, RequestError, Unschedulable) as e:
             return str(e)
         reserved = req.wants_devices
         try:
+            if reserved and alloc.gpus:
+                # this replica's memory may be behind the API server (a failover, a pause, a slow
+                # watch): the GPUs must also be free among the node's pods as the API server has them
+                clash = fence.collision(uid, alloc.gpus, self.api.node_pods(node), lambda m: memory.get(m, 0))
+                if clash:
+                    with self.lock:
+                        self.plugin.unreserve(req.uid)
+                    return f"pod {key} on node {node}: {clash}; not binding on a stale view"
+            if not self.may_write():
+                if reserved:
+                    with self.lock:
+                        self.plugin.unreserve(req.uid)
+                return NOT_LEADER
+            rv = str(meta.get("resourceVersion") or "")
             if annotations:
-                self.api.annotate_pod(ns, name, uid, annotations)
-            self.api.bind_pod(ns, name, uid, node)
+                rv = self.api.annotate_pod(ns, name, uid, annotations, rv)
+            self.api.bind_pod(ns, name, uid, node, rv)
         except ApiFailure as e:
             if e.code == 409 and self._bound_to(ns, name, uid, node):
                 return ""  # a concurrent duplicate of this bind won

@@ -269,6 +269,12 @@ class DeviceShare:
         self.by_node.get(held.node, set()).discard(uid)
         self._charge(held, -1)
 
+    def gpu_memory(self, node: str) -> dict[int, int]:
+        """Each GPU's memory in bytes on `node`, by minor."""
+        row = self.st.rows.get(node)
+        nd = None if row is None else self.st.nodes[row]
+        return {} if nd is None else {g.minor: g.memory for g in nd.gpus}
+
     def _gpu_memory(self, node: str, minor: int) -> int:
         row = self.st.rows.get(node)
         if row is None:
@@ -444,17 +450,46 @@ class DeviceShare:
         fits = st.usable[rows] & (st.core_free[rows] >= req.core)
         need = req.memory if req.memory else req.ratio * st.mem_total[rows] // 100
         fits &= st.mem_free[rows] >= need
+        return self._selected(req, rows, fits)
+
+    def _selected(self, req: PodRequest, rows: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """`mask` with the GPU slots the pod's model/uuid selectors refuse cleared (in place)."""
+        st = self.st
         sel = req.selectors
         if sel.use_types or sel.nouse_types:
-            fits &= self._models_allowed(sel)[st.model[rows]]
+            mask &= self._models_allowed(sel)[st.model[rows]]
         if sel.use_uuids or sel.nouse_uuids:
             for i, r in enumerate(rows):
                 nd = st.nodes[r]
                 assert nd is not None
                 for col, g in enumerate(nd.gpus):
-                    if fits[i, col] and req.selectors.refuses(g.model, g.uuid):
-                        fits[i, col] = False
-        return fits
+                    if mask[i, col] and sel.refuses(g.model, g.uuid):
+                        mask[i, col] = False
+        return mask
+
+    def could_fit_empty(self, req: PodRequest, nodes: Iterable[str]) -> set[str]:
+        """The nodes that would take the pod's GPUs with no pod on them: where evicting pods could
+        help (kube-scheduler's preemption), as opposed to too few, too small or refused GPUs."""
+        names, rows, _ = self._rows(nodes)
+        st = self.st
+        need = req.memory if req.memory else req.ratio * st.mem_total[rows] // 100
+        cap = self._selected(req, rows, st.usable[rows] & (st.mem_total[rows] >= need) & (req.core <= 100))
+        return set(compress(names, (cap.sum(axis=1) >= req.count).tolist()))
+
+    def fits_without(self, req: PodRequest, node: str, uids: Iterable[str]) -> bool:
+        """Whether the pod would fit `node` if the pods `uids` were gone (preemption's question);
+        the state is the same afterwards."""
+        row = self.st.rows.get(node)
+        if row is None:
+            return False
+        gone = [self.held[u] for u in dict.fromkeys(uids) if u in self.held and self.held[u].node == node]
+        for h in gone:
+            self._charge(h, -1)
+        try:
+            return bool(self._feasible(req, np.array([row]))[0][0])
+        finally:
+            for h in gone:
+                self._charge(h, +1)
 
     def _models_allowed(self, sel: Selectors) -> np.ndarray:
         """(models,): the GPU models the selectors' type lists allow, remembered per type lists."""

@@ -1,8 +1,9 @@
 """`crihook scheduler`: the extender and the admission webhook over HTTP(S).
 
-POST /filter, /prioritize, /bind (kube-scheduler), POST /mutate, /validate (the API server's
-admission webhooks), GET /healthz (the process serves), /readyz (the cluster cache is loaded) and
-/metrics (Prometheus: requests by path and status, time to answer).
+POST /filter, /prioritize, /preempt, /bind (kube-scheduler), POST /mutate, /validate (the API
+server's admission webhooks), GET /healthz (the process serves), /readyz (this replica leads and
+its cluster cache is loaded: scheduler/ha.py) and /metrics (Prometheus: requests by path and
+status, time to answer).
 
 TLS comes from certificate and key files; with `--client-ca` callers must present a certificate
 signed by it. The files are read again when they change (a mounted Secret is swapped in place), so
@@ -41,7 +42,7 @@ from typing import Any
 from crihook import log as crihook_log
 from crihook import metrics
 from crihook.metrics import is_loopback, parse_listen
-from crihook.scheduler import webhook
+from crihook.scheduler import ha, webhook
 from crihook.scheduler.extender import BadRequest, Extender
 from crihook.scheduler.plugin import DeviceShare, PluginConfig
 from crihook.scheduler.request import STRATEGIES
@@ -175,6 +176,7 @@ class App:
         return {
             "/filter": self.extender.filter,
             "/prioritize": self.extender.prioritize,
+            "/preempt": self.extender.preempt,
             "/bind": self.extender.bind,
             "/mutate": lambda r: webhook.mutate(r, self.webhook_config),
             "/validate": lambda r: webhook.validate(r, self.webhook_config),
@@ -184,7 +186,7 @@ class App:
     def get_routes(self) -> dict[str, Callable[[], Answer]]:
         return {
             "/healthz": lambda: (200, b"ok\n", TEXT),
-            "/readyz": lambda: (200, b"ok\n", TEXT) if self.ready() else (503, b"not ready\n", TEXT),
+            "/readyz": lambda: (200, b"ok\n", TEXT) if self.ready() else (503, b"standby, or not ready\n", TEXT),
             "/metrics": lambda: (200, metrics.REGISTRY.render(), metrics.CONTENT_TYPE),
         }
 
@@ -498,6 +500,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--scheduler-name", default="", help="webhook: move GPU pods of the default scheduler here")
     parser.add_argument("--log-level", default="info", choices=crihook_log.LEVELS)
+    ha.add_arguments(parser)
 
 
 def _api_client(kubeconfig: str) -> Any:
@@ -512,7 +515,7 @@ def _api_client(kubeconfig: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from crihook.scheduler.cache import ClusterCache, KubeApi
+    from crihook.scheduler.cache import KubeApi
 
     crihook_log.setup(args.log_level)
     if bool(args.tls_cert) != bool(args.tls_key):
@@ -528,18 +531,24 @@ def run(args: argparse.Namespace) -> int:
         log.error(str(e))
         return 2
     api_client = _api_client(args.kubeconfig)
-    plugin = DeviceShare(PluginConfig(strategy=args.strategy))
-    cache: ClusterCache | None = None
-    extender = Extender(plugin, KubeApi(api_client), ready=lambda: cache is not None and cache.ready())
-    cache = ClusterCache(api_client, plugin, extender.lock)
+
+    def new_plugin() -> DeviceShare:
+        return DeviceShare(PluginConfig(strategy=args.strategy))
+
+    extender = Extender(new_plugin(), KubeApi(api_client))
+    try:
+        replica = ha.build(args, api_client, extender, new_plugin)
+    except ValueError as e:
+        log.error(str(e))
+        return 2
     users = tuple(args.scheduler_user) or (DEFAULT_SCHEDULER_USER,)
-    app = App(extender, webhook.WebhookConfig(users, args.scheduler_name), cache.ready)
+    app = App(extender, webhook.WebhookConfig(users, args.scheduler_name), replica.ready)
     try:
         server = make_server(app, host, port, tls)
     except (OSError, ssl.SSLError) as e:
         log.error("can not serve", extra={"listen": args.listen, "error": str(e)})
         return 2
-    cache.start()
+    replica.start()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -547,5 +556,5 @@ def run(args: argparse.Namespace) -> int:
     log.info("scheduler listening", extra={"listen": args.listen, "tls": tls is not None})
     stop.wait()
     server.shutdown()
-    cache.stop()
+    replica.stop()
     return 0

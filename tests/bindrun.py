@@ -220,9 +220,25 @@ def _wait_for(check: Any, seconds: float) -> None:
         time.sleep(0.05)
 
 
-def _check(kube: FakeKube, sched: Scheduler, result: Result) -> None:
+@dataclass
+class Audit:
+    """What the API server's pods hold, GPU by GPU."""
+
+    gpus_checked: int = 0
+    over_committed: list[str] = field(default_factory=list)
+    shared_whole: list[str] = field(default_factory=list)
+    unannotated_bound: list[str] = field(default_factory=list)
+    held: dict[str, tuple[str, list[Any]]] = field(default_factory=dict)  # uid -> (node, charges)
+
+    @property
+    def clean(self) -> bool:
+        return not (self.over_committed or self.shared_whole or self.unannotated_bound)
+
+
+def audit(kube: FakeKube) -> Audit:
     """Every GPU, from what the API server holds: never over 100 % core or its memory, a whole GPU
-    never shared, every bound pod annotated, and the allocator's view equal to the pods'."""
+    never shared with any other pod, every bound pod annotated."""
+    out = Audit()
     devices = {d["metadata"]["name"]: d for d in kube.list("devices")}
     memory = {
         (node, g["minor"]): g["resources"][GPU_MEMORY]
@@ -233,14 +249,13 @@ def _check(kube: FakeKube, sched: Scheduler, result: Result) -> None:
     core: dict[tuple[str, int], int] = defaultdict(int)
     mem: dict[tuple[str, int], int] = defaultdict(int)
     users: dict[tuple[str, int], list[int]] = defaultdict(list)
-    from_pods = {}
     for pod in kube.list("pods"):
         node = pod["spec"].get("nodeName")
         if not node:
             continue
         text = (pod["metadata"].get("annotations") or {}).get(DEVICE_ALLOCATED)
         if text is None:
-            result.unannotated_bound.append(pod["metadata"]["name"])
+            out.unannotated_bound.append(pod["metadata"]["name"])
             continue
         charges = []
         for a in parse_device_allocated(text)[GPU]:
@@ -249,13 +264,21 @@ def _check(kube: FakeKube, sched: Scheduler, result: Result) -> None:
             mem[key] += a.resources[GPU_MEMORY]
             users[key].append(a.resources[GPU_CORE])
             charges.append((a.minor, a.resources[GPU_CORE], a.resources[GPU_MEMORY]))
-        from_pods[pod["metadata"]["uid"]] = (node, sorted(charges))
+        out.held[pod["metadata"]["uid"]] = (node, sorted(charges))
     for key in memory:
-        result.gpus_checked += 1
+        out.gpus_checked += 1
         total = quantity.to_int(memory[key])
         if core[key] > 100 or mem[key] > total:
-            result.over_committed.append(f"{key}: core {core[key]}, memory {mem[key]} of {total}")
+            out.over_committed.append(f"{key}: core {core[key]}, memory {mem[key]} of {total}")
         if 100 in users[key] and len(users[key]) > 1:
-            result.shared_whole.append(f"{key}: {users[key]}")
+            out.shared_whole.append(f"{key}: {users[key]}")
+    return out
+
+
+def _check(kube: FakeKube, sched: Scheduler, result: Result) -> None:
+    """The audit, and the allocator's view equal to the pods'."""
+    a = audit(kube)
+    result.gpus_checked, result.over_committed = a.gpus_checked, a.over_committed
+    result.shared_whole, result.unannotated_bound = a.shared_whole, a.unannotated_bound
     held = sched.state()
-    result.held_mismatch = sum(1 for uid in set(held) | set(from_pods) if held.get(uid) != from_pods.get(uid))
+    result.held_mismatch = sum(1 for uid in set(held) | set(a.held) if held.get(uid) != a.held.get(uid))

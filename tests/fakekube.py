@@ -3,14 +3,39 @@
 It serves exactly what crihook uses, the way the API server does it on the wire:
 - core/v1 `nodes` (+ `/status`) and `pods` (+ `/status`, `/binding`; `namespaces/{ns}/bindings` too),
 - the cluster-scoped custom resource `devices.scheduling.koordinator.sh/v1alpha1` (+ `/status`);
-- GET, LIST (with a list `resourceVersion`, label and field selectors), POST, PUT (409 Conflict on a
-  stale `metadata.resourceVersion`), PATCH (merge, strategic merge for maps and keyed lists, JSON
-  patch), DELETE (with preconditions), `Status` bodies for every error;
+- `coordination.k8s.io/v1` `leases` (leader election);
+- GET, LIST (with a list `resourceVersion`, label and field selectors), POST, PUT, PATCH (merge,
+  strategic merge for maps and keyed lists, JSON patch), DELETE (with preconditions), `Status`
+  bodies for every error;
 - `?watch=true` streams: chunked JSON lines of ADDED/MODIFIED/DELETED from a resourceVersion, or the
-  current state as ADDED first when none is given; a too-old resourceVersion gets the API server's
-  `ERROR` event with a 410 `Expired` Status.
+  current state as ADDED first when none is given.
 Status subresources behave as on the API server: a PUT or PATCH of the object ignores `status`, and
 one of `/status` changes only `status`.
+
+Where each rule comes from (kubernetes/kubernetes, paths under staging/src/k8s.io/ for apiserver and
+apimachinery):
+- 409 Conflict on a stale resourceVersion: a PUT carrying `metadata.resourceVersion` is a
+  precondition of `GuaranteedUpdate` (apiserver/pkg/registry/generic/registry/store.go, `Update`),
+  failing with `OptimisticLockErrorMsg` ("the object has been modified; please apply your changes to
+  the latest version and try again"). A PATCH whose result carries a resourceVersion other than the
+  current one fails the same way (apiserver/pkg/endpoints/handlers/patch.go applies the patch to the
+  current object, then updates with the patched object's resourceVersion); a patch without one
+  applies to the latest. A Binding checks `metadata.uid` and `metadata.resourceVersion` as
+  preconditions and merges its annotations into the pod (pkg/registry/core/pod/storage/storage.go,
+  `BindingREST.setPodHostAndAnnotations`): "Precondition failed: ResourceVersion in precondition: …".
+  A write that changes nothing keeps the resourceVersion (store.go skips the etcd write).
+- Leases: the fields of `LeaseSpec` (k8s.io/api/coordination/v1/types.go: holderIdentity,
+  leaseDurationSeconds, acquireTime, renewTime, leaseTransitions); acquireTime and renewTime are
+  `MicroTime`, decoded with the layout "2006-01-02T15:04:05.000000Z07:00"
+  (apimachinery/pkg/apis/meta/v1/micro_time.go), so another form is a 400 decoding error;
+  leaseDurationSeconds must be greater than 0 and leaseTransitions not negative (422,
+  pkg/apis/coordination/validation/validation.go, `ValidateLeaseSpec`). The API server does not
+  judge expiry: holders do, from the renewTime they observe (client-go tools/leaderelection).
+- Watches: a resourceVersion in the event history resumes after it; one older than the history
+  answers 200 with a single `ERROR` event holding a 410 `Expired` Status, "too old resource
+  version" (apiserver/pkg/storage/cacher/watch_cache.go, `getAllEventsSinceLocked`, sent through an
+  error watcher by cacher.go); `compact()` plays etcd's compaction. The docs: "Efficient detection
+  of changes" in https://kubernetes.io/docs/reference/using-api/api-concepts/.
 
 Fault knobs for tests: `fail_next(n, code)` answers the next n matching requests with an error
 Status, `delay` slows every request, `compact()` forgets the event history (a later resume gets 410)
@@ -66,7 +91,11 @@ class Resource:
 NODES = Resource("nodes", "Node", "", "v1", namespaced=False)
 PODS = Resource("pods", "Pod", "", "v1", namespaced=True)
 DEVICES = Resource("devices", "Device", DEVICE_GROUP, DEVICE_VERSION, namespaced=False)
-RESOURCES = {r.plural: r for r in (NODES, PODS, DEVICES)}
+LEASES = Resource("leases", "Lease", "coordination.k8s.io", "v1", namespaced=True)
+RESOURCES = {r.plural: r for r in (NODES, PODS, DEVICES, LEASES)}
+
+# metav1.MicroTime's wire form (RFC3339Micro): exactly six fractional digits
+MICRO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)$")
 
 # Strategic merge patch: list fields merged by key rather than replaced (the ones our objects carry).
 MERGE_KEYS = {
@@ -543,6 +572,36 @@ class FakeKube:
             self._oldest_rv = dropped.rv
         self._cond.notify_all()
 
+    @staticmethod
+    def _validate(res: Resource, obj: JSON) -> None:
+        """What the API server checks on the kinds that have rules here (see the module docstring)."""
+        if res is not LEASES:
+            return
+        spec = obj.get("spec") or {}
+        name = (obj.get("metadata") or {}).get("name", "")
+        for key in ("acquireTime", "renewTime"):
+            value = spec.get(key)
+            if value is not None and (not isinstance(value, str) or not MICRO_TIME.match(value)):
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    f'Lease in version "v1" cannot be handled as a Lease: parsing time "{value}" as '
+                    '"2006-01-02T15:04:05.000000Z07:00": cannot parse as RFC3339Micro',
+                )
+        for key, low, words in (
+            ("leaseDurationSeconds", 1, "greater than 0"),
+            ("leaseTransitions", 0, "greater than or equal to 0"),
+        ):
+            value = spec.get(key)
+            if value is not None and (not isinstance(value, int) or value < low):
+                raise ApiError(
+                    422,
+                    "Invalid",
+                    f'Lease.coordination.k8s.io "{name}" is invalid: '
+                    f"spec.{key}: Invalid value: {value}: must be {words}",
+                    {"name": name, "group": "coordination.k8s.io", "kind": "Lease"},
+                )
+
     def _typed(self, res: Resource, obj: JSON) -> JSON:
         obj["apiVersion"] = res.api_version
         obj["kind"] = res.kind
@@ -569,6 +628,7 @@ class FakeKube:
                 "BadRequest",
                 "the namespace of the provided object does not match the namespace sent on the request",
             )
+        self._validate(res, obj)
         with self._cond:
             if (ns, name) in self._objects[res.plural]:
                 raise ApiError(409, "AlreadyExists", f'{res.qualified} "{name}" already exists', _details(res, name))
@@ -629,6 +689,7 @@ class FakeKube:
                     self._check_pod_update(cur, new, name)
                 keep = ("uid", "creationTimestamp", "namespace", "name")
                 new["metadata"] = {**meta, **{k: cur["metadata"][k] for k in keep if k in cur["metadata"]}}
+            self._validate(res, new)
             if _same(cur, new):
                 return copy.deepcopy(cur)  # a no-op write does not bump resourceVersion
             self._rv += 1
@@ -729,6 +790,14 @@ class FakeKube:
                     name,
                     f"Precondition failed: UID in precondition: {want_uid}, "
                     f"UID in object meta: {cur['metadata']['uid']}",
+                )
+            want_rv = (binding.get("metadata") or {}).get("resourceVersion")
+            if want_rv and want_rv != cur["metadata"]["resourceVersion"]:
+                raise conflict(
+                    PODS,
+                    name,
+                    f"Precondition failed: ResourceVersion in precondition: {want_rv}, "
+                    f"ResourceVersion in object meta: {cur['metadata']['resourceVersion']}",
                 )
             if cur.get("spec", {}).get("nodeName"):
                 raise conflict(PODS, name, f'pod {name} is already assigned to node "{cur["spec"]["nodeName"]}"')

@@ -204,7 +204,9 @@ def test_http_endpoints(http_server: Any) -> None:
     assert code == 400
     code, _ = post(conn, "/bind", {"PodName": "x"})
     assert code == 400
-    code, _ = post(conn, "/preempt", {})
+    code, out = post(conn, "/preempt", {})
+    assert code == 200 and out == {"NodeNameToMetaVictims": {}}
+    code, _ = post(conn, "/unknown", {})
     assert code == 404
 
 

@@ -236,7 +236,7 @@ def test_scheduler_config_extender_stanza() -> None:
         f"https://{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc:{svc['spec']['ports'][0]['port']}"
     )
     routes = server.App(Extender(cluster_plugin()), webhook.WebhookConfig(), lambda: True).routes
-    for verb in ("filterVerb", "prioritizeVerb", "bindVerb"):
+    for verb in ("filterVerb", "prioritizeVerb", "preemptVerb", "bindVerb"):
         assert "/" + ext[verb] in routes
     assert ext["nodeCacheCapable"] is True and ext["enableHTTPS"] is True and 1 <= ext["weight"] <= 100
     assert [m["name"] for m in ext["managedResources"]] == list(DEVICE_RESOURCES)

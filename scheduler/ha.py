@@ -1,0 +1,122 @@
+"""Several `crihook scheduler` replicas, one in charge (docs/scheduler.md, "Leadership").
+
+The replica holding the Lease (scheduler/leader.py) serves: each time it becomes leader it starts
+a term with a fresh allocator and cluster cache, listed from the API server, and answers /readyz
+ready only once those lists are in. The others answer /readyz not ready, so the Service sends
+kube-scheduler to the leader alone, and their verbs refuse (filter and bind answer an Error,
+kube-scheduler retries the pod). A leader that loses the Lease ends its term and forgets its
+reservations; if it leads again it rebuilds from the API server like any new leader.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from crihook.scheduler.cache import ClusterCache
+from crihook.scheduler.extender import Extender
+from crihook.scheduler.leader import Elector, KubeLeaseApi, LeaseTiming
+from crihook.scheduler.plugin import DeviceShare
+
+log = logging.getLogger("crihook.scheduler")
+
+DEFAULT_LEASE = "crihook-scheduler"
+
+
+class Replica:
+    """The terms of one replica. Without an elector (`--no-leader-elect`) one term runs from start."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        extender: Extender,
+        new_plugin: Callable[[], DeviceShare],
+        elector: Elector | None = None,
+    ) -> None:
+        self.api_client = api_client
+        self.extender = extender
+        self.new_plugin = new_plugin
+        self.elector = elector
+        self.cache: ClusterCache | None = None
+        self._guard = threading.Lock()
+        extender.ready = self.ready
+        extender.may_write = self.may_write
+        if elector is not None:
+            elector.on_start, elector.on_stop = self._begin, self._end
+
+    def may_write(self) -> bool:
+        return self.elector is None or self.elector.may_write()
+
+    def ready(self) -> bool:
+        cache = self.cache
+        return cache is not None and cache.ready() and self.may_write()
+
+    def start(self) -> None:
+        if self.elector is None:
+            self._begin()
+        else:
+            self.elector.start()
+
+    def stop(self) -> None:
+        if self.elector is None:
+            self._end()
+        else:
+            self.elector.stop()  # ends the term, then releases the Lease
+
+    def _begin(self) -> None:
+        plugin = self.new_plugin()
+        cache = ClusterCache(self.api_client, plugin, self.extender.lock)
+        with self.extender.lock:
+            self.extender.plugin = plugin
+            self.extender.priorities = cache.priorities
+        with self._guard:
+            self.cache = cache
+        cache.start()
+        log.info("term started: rebuilding the cluster state from the API server")
+
+    def _end(self) -> None:
+        with self._guard:
+            cache, self.cache = self.cache, None
+        if cache is not None:
+            cache.stop()
+            log.info("term ended")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = LeaseTiming()
+    parser.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run as one of several replicas: only the holder of the Lease serves (default on)",
+    )
+    parser.add_argument("--lease-name", default=DEFAULT_LEASE, help="Lease object (default %(default)s)")
+    parser.add_argument(
+        "--lease-namespace",
+        default=os.environ.get("POD_NAMESPACE") or "kube-system",
+        help="namespace of the Lease (default $POD_NAMESPACE, else kube-system)",
+    )
+    parser.add_argument("--lease-identity", default="", help="holder identity (default: hostname and a random suffix)")
+    parser.add_argument("--lease-duration", type=int, default=d.duration, help="seconds (default %(default)s)")
+    parser.add_argument("--renew-deadline", type=float, default=d.renew_deadline, help="seconds (default %(default)s)")
+    parser.add_argument("--retry-period", type=float, default=d.retry_period, help="seconds (default %(default)s)")
+
+
+def build(
+    args: argparse.Namespace, api_client: Any, extender: Extender, new_plugin: Callable[[], DeviceShare]
+) -> Replica:
+    """The replica the command line asks for; raises ValueError on inconsistent lease timing."""
+    if not args.leader_elect:
+        return Replica(api_client, extender, new_plugin)
+    timing = LeaseTiming(args.lease_duration, args.renew_deadline, args.retry_period)
+    identity = args.lease_identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    api = KubeLeaseApi(api_client, args.lease_name, args.lease_namespace)
+    elector = Elector(api, identity, timing, args.lease_name, args.lease_namespace)
+    log.info("leader election", extra={"identity": identity, "lease": f"{args.lease_namespace}/{args.lease_name}"})
+    return Replica(api_client, extender, new_plugin, elector)

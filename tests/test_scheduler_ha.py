@@ -1,0 +1,241 @@
+"""Several scheduler replicas: the Lease election (scheduler/leader.py) against the fake API server
+with a hand-driven clock, the bind's re-check against the API server when this replica's view is
+stale, and two real `crihook scheduler` processes: the leader SIGKILLed in a burst of binds, and a
+leader SIGSTOPped past its lease that wakes up to a bind."""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bindrun import SHAPES, audit, cluster, start_scheduler
+from fakekube import MICRO_TIME, FakeKube
+from harun import Service, Timing, burst, make_pods, replicas, schedule, time_to_ready, wait_leader
+
+from crihook.scheduler.extender import ApiFailure
+from crihook.scheduler.leader import Elector, KubeLeaseApi, LeaseTiming
+
+LEASE, NS = "crihook-scheduler", "kube-system"
+TIMING = LeaseTiming(duration=8, renew_deadline=5, retry_period=1)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def elector(kube: FakeKube, name: str, clock: Clock) -> Elector:
+    return Elector(KubeLeaseApi(kube.api_client(), LEASE, NS), name, TIMING, LEASE, NS, clock=clock)
+
+
+# --- the election, one round at a time ---
+
+
+def test_lease_is_acquired_renewed_and_taken_over_only_after_it_expires() -> None:
+    with FakeKube() as kube:
+        clock = Clock()
+        a, b = elector(kube, "a", clock), elector(kube, "b", clock)
+        assert a.step() and a.may_write()
+        lease = kube.get("leases", LEASE, NS)["spec"]
+        assert lease["holderIdentity"] == "a" and lease["leaseDurationSeconds"] == 8
+        assert lease["leaseTransitions"] == 0
+        assert MICRO_TIME.match(lease["renewTime"]) and MICRO_TIME.match(lease["acquireTime"])
+        assert not b.step()  # held, and b has only just seen it
+        clock.now += 7.9
+        assert not b.step()  # unchanged for 7.9 s of b's clock: still a's
+        clock.now += 0.2
+        assert not a.may_write()  # a has not renewed for renew_deadline: it stops writing on its own
+        assert b.step() and b.may_write()
+        lease = kube.get("leases", LEASE, NS)["spec"]
+        assert lease["holderIdentity"] == "b" and lease["leaseTransitions"] == 1
+        assert not a.step() and not a.may_write()  # a wakes, reads the lease, and stays out
+
+
+def test_renewals_keep_a_standby_out() -> None:
+    with FakeKube() as kube:
+        clock = Clock()
+        a, b = elector(kube, "a", clock), elector(kube, "b", clock)
+        assert a.step()
+        for _ in range(20):  # 20 s of renewals every second: b's view of the lease keeps changing
+            clock.now += 1
+            assert a.step()
+            assert not b.step()
+        assert kube.get("leases", LEASE, NS)["spec"]["holderIdentity"] == "a"
+
+
+def test_two_standbys_racing_for_a_free_lease_get_one_leader() -> None:
+    with FakeKube() as kube:
+        clock = Clock()
+        electors = [elector(kube, f"r{i}", clock) for i in range(4)]
+        results: list[bool] = []
+        threads = [threading.Thread(target=lambda e=e: results.append(e.step())) for e in electors]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(results) == [False, False, False, True]  # the others got 409 on create or replace
+        holder = kube.get("leases", LEASE, NS)["spec"]["holderIdentity"]
+        assert [e.identity for e in electors if e.may_write()] == [holder]
+
+
+def test_release_lets_a_standby_take_over_at_its_next_look() -> None:
+    with FakeKube() as kube:
+        clock = Clock()
+        a, b = elector(kube, "a", clock), elector(kube, "b", clock)
+        assert a.step()
+        assert not b.step()
+        a.stop()  # not started: only releases
+        spec = kube.get("leases", LEASE, NS)["spec"]
+        assert spec["holderIdentity"] == "" and spec["leaseDurationSeconds"] == 1
+        assert b.step()  # no waiting out the old lease
+        # client-go keeps the count on release and adds one when the next holder acquires
+        assert kube.get("leases", LEASE, NS)["spec"]["leaseTransitions"] == 1
+
+
+def test_a_leader_that_can_not_renew_stops_writing_at_the_renew_deadline() -> None:
+    with FakeKube() as kube:
+        clock = Clock()
+        a = elector(kube, "a", clock)
+        assert a.step()
+        kube.fail_next(100, 503, path="/leases/")
+        clock.now += 4
+        assert a.step()  # the write failed, but the last good renewal is 4 s old: still leading
+        clock.now += 1.5
+        assert not a.step() and not a.may_write()
+
+
+def test_lease_timing_must_leave_room_between_its_parts() -> None:
+    with pytest.raises(ValueError, match="duration > renew deadline > retry period"):
+        LeaseTiming(duration=5, renew_deadline=5, retry_period=1)
+    assert LeaseTiming().worst_takeover <= 15 - 3  # the issue's 15 s with room for the state rebuild
+
+
+def test_the_fake_refuses_a_lease_write_the_api_server_would_refuse() -> None:
+    with FakeKube() as kube:
+        api = KubeLeaseApi(kube.api_client(), LEASE, NS)
+        base = {"metadata": {"name": LEASE, "namespace": NS}, "spec": {"holderIdentity": "x"}}
+        with pytest.raises(ApiFailure) as e:
+            api.create({**base, "spec": {"renewTime": "2026-01-01T00:00:00Z"}})  # a Time, not a MicroTime
+        assert e.value.code == 400
+        with pytest.raises(ApiFailure) as e:
+            api.create({**base, "spec": {"leaseDurationSeconds": 0}})
+        assert e.value.code == 422
+        created = api.create(base)
+        api.replace({**created, "spec": {"holderIdentity": "y"}})
+        with pytest.raises(ApiFailure) as e:
+            api.replace({**created, "spec": {"holderIdentity": "z"}})  # the resourceVersion read before y's write
+        assert e.value.code == 409
+
+
+# --- the bind's re-check against the API server ---
+
+
+def _bind_elsewhere(kube: FakeKube, pod: dict[str, Any], node: str, minors: list[int]) -> None:
+    """What another leader's bind leaves on the API server."""
+    entries = [
+        {"minor": m, "resources": {"koordinator.sh/gpu-core": 100, "koordinator.sh/gpu-memory": 1}} for m in minors
+    ]
+    import json
+
+    ann = {"scheduling.koordinator.sh/device-allocated": json.dumps({"gpu": entries})}
+    m = pod["metadata"]
+    kube.patch("pods", m["name"], {"metadata": {"annotations": ann}}, m["namespace"])
+    kube._bind(m["namespace"], m["name"], {"metadata": {"name": m["name"]}, "target": {"name": node}})
+
+
+def test_a_bind_on_a_stale_view_is_refused_by_the_api_servers_pods(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR, logger="crihook")
+    with cluster(1) as kube:
+        sched = start_scheduler(kube)  # leads (may_write is always true here): only the re-check is left
+        try:
+            kube.pause_watches()  # what another leader does from now on never reaches this view
+            others = make_pods(kube, 8, {"nvidia.com/gpu": "1"}, prefix="other")
+            for i, pod in enumerate(others):
+                _bind_elsewhere(kube, pod, "gpu-node-00", [i])
+            late = make_pods(kube, 1, {"nvidia.com/gpu": "1"}, prefix="late")[0]
+            m = late["metadata"]
+            answer = sched.ext.bind(
+                {"PodName": m["name"], "PodNamespace": "ha", "PodUID": m["uid"], "Node": "gpu-node-00"}
+            )
+            assert "already held by ha/other" in answer["Error"] and "stale view" in answer["Error"]
+            assert not kube.get("pods", m["name"], "ha")["spec"].get("nodeName")
+            assert m["uid"] not in sched.plugin.held  # the reservation is undone
+            assert audit(kube).clean
+        finally:
+            kube.pause_watches(False)
+            sched.stop()
+
+
+# --- two real processes ---
+
+FAST = Timing(duration=3, renew_deadline=2.0, retry_period=0.5)
+
+
+def test_sigkill_of_the_leader_in_a_burst_of_binds_hands_no_gpu_out_twice(tmp_path: Path) -> None:
+    rng = random.Random(25)
+    with cluster(6) as kube, replicas(kube, tmp_path, 2, FAST) as procs:
+        leader = wait_leader(procs)
+        service = Service(procs)
+        pods = []
+        for i in range(160):
+            pods += make_pods(kube, 1, dict(rng.choice(SHAPES)), prefix=f"b{i:03d}-")
+        nodes = [f"gpu-node-{i:02d}" for i in range(6)]
+        result: list[Any] = []
+        t = threading.Thread(target=lambda: result.append(burst(kube, service, pods, nodes, 8, time.monotonic() + 90)))
+        t.start()
+        while sum(1 for p in kube.list("pods") if p["spec"].get("nodeName")) < 30:
+            time.sleep(0.01)
+        leader.signal(signal.SIGKILL)
+        killed = time.monotonic()
+        survivors = [p for p in procs if p is not leader]
+        failover = time_to_ready(survivors, killed, 30)
+        t.join()
+        service.close()
+        r = result[0]
+        print(f"\nfailover after SIGKILL: {failover:.2f} s (lease {FAST.duration} s, retry {FAST.retry_period} s)")
+        print(f"bound {r.bound}, refused {r.refused}, retried cycles {r.retries}: {r.errors_seen}")
+        assert r.failed == [] and r.bound + r.refused == len(pods)
+        assert r.bound > 40 and r.refused > 0  # the cluster filled up: binds competed for the last GPUs
+        assert failover < FAST.duration + 2 * FAST.retry_period + 3
+        a = audit(kube)
+        assert a.gpus_checked == 6 * 8
+        assert a.over_committed == [] and a.shared_whole == [] and a.unannotated_bound == []
+        assert len(a.held) == r.bound
+
+
+def test_a_leader_paused_past_its_lease_is_refused_when_it_wakes_to_a_bind(tmp_path: Path) -> None:
+    with cluster(1) as kube, replicas(kube, tmp_path, 2, FAST) as procs:
+        leader = wait_leader(procs)
+        standby = next(p for p in procs if p is not leader)
+        pods = make_pods(kube, 8, {"nvidia.com/gpu": "1"})
+        late = make_pods(kube, 1, {"nvidia.com/gpu": "1"}, prefix="late")[0]
+        for pod in pods[:4]:
+            assert schedule(leader, pod, ["gpu-node-00"]) == "bound"
+        leader.signal(signal.SIGSTOP)
+        paused = time.monotonic()
+        assert wait_leader(procs, 30, among=[standby]) is standby
+        print(f"\ntakeover from a paused leader: {time.monotonic() - paused:.2f} s")
+        for pod in pods[4:]:  # the node's other four GPUs, which the paused leader still thinks free
+            assert schedule(standby, pod, ["gpu-node-00"]) == "bound"
+        answer: list[Any] = []
+        m = late["metadata"]
+        args = {"PodName": m["name"], "PodNamespace": "ha", "PodUID": m["uid"], "Node": "gpu-node-00"}
+        t = threading.Thread(target=lambda: answer.append(leader.post("/bind", args, timeout=30)))
+        t.start()  # the request waits in the paused process's socket backlog
+        time.sleep(0.3)
+        leader.signal(signal.SIGCONT)
+        t.join(30)
+        assert "Lease" in answer[0]["Error"]
+        assert not kube.get("pods", m["name"], "ha")["spec"].get("nodeName")
+        assert not leader.ready()
+        a = audit(kube)
+        assert a.clean and len(a.held) == 8
