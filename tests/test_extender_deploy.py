@@ -17,7 +17,7 @@ import yaml
 from fakekube import json_patch
 from test_extender import cluster_plugin
 
-from crihook.scheduler import server, webhook
+from crihook.scheduler import ha, server, webhook
 from crihook.scheduler.extender import Extender
 from crihook.scheduler.pod import pod_from_json
 from crihook.scheduler.request import DEVICE_RESOURCES
@@ -121,6 +121,29 @@ SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
             "subjects": {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["kind", "name"]}},
         },
     },
+    ("rbac.authorization.k8s.io/v1", "Role"): {
+        "required": ["metadata", "rules"],
+        "properties": {"metadata": NAMESPACED_META, "rules": {"type": "array", "items": RULE}},
+    },
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): {
+        "required": ["metadata", "roleRef", "subjects"],
+        "properties": {
+            "metadata": NAMESPACED_META,
+            "roleRef": {"type": "object", "required": ["apiGroup", "kind", "name"]},
+            "subjects": {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["kind", "name"]}},
+        },
+    },
+    ("policy/v1", "PodDisruptionBudget"): {
+        "required": ["metadata", "spec"],
+        "properties": {
+            "metadata": NAMESPACED_META,
+            "spec": {
+                "type": "object",
+                "required": ["selector"],
+                "properties": {"selector": {"required": ["matchLabels"]}},
+            },
+        },
+    },
     ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration"): {
         "required": ["metadata", "webhooks"],
         "properties": {"metadata": META, "webhooks": {"type": "array", "minItems": 1, "items": WEBHOOK}},
@@ -192,7 +215,17 @@ def test_deployment_service_and_server_agree() -> None:
     labels = dep["spec"]["template"]["metadata"]["labels"]
     assert dep["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert svc["spec"]["selector"].items() <= labels.items()
-    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    # replicas with leader election (docs/scheduler.md, "Leadership"): only the leader is Ready, so the
+    # rollout must be free to take the old pods down before new ones are Ready
+    strategy = dep["spec"]["strategy"]
+    assert dep["spec"]["replicas"] == 2 and strategy["type"] == "RollingUpdate"
+    assert strategy["rollingUpdate"]["maxUnavailable"] >= dep["spec"]["replicas"]
+    anti = dep["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert anti[0]["labelSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    pdb = one("PodDisruptionBudget")
+    assert pdb["spec"]["selector"] == dep["spec"]["selector"] and pdb["spec"]["maxUnavailable"] == 1
     (c,) = dep["spec"]["template"]["spec"]["containers"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert svc["spec"]["ports"][0]["targetPort"] in ports
@@ -222,6 +255,23 @@ def test_rbac_is_exactly_what_the_scheduler_uses() -> None:
         for v in ("get", "list", "watch")
     }
     assert granted == watched | {("", "pods", "patch"), ("", "pods/binding", "create")}
+    leader = one("Role")  # leader election: the Lease scheduler/leader.py reads, creates and replaces
+    lease = {
+        (g, r, v, tuple(rule.get("resourceNames", ())))
+        for rule in leader["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    assert lease == {("coordination.k8s.io", "leases", "create", ())} | {
+        ("coordination.k8s.io", "leases", v, (ha.DEFAULT_LEASE,)) for v in ("get", "update")
+    }
+    rb = one("RoleBinding")
+    assert (
+        rb["roleRef"]["name"] == leader["metadata"]["name"] and rb["subjects"] == one("ClusterRoleBinding")["subjects"]
+    )
+    (c,) = one("Deployment")["spec"]["template"]["spec"]["containers"]
+    assert f"--lease-namespace={leader['metadata']['namespace']}" in c["args"]
     binding, sa = one("ClusterRoleBinding"), one("ServiceAccount")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [
