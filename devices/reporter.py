@@ -100,7 +100,11 @@ class Reporter:
         index: GpuIndex | None = None,
         rdma_links: Callable[[], Mapping[str, str]] = rdma.netns_links,
         clock: Callable[[], float] = time.monotonic,
+        plugin_holds: Callable[[str], bool] | None = None,
     ) -> None:
+        """`plugin_holds(pod_uid)`: whether a checkpoint holder really uses its device-plugin GPU
+        (the gpu hook's rule: kubelet still has the pod and the scheduler did not place it); None
+        publishes every entry."""
         from kubernetes import client
 
         self.config = config
@@ -113,6 +117,7 @@ class Reporter:
         self._checkpoint = CheckpointReader(config.node.kubelet_checkpoint)
         self._rdma_links = rdma_links
         self._clock = clock
+        self.plugin_holds = plugin_holds
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._said_problems: set[str] = set()
@@ -168,6 +173,8 @@ class Reporter:
         nics = rdma.discover(self.config.node.sys_root, self._rdma_links)
         try:
             entries = self._checkpoint.read().entries
+            if self.plugin_holds is not None:
+                entries = tuple(e for e in entries if self.plugin_holds(e.pod_uid))
         except CheckpointError as e:
             self._say(f"kubelet checkpoint unreadable, its annotation left as it is: {e}")
             entries = None

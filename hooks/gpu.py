@@ -155,6 +155,13 @@ class GpuHook:
     def attach_store(self, store: Any) -> None:
         self.store = store
 
+    def plugin_holds(self, pod_uid: str) -> bool:
+        """Whether a pod in the checkpoint may be using its device-plugin GPU, for the reporter:
+        kubelet still has the pod, and crihook's store does not show the scheduler placed it (a
+        pod it has not seen yet counts)."""
+        seen = StorePods(self.store).get(pod_uid) if self.store is not None else None
+        return not (seen is not None and seen.allocated) and self.pod_live(pod_uid)
+
     def handle(self, ctx: HookContext) -> Edit | None:
         assert ctx.container is not None
         try:

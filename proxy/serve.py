@@ -192,6 +192,7 @@ class Daemon:
         old, self.interceptor.chain = self.interceptor.chain, chain
         if self.reporter is not None:
             self.reporter.index = gpu_index(chain)
+            self.reporter.plugin_holds = plugin_holds(chain)
         # Calls already running keep the old chain's hooks until they finish: close it in the
         # background, once the longest a call can spend in it (every hook's budget) has passed.
         grace = sum(r.timeout for r in old.hooks) + 1.0
@@ -215,6 +216,12 @@ def attach_store(chain: HookChain, store: Store) -> None:
             attach(store)
 
 
+def plugin_holds(chain: HookChain) -> Any:
+    """The gpu hook's rule for which checkpoint holders really use their device-plugin GPU, which
+    the reporter publishes (None without the hook: every entry is published)."""
+    return next((h for reg in chain.hooks if (h := getattr(reg.hook, "plugin_holds", None)) is not None), None)
+
+
 def gpu_index(chain: HookChain) -> Any:
     """The gpu hook's GPU index, which the reporter's rounds keep fresh (None without the hook)."""
     from crihook.devices.nvml import GpuIndex
@@ -236,7 +243,11 @@ def start_reporter(cfg: cfgmod.Config, chain: HookChain) -> Any:
     index = gpu_index(chain)
     try:
         reporter = Reporter(
-            cfg, api_client_from(cfg.reporter.kubeconfig), nvml=index.nvml if index else None, index=index
+            cfg,
+            api_client_from(cfg.reporter.kubeconfig),
+            nvml=index.nvml if index else None,
+            index=index,
+            plugin_holds=plugin_holds(chain),
         )
     except Exception as e:  # unreadable kubeconfig or partition table: the operator's to fix
         log.error("device reporter not started", extra={"kubeconfig": cfg.reporter.kubeconfig, "error": str(e)})

@@ -22,6 +22,8 @@ TOPOLOGY = "gpu.crihook.io/topology"
 PARTITIONS = "scheduling.koordinator.sh/gpu-partitions"
 PARTITION_POLICY = "node.koordinator.sh/gpu-partition-policy"
 GPU_MODEL = "node.koordinator.sh/gpu-model"
+# GPUs held through the device plugin by pods the scheduler did not place (the node reporter's)
+PLUGIN_HELD = "node.koordinator.sh/devices-checkpoints"
 
 # PCIe common-ancestor levels, NVML's names (nvmlGpuTopologyLevel_t): smaller is closer.
 PCIE_LEVELS = {"internal": 0, "single": 10, "multiple": 20, "hostbridge": 30, "node": 40, "system": 50}
@@ -94,6 +96,7 @@ class NodeDevices:
     labels: Mapping[str, str] = field(default_factory=dict)
     cpu_milli: int = 0  # allocatable host CPU and memory; 0 = not known, not checked
     memory: int = 0
+    plugin_held: Mapping[str, frozenset[int]] = field(default_factory=dict)  # pod UID -> GPU minors
 
 
 def _int(value: Any, dev: str, where: str, lo: int = 0, hi: int = 2**63 - 1) -> int:
@@ -195,6 +198,7 @@ def node_from_device(
         policy = labels.get(PARTITION_POLICY, "Honor")
         if policy not in ("Honor", "Prefer"):
             raise DeviceError(name, f"labels[{PARTITION_POLICY!r}]", f"{policy!r} is not Honor or Prefer")
+    plugin_held = parse_plugin_held(annotations[PLUGIN_HELD], name, set(gpus)) if PLUGIN_HELD in annotations else {}
     cpu = mem_host = 0
     if allocatable:
         if "cpu" in allocatable:
@@ -211,7 +215,29 @@ def node_from_device(
         labels=dict(labels),
         cpu_milli=cpu,
         memory=mem_host,
+        plugin_held=plugin_held,
     )
+
+
+def parse_plugin_held(text: Any, dev: str, minors: set[int]) -> dict[str, frozenset[int]]:
+    """The reporter's list of device-plugin holders, `[{"podUID": …, "minors": [3], …}]`, as pod UID
+    -> the minors of this node it holds (ids it could not resolve to a minor are left out)."""
+    where = f"metadata.annotations[{PLUGIN_HELD!r}]"
+    try:
+        doc = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, list):
+        raise DeviceError(dev, where, "expected a JSON list")
+    held: dict[str, frozenset[int]] = {}
+    for i, entry in enumerate(doc):
+        uid = entry.get("podUID") if isinstance(entry, dict) else None
+        got = entry.get("minors", []) if isinstance(entry, dict) else None
+        if not isinstance(uid, str) or not isinstance(got, list):
+            raise DeviceError(dev, f"{where}[{i}]", "expected an object with podUID and a minors list")
+        found = {_int(m, dev, f"{where}[{i}].minors", hi=MAX_MINOR) for m in got}
+        held[uid] = held.get(uid, frozenset()) | frozenset(found & minors)
+    return held
 
 
 def parse_topology(text: str, dev: str, minors: set[int]) -> Links:

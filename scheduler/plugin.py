@@ -210,6 +210,15 @@ class DeviceShare:
         st.touch(row)
         for uid in self.by_node.get(node.name, ()):
             self._charge(self.held[uid], +1)
+        # GPUs the device plugin handed to pods this scheduler did not place (spec.nodeName, other
+        # schedulers) are in use too; a pod it placed has a phantom plugin entry, not counted.
+        for uid, minors in node.plugin_held.items():
+            placed = self.held.get(uid)
+            if placed is None or not placed.gpus:
+                for m in minors:
+                    col = st.slots[row][m]
+                    st.core_free[row, col] = min(st.core_free[row, col], 0)
+                    st.mem_free[row, col] = min(st.mem_free[row, col], 0)
 
     def remove_node(self, name: str) -> None:
         st = self.st
@@ -261,6 +270,10 @@ class DeviceShare:
                 self._learn(uid, req)
         held = _Held(node, gpus, nics, cpu, mem_host)
         self._hold(uid, held)
+        row = self.st.rows.get(node)
+        nd = self.st.nodes[row] if row is not None else None
+        if nd is not None and uid in nd.plugin_held:
+            self.set_node(nd)  # the reporter listed its phantom plugin entry before its allocation was known
 
     def remove_pod(self, uid: str) -> None:
         held = self.held.pop(uid, None)

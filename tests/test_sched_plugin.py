@@ -441,3 +441,30 @@ def test_reasons_name_each_node_and_count_each_cause() -> None:
     assert failed["a"] == "node a: 1 of 2 GPUs can take a whole GPU, 2 needed (1 not enough free GPU core)"
     assert failed["b"] == failed["a"].replace("node a", "node b")
     assert failed["c"] == "node c: 0 of 2 GPUs can take a whole GPU, 2 needed (1 not enough free GPU core; 1 unhealthy)"
+
+
+def test_gpus_the_device_plugin_holds_are_not_handed_out() -> None:
+    # the node reporter lists GPUs held through the device plugin (node.koordinator.sh/devices-checkpoints)
+    held = [
+        {"podUID": "plugin-pod", "containerName": "main", "resourceName": "nvidia.com/gpu", "minors": [1]},
+        {"podUID": "placed", "containerName": "main", "resourceName": "nvidia.com/gpu", "minors": [2]},
+        {"podUID": "unresolved", "containerName": "main", "resourceName": "nvidia.com/gpu", "minors": []},
+    ]
+    ds = cluster(device("a", 4, annotations={"node.koordinator.sh/devices-checkpoints": json.dumps(held)}))
+    # "placed" was placed by this scheduler on minor 0: its plugin entry (minor 2) is a phantom
+    ann = {DEVICE_ALLOCATED: json.dumps({"gpu": [{"minor": 0, "resources": {"koordinator.sh/gpu-core": "100"}}]})}
+    ds.add_pod(pod("placed", {"nvidia.com/gpu": "1"}, ann), "a")
+    ds.add_pod(pod("plugin-pod", {"nvidia.com/gpu": "1"}), "a")  # bound with spec.nodeName: no annotation
+    got = []
+    for i in range(2):
+        r = ds.pre_filter(pod(f"new{i}", {"nvidia.com/gpu": "1"}))
+        got += [g.minor for g in ds.reserve(r, "a").gpus]
+    assert sorted(got) == [2, 3]
+    full = ds.pre_filter(pod("one-more", {"nvidia.com/gpu": "1"}))
+    assert ds.filter(full, "a") is not None  # minor 1 is the plugin pod's
+
+
+def test_a_malformed_plugin_held_list_names_the_field() -> None:
+    bad = device("a", 2, annotations={"node.koordinator.sh/devices-checkpoints": '[{"podUID": 3}]'})
+    with pytest.raises(DeviceError, match=r"devices-checkpoints'\]\[0\]: expected an object with podUID"):
+        node_from_device(bad)

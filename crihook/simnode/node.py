@@ -104,12 +104,15 @@ class SimNode:
     def memory(self, minor: int) -> int:
         return next(g["memory_total"] for g in self.doc["gpus"] if g["minor"] == minor)
 
-    def proxy_config(self, nvml_library: Path, node_name: str = "") -> str:
-        """crihook's [node] and [hooks] configuration for this node (TOML)."""
+    def proxy_config(self, nvml_library: Path, node_name: str = "", proc_root: Path | None = None) -> str:
+        """crihook's [node] and [hooks] configuration for this node (TOML). Without a `proc_root`
+        whose kubelet names its --root-dir, the pods dir is configured."""
         name = f'name = "{node_name}"\n' if node_name else ""
+        proc = f'proc_root = "{proc_root}"\n' if proc_root else ""
+        pods = "" if proc_root else f'kubelet_pods_dir = "{self.kubelet}/pods"  # no kubelet to tell its root dir'
         return f"""
 [node]
-{name}dev_root = "{self.dev_root}"
+{name}{proc}dev_root = "{self.dev_root}"
 sys_root = "{self.sys_root}"
 kubelet_checkpoint = "{self.checkpoint}"
 nvml_library = "{nvml_library}"
@@ -118,7 +121,7 @@ nvml_library = "{nvml_library}"
 allowed_host_paths = ["{{dev_root}}/nvidia*", "{{dev_root}}/infiniband/*", "{self.hami}/*"]
 
 [hooks.gpu]
-kubelet_pods_dir = "{self.kubelet}/pods"  # no kubelet runs to tell its --root-dir
+{pods}
 
 [hooks.gpu.hami_core]
 library = "{self.hami}/libvgpu.so"
