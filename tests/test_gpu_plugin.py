@@ -351,10 +351,10 @@ def cdi_spec(node: SimNode, kind: str) -> dict[str, Any]:
     return {"cdiVersion": "0.6.0", "kind": kind, "devices": devices}
 
 
-@pytest.mark.runtimes("2")
+@pytest.mark.runtimes("1.7", "2")
 def test_no_gpu_escapes_through_cdi(node: Node, kubelet: Kubelet, cdi_spec_dir: Path) -> None:
-    """containerd 2.x with CDI on and specs for both kinds present: a leftover cdi.k8s.io annotation
-    or CDI_devices entry would really inject its GPU."""
+    """containerd 1.7 and 2.x with CDI on and specs for both kinds present: a leftover cdi.k8s.io
+    annotation or CDI_devices entry would really inject its GPU."""
     (cdi_spec_dir / "plugin.json").write_text(json.dumps(cdi_spec(node.sim, PLUGIN_CDI_KIND)))
     (cdi_spec_dir / "ctk.json").write_text(json.dumps(cdi_spec(node.sim, "nvidia.com/gpu")))
     kubelet.strategy = "cdi"
