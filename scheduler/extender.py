@@ -209,16 +209,30 @@ class Extender:
             req = self._request(args.get("Pod"))
         except (PodError, RequestError):
             return {"NodeNameToMetaVictims": {}}  # filter has said why
+        pod = args.get("Pod") if isinstance(args.get("Pod"), dict) else {}
+        priority = (pod.get("spec") or {}).get("priority") or 0
         out: dict[str, Any] = {}
         with self.lock:
             for node, (vs, pdb) in victims.items():
-                chosen = vs if not req.wants_devices else preempt.choose(self.plugin, req, node, vs)
-                if chosen:
-                    pods = [{"UID": v.uid} for v in chosen]
-                    # which victims break a PodDisruptionBudget is kube-scheduler's knowledge: a subset
-                    # breaks at most as many as the whole set, and at most one per pod
-                    out[node] = {"Pods": pods, "NumPDBViolations": min(pdb, len(pods))}
+                if not req.wants_devices:
+                    chosen: list[preempt.Victim] | None = vs
+                else:
+                    chosen = preempt.choose(self.plugin, req, node, vs, self._lower(node, priority))
+                if chosen is not None:
+                    # which victims break a PodDisruptionBudget is kube-scheduler's knowledge: those it
+                    # sent that we keep break at most as many as it counted, at most one each
+                    ours = sum(1 for v in chosen if v in vs)
+                    out[node] = {"Pods": [{"UID": v.uid} for v in chosen], "NumPDBViolations": min(pdb, ours)}
         return {"NodeNameToMetaVictims": out}
+
+    def _lower(self, node: str, priority: int) -> list[preempt.Victim]:
+        """Pods on `node` holding GPUs with a lower priority than the preemptor's. Caller holds the lock."""
+        held = self.plugin.held
+        return [
+            preempt.Victim(uid, self.priorities.get(uid, 0))
+            for uid in self.plugin.by_node.get(node, ())
+            if held[uid].gpus and self.priorities.get(uid, 0) < priority
+        ]
 
     def _victims(self, node: str, v: Any, meta: bool) -> tuple[list[preempt.Victim], int]:
         where = f"ExtenderPreemptionArgs.{'NodeNameToMetaVictims' if meta else 'NodeNameToVictims'}[{node}]"

@@ -7,12 +7,16 @@ convertToVictims). And filter's split of failed nodes into ones preemption may h
 from __future__ import annotations
 
 import json
+from itertools import combinations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_extender import cluster_plugin, fixture
 
 from crihook.allocation import DEVICE_ALLOCATED, GPU_CORE, GPU_MEMORY_RATIO
+from crihook.scheduler import preempt
 from crihook.scheduler.extender import BadRequest, Extender
 from crihook.scheduler.pod import pod_from_json
 
@@ -77,10 +81,28 @@ def test_fewest_victims_come_before_lower_priority(ext: Extender) -> None:
     assert chosen == {NODE: ["uid-mid"]}  # one eviction frees a GPU; two would be needed on GPU 0
 
 
-def test_a_node_where_the_victims_free_too_little_is_dropped(ext: Extender) -> None:
-    pods = [place(ext, f"w{m}", 1, [(m, 100)]) for m in range(8)]
-    chosen, _ = both_forms(ext, pod("big", 1000, "2"), {NODE: pods[:1]})  # kube-scheduler offers one GPU's pod
+def test_a_node_where_no_allowed_victims_free_enough_is_dropped(ext: Extender) -> None:
+    low = place(ext, "low", 1, [(0, 100)])
+    for m in range(1, 8):
+        place(ext, f"high{m}", 2000, [(m, 100)])  # above the preemptor: never a victim
+    chosen, _ = both_forms(ext, pod("big", 1000, "2"), {NODE: [low]})
     assert chosen == {}
+
+
+def test_a_placeholder_node_gets_the_lower_priority_gpu_holders_it_needs(ext: Extender) -> None:
+    # kube-scheduler's in-tree dry run found the node fit for all it counts (GPUs are ignored by it)
+    # and offers it with no victims: the extender names them, never a pod of equal or higher priority
+    for m, p in enumerate([1000, 3, 2000, 1, 1000, 2, 5000, 4]):
+        place(ext, f"w{m}", p, [(m, 100)])
+    chosen, raw = both_forms(ext, pod("big", 1000, "2"), {NODE: []}, pdb=0)
+    assert chosen == {NODE: ["uid-w3", "uid-w5"]}  # priorities 1 and 2
+    assert raw["NodeNameToMetaVictims"][NODE]["NumPDBViolations"] == 0
+
+
+def test_kube_schedulers_victims_are_preferred_over_extra_ones_of_a_set_size(ext: Extender) -> None:
+    pods = [place(ext, f"w{m}", 1 if m == 0 else 5, [(m, 100)]) for m in range(8)]
+    chosen, _ = both_forms(ext, pod("one", 1000, "1"), {NODE: [pods[3]]})
+    assert chosen == {NODE: ["uid-w3"]}  # not w0, of lower priority but not offered by kube-scheduler
 
 
 def test_victims_without_gpus_stay_and_only_needed_gpu_victims_are_added(ext: Extender) -> None:
@@ -127,3 +149,48 @@ def test_filter_says_where_preemption_could_help(ext: Extender) -> None:
     args["Pod"] = pod("sixteen", 1000, "16")
     out = ext.filter(args)
     assert out["FailedNodes"] == {} and set(out["FailedAndUnresolvableNodes"]) == set(args["NodeNames"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 7), st.sampled_from([25, 50, 100]), st.integers(0, 3)), min_size=1, max_size=9),
+    st.sampled_from(["1", "2", "half"]),
+    st.data(),
+)
+def test_the_choice_is_a_smallest_set_that_makes_room(
+    placed: list[tuple[int, int, int]], want: str, data: st.DataObject
+) -> None:
+    ext = Extender(cluster_plugin())
+    used: dict[int, int] = {}
+    pods = []
+    for i, (minor, core, prio) in enumerate(placed):
+        if used.get(minor, 0) + core <= 100:
+            used[minor] = used.get(minor, 0) + core
+            pods.append(place(ext, f"v{i}", prio, [(minor, core)]))
+    preemptor = pod("p", 2) if want == "half" else pod("p", 2, want)
+    if want == "half":
+        half = {
+            "koordinator.sh/gpu-core": "50",
+            "koordinator.sh/gpu-memory-ratio": "50",
+            "koordinator.sh/gpu.shared": "1",
+        }
+        preemptor["spec"]["containers"][0]["resources"] = {"limits": half, "requests": half}
+    offered = data.draw(st.lists(st.sampled_from(pods), unique_by=lambda p: p["metadata"]["uid"])) if pods else []
+    chosen, _ = both_forms(ext, preemptor, {NODE: offered})
+    req = ext.plugin.pre_filter(pod_from_json(preemptor))
+    allowed = {p["metadata"]["uid"] for p in offered} | {
+        p["metadata"]["uid"] for p in pods if p["spec"]["priority"] < 2
+    }
+    fits = ext.plugin.fits_without
+    smallest = next(
+        (k for k in range(len(allowed) + 1) if any(fits(req, NODE, c) for c in combinations(sorted(allowed), k))), None
+    )
+    if smallest is None:
+        assert chosen == {}
+        return
+    got = chosen[NODE]
+    assert set(got) <= allowed and fits(req, NODE, got)
+    if smallest == 0:  # room without evictions: kube-scheduler's own victims stand
+        assert got == [p["metadata"]["uid"] for p in offered]
+    elif 2 ** len(allowed) <= preempt.EXACT_CHECKS:  # within the exact search's budget: the fewest
+        assert len(got) == smallest
