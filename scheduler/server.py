@@ -442,8 +442,12 @@ class Server:
                 if req is None:
                     break
                 code, body, ctype = self._answer(req)
-                conn.sock.sendall(response(code, body, ctype, req.keep_alive))
-                if not req.keep_alive or self._stop.is_set():
+                # a replica that is not ready (a standby, a leader that lost its Lease) closes after
+                # answering, so a kept-alive client such as kube-scheduler reconnects through the
+                # Service to the leader instead of staying pinned here
+                keep = req.keep_alive and (req.method != "POST" or self.app.ready())
+                conn.sock.sendall(response(code, body, ctype, keep))
+                if not keep or self._stop.is_set():
                     break
                 pending = conn.sock.pending() if isinstance(conn.sock, ssl.SSLSocket) else 0
                 if not conn.buf and not pending:

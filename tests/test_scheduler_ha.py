@@ -5,6 +5,8 @@ leader SIGSTOPped past its lease that wakes up to a bind."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import logging
 import random
 import signal
@@ -144,8 +146,6 @@ def _bind_elsewhere(kube: FakeKube, pod: dict[str, Any], node: str, minors: list
     entries = [
         {"minor": m, "resources": {"koordinator.sh/gpu-core": 100, "koordinator.sh/gpu-memory": 1}} for m in minors
     ]
-    import json
-
     ann = {"scheduling.koordinator.sh/device-allocated": json.dumps({"gpu": entries})}
     m = pod["metadata"]
     kube.patch("pods", m["name"], {"metadata": {"annotations": ann}}, m["namespace"])
@@ -239,3 +239,32 @@ def test_a_leader_paused_past_its_lease_is_refused_when_it_wakes_to_a_bind(tmp_p
         assert not leader.ready()
         a = audit(kube)
         assert a.clean and len(a.held) == 8
+
+
+def test_a_replica_that_is_not_ready_sends_kept_alive_clients_back_to_the_service() -> None:
+    from test_extender import cluster_plugin, fixture
+
+    from crihook.scheduler import server, webhook
+    from crihook.scheduler.extender import Extender
+
+    leading = threading.Event()
+    app = server.App(Extender(cluster_plugin()), webhook.WebhookConfig(), leading.is_set)
+    srv = server.make_server(app, "127.0.0.1", 0, None)
+    threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", srv.server_address[1], timeout=5)
+        body = json.dumps(fixture("filter_node_names.json"))
+        leading.set()
+        conn.request("POST", "/filter", body)
+        r = conn.getresponse()
+        r.read()
+        assert r.getheader("Connection") is None  # the leader keeps the connection
+        leading.clear()  # the Lease is lost
+        conn.request("POST", "/filter", body)
+        r = conn.getresponse()
+        r.read()
+        assert r.status == 200 and r.getheader("Connection") == "close"
+        assert conn.sock is None  # http.client closed its side: the next call dials the Service again
+    finally:
+        srv.shutdown()
+        srv.server_close()
