@@ -235,14 +235,14 @@ class Child:
 # --- the client side -------------------------------------------------------------------------------
 
 
-def extender_calls(port: int, ctx: ssl.SSLContext, nodes: int, requests: int) -> list[float]:
+def extender_calls(port: int, ctx: ssl.SSLContext, nodes: int, requests: int, prefix: str = "bench") -> list[float]:
     """filter then prioritize over the nodes that passed, one kept-alive connection (kube-scheduler's)."""
     names = [f"node-{i:05d}" for i in range(nodes)]
     sock = connect(port, ctx, 30)
     buf = bytearray()
     out = []
     for i in range(requests + 5):
-        p = pod(f"bench-{i}", SHAPES[i % len(SHAPES)])
+        p = pod(f"{prefix}-{i}", SHAPES[i % len(SHAPES)])
         t0 = time.perf_counter()
         sock.sendall(http_request("/filter", json.dumps({"Pod": p, "Nodes": None, "NodeNames": names}).encode()))
         code, body = read_response(sock, buf)
@@ -254,6 +254,15 @@ def extender_calls(port: int, ctx: ssl.SSLContext, nodes: int, requests: int) ->
         if i >= 5:  # the first few warm the caches
             out.append(time.perf_counter() - t0)
     sock.close()
+    return out
+
+
+def interleaved(children: dict[str, Child], ctx: ssl.SSLContext, nodes: int, requests: int) -> dict[str, list[float]]:
+    """Extender cycles in chunks of 25, stacks taking turns, so a busy moment of the machine hits all."""
+    out: dict[str, list[float]] = {s: [] for s in children}
+    for chunk in range(0, requests, 25):
+        for stack, c in children.items():
+            out[stack] += extender_calls(c.port, ctx, nodes, min(25, requests - chunk), f"c{chunk}")
     return out
 
 
@@ -305,7 +314,7 @@ def main() -> int:
                             run_burst(children[stack], certs, requests, conns)
                         )
             grown = {s: c.status("VmHWM") - rss0[s] for s, c in children.items()}
-            ext = {s: {sizes[0]: extender_calls(c.port, ctx, sizes[0], args.requests)} for s, c in children.items()}
+            ext = {s: {sizes[0]: v} for s, v in interleaved(children, ctx, sizes[0], args.requests).items()}
         finally:
             for c in children.values():
                 c.stop()
@@ -313,11 +322,13 @@ def main() -> int:
         for n in sizes[1:]:
             children = {s: Child(s, n, d) for s in stacks}
             try:
-                for stack, c in children.items():
+                for c in children.values():
                     c.wait_serving(ctx)
-                    ext[stack][n] = extender_calls(c.port, ctx, n, args.requests)
+                for stack, v in interleaved(children, ctx, n, args.requests).items():
+                    ext[stack][n] = v
+                for stack, c in children.items():
                     # a burst of pod creations while kube-scheduler is filtering on the same server
-                    calls = threading.Thread(target=extender_calls, args=(c.port, ctx, n, 40))
+                    calls = threading.Thread(target=extender_calls, args=(c.port, ctx, n, 40, "mixed"))
                     calls.start()
                     mixed[stack] = [run_burst(c, certs, 500, 50)]
                     calls.join()

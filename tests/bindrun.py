@@ -236,10 +236,14 @@ class Audit:
 
 
 def audit(kube: FakeKube) -> Audit:
+    return audit_objects(kube.list("devices"), kube.list("pods"))
+
+
+def audit_objects(device_list: list[dict[str, Any]], pods: list[dict[str, Any]]) -> Audit:
     """Every GPU, from what the API server holds: never over 100 % core or its memory, a whole GPU
     never shared with any other pod, every bound pod annotated."""
     out = Audit()
-    devices = {d["metadata"]["name"]: d for d in kube.list("devices")}
+    devices = {d["metadata"]["name"]: d for d in device_list}
     memory = {
         (node, g["minor"]): g["resources"][GPU_MEMORY]
         for node, d in devices.items()
@@ -249,7 +253,7 @@ def audit(kube: FakeKube) -> Audit:
     core: dict[tuple[str, int], int] = defaultdict(int)
     mem: dict[tuple[str, int], int] = defaultdict(int)
     users: dict[tuple[str, int], list[int]] = defaultdict(list)
-    for pod in kube.list("pods"):
+    for pod in pods:
         node = pod["spec"].get("nodeName")
         if not node:
             continue

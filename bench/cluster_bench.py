@@ -1,0 +1,399 @@
+"""Scheduling at cluster scale: openb pods through a real `crihook scheduler` on thousands of GPU nodes,
+driven over HTTP the way kube-scheduler drives its extender, against the suite's fake API server.
+
+    .venv/bin/python bench/cluster_bench.py --pods openb_pod_list_default.csv [--nodes 1000] [--count 5000]
+        [--form names|nodes] [--percentage-of-nodes-to-score 0] [--binders 16] [--seed 42]
+
+(the pod list is the openb trace's, github.com/alibaba/clusterdata, cluster-trace-gpu-v2023)
+
+What kube-scheduler does, and so this script (pkg/scheduler/schedule_one.go, extender.go):
+- one scheduling cycle at a time: its own filters pass every node here (the extender's resources
+  are `ignoredByScheduler`; CPU and memory are checked by the extender too), but it stops after
+  numFeasibleNodesToFind nodes (adaptive percentageOfNodesToScore: 50 - nodes/125 %, at least 5 %
+  and 100 nodes: 420 of 1,000, 500 of 5,000), starting where the last cycle stopped;
+- filter on those nodes (`nodeCacheCapable: true`: NodeNames; false: the full Node objects),
+  prioritize on the nodes that passed, the highest score wins, ties broken at random;
+- binding runs beside the next cycles (its own goroutine), here on `--binders` threads; a pod
+  whose bind fails, or that fits no node in its window, is tried again after the others.
+Pods are created in the API server by another thread while cycles run, so binds land, and the
+scheduler's watches see them, all along.
+
+Printed: pods/s, extender time per pod (filter + prioritize, as kube-scheduler waits for it),
+the scheduler's own time per verb (from its /metrics), memory, a GPU-by-GPU check of the pods'
+annotations, and the unallocated GPU share against `crihook simulate`'s replay of the same pods in
+the same order on the same nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing
+import queue
+import random
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from bindrun import audit_objects
+from extender_bench import pct
+from fakekube import FakeKube
+
+from crihook.scheduler import simulate
+from crihook.scheduler.devices import GPU_MODEL
+
+NAMESPACE = "openb"
+# 8-GPU node kinds after the openb node list (model, CPU milli, memory MiB), share of the cluster,
+# and a topology: GPUs per PCIe switch and per NUMA node
+KINDS = (
+    ("G2", 96000, 393216, 0.6, 2, 4),
+    ("G3", 128000, 786432, 0.1, 4, 4),
+    ("V100M32", 96000, 786432, 0.1, 4, 8),
+    ("V100M16", 64000, 262144, 0.1, 2, 4),
+    ("T4", 96000, 393216, 0.1, 1, 4),
+)
+GPU_MEMORY_GIB = {"G2": 32, "G3": 24, "V100M32": 32, "V100M16": 16, "T4": 16}
+
+
+def trace_nodes(n: int) -> list[simulate.TraceNode]:
+    out = []
+    for model, cpu, mem, share, _, _ in KINDS:
+        out += [simulate.TraceNode("", cpu, mem, 8, model)] * round(n * share)
+    out = out[:n] + [out[0]] * (n - len(out))
+    random.Random(1).shuffle(out)
+    return [simulate.TraceNode(f"node-{i:05d}", t.cpu, t.memory_mib, 8, t.model) for i, t in enumerate(out)]
+
+
+def node_objects(t: simulate.TraceNode) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The Node kubelet registers and the Device crihook's reporter writes for it."""
+    _, _, _, _, per_pcie, per_numa = next(k for k in KINDS if k[0] == t.model)
+    alloc = {"cpu": f"{t.cpu}m", "memory": f"{t.memory_mib}Mi", "pods": "110"}
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": t.name, "labels": {"kubernetes.io/hostname": t.name, GPU_MODEL: t.model}},
+        "status": {"capacity": alloc, "allocatable": alloc, "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    gpus = [
+        {
+            "type": "gpu",
+            "id": f"GPU-{t.name}-{g}",
+            "minor": g,
+            "health": True,
+            "resources": {
+                "koordinator.sh/gpu-core": "100",
+                "koordinator.sh/gpu-memory": f"{GPU_MEMORY_GIB[t.model]}Gi",
+                "koordinator.sh/gpu-memory-ratio": "100",
+            },
+            "topology": {"pcieID": f"pci{g // per_pcie}", "nodeID": g // per_numa, "socketID": g // per_numa},
+        }
+        for g in range(t.gpus)
+    ]
+    device = {
+        "apiVersion": "scheduling.koordinator.sh/v1alpha1",
+        "kind": "Device",
+        "metadata": {"name": t.name},
+        "spec": {"devices": gpus},
+    }
+    return node, device
+
+
+def pod_object(p: simulate.TracePod, i: int) -> dict[str, Any]:
+    """The pod `crihook simulate` makes of a trace row (simulate.to_pod), as a Pod object."""
+    sim = simulate.to_pod(p, i)
+    (c,) = sim.containers
+    resources = {k: str(v) for k, v in c.requests.items()}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": sim.name, "namespace": NAMESPACE, "annotations": dict(sim.annotations)},
+        "spec": {
+            "schedulerName": "crihook",
+            "containers": [{"name": c.name, "image": "x", "resources": {"requests": resources, "limits": resources}}],
+        },
+    }
+
+
+def host_api(nodes: list[simulate.TraceNode], conn: Any, kubeconfig: Path) -> None:
+    """The fake API server, in a process of its own so its threads do not share a GIL with ours."""
+    with FakeKube() as kube:
+        for t in nodes:
+            node, device = node_objects(t)
+            kube.create("nodes", node)
+            kube.create("devices", device)
+        kube.write_kubeconfig(kubeconfig)
+        conn.send(kube.url)
+        conn.recv()  # until told to stop
+
+
+class Client:
+    """One kept-alive HTTP connection, as Go's client keeps one per host."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.conn = http.client.HTTPConnection(host, port, timeout=60)
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        self.conn.request(method, path, data, {"Content-Type": "application/json"})
+        r = self.conn.getresponse()
+        raw = r.read()
+        if r.status >= 300:
+            raise RuntimeError(f"{method} {path}: HTTP {r.status} {raw[:200]!r}")
+        return json.loads(raw) if raw[:1] in (b"{", b"[") else raw
+
+
+def num_feasible_nodes_to_find(percentage: int, nodes: int) -> int:
+    """kube-scheduler's numFeasibleNodesToFind (pkg/scheduler/schedule_one.go)."""
+    if nodes < 100:
+        return nodes
+    if percentage == 0:
+        percentage = max(50 - nodes // 125, 5)
+    return max(nodes * percentage // 100, 100)
+
+
+def metrics_seconds(text: str) -> dict[str, tuple[float, int]]:
+    """(sum, count) of crihook_scheduler_request_duration_seconds by path."""
+    out: dict[str, list[float]] = {}
+    for m in re.finditer(r'crihook_scheduler_request_duration_seconds_(sum|count)\{path="([^"]+)"\} (\S+)', text):
+        out.setdefault(m[2], [0.0, 0])[0 if m[1] == "sum" else 1] = float(m[3])
+    return {k: (v[0], int(v[1])) for k, v in out.items()}
+
+
+def proc_status(pid: int, field: str) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise KeyError(field)
+
+
+def simulate_same(
+    nodes: list[simulate.TraceNode], trace: list[simulate.TracePod], seed: int, count: int
+) -> tuple[float, int]:
+    """Unallocated GPU % and failed pods after `crihook simulate`'s first `count` arrivals for `seed`:
+    the same pods in the same order as `workload(trace, capacity, seed)[:count]`, which we sent."""
+    capacity = 1000 * sum(n.gpus for n in nodes)
+    allocated = failed = 0
+    for n, (ev, _) in enumerate(simulate.replay(nodes, trace, "default", seed)):
+        if n == count:
+            break
+        allocated += ev.pod.gpu if ev.node else 0
+        failed += ev.node is None
+    return 100 - 100 * allocated / capacity, failed
+
+
+def run(args: argparse.Namespace) -> None:
+    nodes = trace_nodes(args.nodes)
+    capacity = 1000 * 8 * args.nodes
+    trace = simulate.read_pods(args.pods)
+    arrivals = simulate.workload(trace, capacity, args.seed)[: args.count]  # simulate's order for this seed
+    with tempfile.TemporaryDirectory() as d:
+        kubeconfig = Path(d) / "kubeconfig"
+        parent, child = multiprocessing.get_context("fork").Pipe()
+        api = multiprocessing.get_context("fork").Process(target=host_api, args=(nodes, child, kubeconfig), daemon=True)
+        api.start()
+        api_host, api_port = parent.recv().removeprefix("http://").rsplit(":", 1)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        sched = subprocess.Popen(
+            [sys.executable, "-m", "crihook.cli", "scheduler", "--listen", f"127.0.0.1:{port}",
+             "--kubeconfig", str(kubeconfig), "--log-level", "error"],
+        )  # fmt: skip
+        try:
+            t0 = time.monotonic()
+            while True:
+                try:
+                    if Client("127.0.0.1", port).call("GET", "/readyz") == b"ok\n":
+                        break
+                except (OSError, RuntimeError):
+                    pass
+                if time.monotonic() - t0 > 600:
+                    raise RuntimeError("scheduler not ready")
+                time.sleep(0.2)
+            loaded, rss0 = time.monotonic() - t0, proc_status(sched.pid, "VmRSS")
+            kinds = ", ".join(k[0] for k in KINDS)
+            print(f"{args.nodes} nodes x 8 GPUs ({kinds}), cache loaded in {loaded:.1f} s; RSS {rss0:.0f} MiB")
+            result = schedule(args, nodes, arrivals, api_host, int(api_port), port)
+            rss = proc_status(sched.pid, "VmHWM")
+            server_time = metrics_seconds(Client("127.0.0.1", port).call("GET", "/metrics").decode())
+            api_client = Client(api_host, int(api_port))
+            devices = api_client.call("GET", "/apis/scheduling.koordinator.sh/v1alpha1/devices")["items"]
+            pods = api_client.call("GET", f"/api/v1/namespaces/{NAMESPACE}/pods")["items"]
+        finally:
+            sched.terminate()
+            sched.wait()
+            parent.send("stop")
+            api.join(10)
+    report(args, result, rss, server_time)
+    check = audit_objects(devices, pods)
+    gpu_pods = {f"{a.name}-{i}" for i, a in enumerate(arrivals) if a.gpu}
+    unannotated = [n for n in check.unannotated_bound if n in gpu_pods]  # pods without GPUs carry none
+    placed = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in pods}
+    allocated = sum(a.gpu for i, a in enumerate(arrivals) if placed.get(f"{a.name}-{i}"))
+    print(
+        f"GPUs checked {check.gpus_checked}: over-committed {len(check.over_committed)}, whole GPU handed out twice "
+        f"{len(check.shared_whole)}, GPU pods bound without annotation {len(unannotated)}"
+    )
+    ours = 100 - 100 * allocated / capacity
+    sim, sim_failed = simulate_same(nodes, trace, args.seed, len(arrivals))
+    print(
+        f"unallocated GPU: extender {ours:.2f} % ({len(arrivals) - sum(1 for v in placed.values() if v)} pods "
+        f"unplaced), crihook simulate {sim:.2f} % ({sim_failed} failed): difference {ours - sim:+.2f} points"
+    )
+
+
+def schedule(
+    args: argparse.Namespace, nodes: list[simulate.TraceNode], arrivals: list[simulate.TracePod], api_host: str,
+    api_port: int, port: int,
+) -> dict[str, Any]:  # fmt: skip
+    names = [n.name for n in nodes]
+    full = {n.name: node_objects(n)[0] for n in nodes} if args.form == "nodes" else {}
+
+    def args_for(pod: dict[str, Any], chosen: list[str]) -> dict[str, Any]:
+        """ExtenderArgs (k8s.io/kube-scheduler/extender/v1) in the form nodeCacheCapable picks."""
+        if full:
+            return {"Pod": pod, "Nodes": {"items": [full[n] for n in chosen]}, "NodeNames": None}
+        return {"Pod": pod, "Nodes": None, "NodeNames": chosen}
+
+    def passed(res: dict[str, Any]) -> list[str]:
+        if full:
+            return [n["metadata"]["name"] for n in (res.get("Nodes") or {}).get("items") or []]
+        return res.get("NodeNames") or []
+
+    window = num_feasible_nodes_to_find(args.percentage_of_nodes_to_score, len(names))
+    arrived: queue.Queue[dict[str, Any] | None] = queue.Queue()
+
+    def create() -> None:
+        api = Client(api_host, api_port)
+        for i, p in enumerate(arrivals):
+            arrived.put(api.call("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod_object(p, i)))
+        arrived.put(None)
+
+    local = threading.local()
+
+    def bind(pod: dict[str, Any], node: str) -> str:
+        if not hasattr(local, "client"):
+            local.client = Client("127.0.0.1", port)
+        m = pod["metadata"]
+        args_ = {"PodName": m["name"], "PodNamespace": m["namespace"], "PodUID": m["uid"], "Node": node}
+        return local.client.call("POST", "/bind", args_).get("Error", "")
+
+    ext = Client("127.0.0.1", port)
+    rng = random.Random(args.seed)
+    start = 0
+    times: list[float] = []
+    retry: list[dict[str, Any]] = []
+    bound = unschedulable = rebinds = 0
+    failed_binds: list[Any] = []
+    creator = threading.Thread(target=create)
+    t0 = time.monotonic()
+    creator.start()
+
+    def pending() -> Iterator[dict[str, Any]]:
+        while (p := arrived.get()) is not None:
+            yield p
+
+    with ThreadPoolExecutor(args.binders) as binders:
+        in_flight = []
+        for attempt in range(3):  # the pods that fit no node in their window, or lost a bind, go round again
+            source = pending() if attempt == 0 else iter(retry)
+            retry = []
+            for pod in source:
+                chosen = [names[(start + k) % len(names)] for k in range(window)]
+                start = (start + window) % len(names)
+                body: dict[str, Any] = {"Pod": pod, "Nodes": None, "NodeNames": chosen}
+                if full:
+                    body = {"Pod": pod, "Nodes": {"items": [full[n] for n in chosen]}, "NodeNames": None}
+                c0 = time.perf_counter()
+                res = ext.call("POST", "/filter", body)
+                fit = (
+                    res["NodeNames"]
+                    if not full
+                    else [n["metadata"]["name"] for n in (res["Nodes"] or {}).get("items") or []]
+                )
+                scores: dict[str, int] = {}
+                if fit:
+                    pbody = {"Pod": pod, "Nodes": None, "NodeNames": fit}
+                    if full:
+                        pbody = {"Pod": pod, "Nodes": {"items": [full[n] for n in fit]}, "NodeNames": None}
+                    scores = {h["Host"]: h["Score"] for h in ext.call("POST", "/prioritize", pbody)}
+                times.append(time.perf_counter() - c0)
+                if not fit:
+                    unschedulable += 1
+                    retry.append(pod)
+                    continue
+                top = max(scores.values())
+                node = rng.choice([n for n in fit if scores.get(n) == top])
+                in_flight.append((pod, binders.submit(bind, pod, node)))
+                for done in [f for f in in_flight if f[1].done()]:
+                    in_flight.remove(done)
+                    if err := done[1].result():
+                        failed_binds.append(err)
+                        retry.append(done[0])
+                    else:
+                        bound += 1
+            for p, f in in_flight:
+                if err := f.result():
+                    failed_binds.append(err)
+                    retry.append(p)
+                else:
+                    bound += 1
+            in_flight = []
+            rebinds += len(retry)
+            if not retry:
+                break
+    elapsed = time.monotonic() - t0
+    creator.join()
+    return {
+        "elapsed": elapsed, "times": times, "bound": bound, "pods": len(arrivals), "window": window,
+        "unschedulable_cycles": unschedulable, "failed_binds": failed_binds, "left": len(retry),
+    }  # fmt: skip
+
+
+def report(args: argparse.Namespace, r: dict[str, Any], rss: float, server: dict[str, tuple[float, int]]) -> None:
+    times = r["times"]
+    ms = [t * 1000 for t in times]
+    pcts = args.percentage_of_nodes_to_score
+    print(f"form {args.form}, {r['window']} nodes per cycle (percentageOfNodesToScore {pcts}), {args.binders} binders")
+    print(
+        f"pods {r['pods']}: bound {r['bound']} in {r['elapsed']:.1f} s = {r['bound'] / r['elapsed']:.1f} pods/s; "
+        f"cycles that fit no node {r['unschedulable_cycles']}, failed binds {len(r['failed_binds'])}, "
+        f"never placed {r['left']}"
+    )
+    if r["failed_binds"]:
+        print("  first failed bind:", r["failed_binds"][0][:200])
+    print(
+        f"extender filter+prioritize per pod (client side, {len(ms)} cycles): p50 {pct(ms, 0.5):.2f} ms, "
+        f"p99 {pct(ms, 0.99):.2f} ms, max {max(ms):.2f} ms"
+    )
+    verbs = ", ".join(f"{p} {s / c * 1000:.2f} ms x {c}" for p, (s, c) in sorted(server.items()) if c)
+    print(f"scheduler's own mean time per call: {verbs}")
+    print(f"scheduler peak RSS {rss:.0f} MiB")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pods", type=Path, required=True, help="openb pod list CSV")
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--count", type=int, default=5000, help="pods, in the order crihook simulate uses for --seed")
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--form", choices=("names", "nodes"), default="names", help="nodeCacheCapable true / false")
+    ap.add_argument("--percentage-of-nodes-to-score", type=int, default=0, help="kube-scheduler's; 0: adaptive")
+    ap.add_argument("--binders", type=int, default=16)
+    run(ap.parse_args())
+
+
+if __name__ == "__main__":
+    main()
