@@ -20,6 +20,7 @@ from crihook.scheduler.score import (
     bucket,
     growth,
     host_cpu,
+    options,
     per_node,
     placements,
     share_pct,
@@ -61,8 +62,8 @@ class FGD:
         if len(st.model_names) != self.models:
             self.typ, self.models = self.typical.bind(st.model_names), len(st.model_names)
             self.cache.clear()
-        before, after, opts = placements(self.typ, st, req, rows, fits)
-        q = bucket(growth(self.typ, before, after, opts))
+        opts = options(st, req, rows, fits)
+        q = bucket(growth(self.typ, *placements(self.typ, st, req, rows, fits, opts), opts))
         return per_node(q, opts, fits.shape if req.count == 1 and req.shared else (rows.size, 1))  # first top GPU
 
     def scores(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> np.ndarray:

@@ -83,23 +83,25 @@ def share_options(left: np.ndarray, fits: np.ndarray, model: np.ndarray) -> Opti
     return np.nonzero(fits & ~dup)
 
 
+def options(st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> Options:
+    """A one-GPU share has one option per GPU slot that can take it (equal slots of a node once);
+    anything else has one option per node: the best-fitting slots (least idle first, then lowest)."""
+    if req.count == 1 and req.shared:
+        return share_options(st.left(rows), fits, st.model[rows])
+    return np.arange(rows.size), np.zeros(rows.size, np.int64)
+
+
 def placements(
-    typ: Typical, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray
-) -> tuple[Stats, Stats, Options]:
-    """Node stats before (K,) and after each option (N,), and the options. A one-GPU share has one
-    option per GPU slot that can take it (equal slots of a node once); anything else has one option
-    per node: the best-fitting slots (least idle first, then lowest slot)."""
+    typ: Typical, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray, opts: Options
+) -> tuple[Stats, Stats]:
+    """Node stats before (K,) and after each option (N,) of `options`."""
     left = st.left(rows)
     cpu = host_cpu(st, rows)
     pct = share_pct(req)
     model = st.model[rows] if typ.acc is not None else None
     if req.count == 1 and req.shared:
-        opts = share_options(left, fits, st.model[rows])
-        before, after = option_stats(typ, cpu, left, req.cpu_milli, pct, opts, model)
-        return before, after, opts
-    cols = best_fit_cols(left, fits, req.count)
-    before, after = set_stats(typ, cpu, left, req.cpu_milli, pct, cols, model)
-    return before, after, (np.arange(left.shape[0]), np.zeros(left.shape[0], np.int64))
+        return option_stats(typ, cpu, left, req.cpu_milli, pct, opts, model)
+    return set_stats(typ, cpu, left, req.cpu_milli, pct, best_fit_cols(left, fits, req.count), model)
 
 
 def per_node(q: np.ndarray, opts: Options, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
@@ -123,6 +125,38 @@ def bucket(growth: np.ndarray) -> np.ndarray:
 def best_fit_cols(left: np.ndarray, fits: np.ndarray, count: int) -> np.ndarray:
     order = np.argsort(np.where(fits, left, 10_000), axis=1, kind="stable")
     return order[:, :count]
+
+
+class RowMemo:
+    """Values (`width` per node) kept while the node's version is unchanged; the owner drops the
+    memo when what the values depend on beyond the node changes."""
+
+    def __init__(self, width: int, dtype: type = np.float64) -> None:
+        self.width, self.dtype = width, dtype
+        self.epoch = -1
+        self.version = np.zeros(0, np.int64)
+        self.value = np.zeros((0, width), dtype)
+
+    def get(self, st: Cluster, rows: np.ndarray, compute: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """(K, width) for the rows; compute(positions in rows) gives the stale ones."""
+        n = st.version.size
+        if self.epoch != st.epoch or self.version.size != n:
+            self.epoch, self.version, self.value = (
+                st.epoch,
+                np.full(n, -1, np.int64),
+                np.zeros((n, self.width), self.dtype),
+            )
+        pos = np.flatnonzero(self.version[rows] != st.version[rows])
+        if pos.size:
+            stale = rows[pos]
+            self.value[stale] = compute(pos)
+            self.version[stale] = st.version[stale]
+        return self.value[rows]
+
+
+def shape_key(req: PodRequest) -> tuple:
+    """What a request's scores depend on besides the nodes."""
+    return (req.count, req.core, req.ratio, req.memory, req.cpu_milli, req.host_memory, req.selectors)
 
 
 @dataclass(slots=True)
@@ -149,7 +183,7 @@ class ShapeCache:
     def get(
         self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray, evaluate: Evaluate
     ) -> tuple[np.ndarray, np.ndarray]:
-        key = (req.count, req.core, req.ratio, req.memory, req.cpu_milli, req.host_memory, req.selectors)
+        key = shape_key(req)
         ent = self.entries.get(key)
         n = st.version.size
         if ent is None or ent.epoch != st.epoch or ent.version.size != n:
@@ -219,6 +253,7 @@ class Outlook:
         self.places = Places(np.zeros((4, 0), np.int64))
         self.scarce = np.zeros(0)
         self.rare = np.zeros(0)
+        self.before = RowMemo(0, np.int64)  # places per shape on each node as it is
 
     @property
     def rho(self) -> float:
@@ -264,6 +299,7 @@ class Outlook:
         keep = (scarce >= MIN_SCARCE) | (rare >= MIN_RARE)
         self.places = every.subset(keep)
         self.scarce, self.rare = scarce[keep], rare[keep]
+        self.before = RowMemo(self.scarce.size, np.int64)
 
     def costs(
         self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray, opts: Options
@@ -271,7 +307,7 @@ class Outlook:
         """(scarcity p, rarity r), both (N,), of each option `placements` makes."""
         cpu, hmem, left, model = host_cpu(st, rows), st.hmem_free[rows], st.left(rows), st.model[rows]
         pl = self.places
-        before = pl.count(cpu, hmem, left, model)
+        before = self.before.get(st, rows, lambda at: pl.count(cpu[at], hmem[at], left[at], model[at]))
         pct = share_pct(req)
         if req.count == 1 and req.shared:
             after = pl.count_options(cpu - req.cpu_milli, hmem - req.host_memory, left, model, pct, opts)
@@ -403,6 +439,7 @@ class DefaultPolicy:
         self.retype = False  # the typical shapes too
         self.models = 0  # GPU models the cluster had when the shapes were resolved
         self.cache = ShapeCache()
+        self.growths: dict[tuple, RowMemo] = {}  # FGD growth per request shape, while `typ` holds
 
     def observe(self, req: PodRequest) -> None:
         """Learn the workload: the typical shapes at 1, 2, 4 … pods, then every `refresh`; the
@@ -426,8 +463,8 @@ class DefaultPolicy:
         self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """(score (K,), chosen slot (K,)): the best option's score, the first option that has it."""
-        before, after, opts = placements(self.typ, st, req, rows, fits)
-        d = growth(self.typ, before, after, opts)
+        opts = options(st, req, rows, fits)
+        d = self._growth(st, req, rows, fits)[opts]
         p, r = self.outlook.costs(st, req, rows, fits, opts)
         cpu = host_cpu(st, rows).astype(np.float64)
         gpu = st.left(rows).sum(axis=1).astype(np.float64)
@@ -440,6 +477,25 @@ class DefaultPolicy:
         q = np.logaddexp(0.0, raw) * (100.0 / (100.0 + TIE))  # softplus: 0..100, same order
         return per_node(q, opts, fits.shape if req.count == 1 and req.shared else (rows.size, 1))
 
+    def _growth(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> np.ndarray:
+        """(K, G) FGD growth of each option, by slot (slot 0 for a set of slots). It depends on the
+        typical shapes only, which change far less often than the outlook: kept per node."""
+        key = shape_key(req)
+        memo = self.growths.get(key)
+        if memo is None:
+            if len(self.growths) >= MAX_SHAPES:
+                self.growths.clear()
+            memo = self.growths[key] = RowMemo(st.width)
+
+        def compute(at: np.ndarray) -> np.ndarray:
+            sub, f = rows[at], fits[at]
+            opts = options(st, req, sub, f)
+            out = np.zeros((at.size, st.width))
+            out[opts] = growth(self.typ, *placements(self.typ, st, req, sub, f, opts), opts)
+            return out
+
+        return memo.get(st, rows, compute)
+
     def _fresh(self, st: Cluster) -> None:
         if len(st.model_names) != self.models:  # a new GPU model: shapes pinned to it resolve anew
             self.models = len(st.model_names)
@@ -447,6 +503,7 @@ class DefaultPolicy:
         if self.due:
             if self.retype:
                 self.typ = self._typical(st.model_names)
+                self.growths.clear()
                 self.retype = False
             self.outlook.update(st)
             self.cache.clear()
