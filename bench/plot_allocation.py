@@ -3,9 +3,11 @@
     .venv/bin/python bench/plot_allocation.py RESULTS.jsonl [MORE.jsonl ...] --out docs
 
 Prints the table of unallocated GPU % at 100 % arrival (mean ± sd over the seeds, published means
-of Weng et al., ATC '23 beside) and writes allocation_curve.png (unallocated % against arrived %
-on the default trace, like the paper's Fig. 9a) and allocation_bars.png (the variants at 100 %,
-published means as black ticks).
+of Weng et al., ATC '23 beside) and the wall time per seed of each policy, and writes
+allocation_curve.png (unallocated % against arrived % on the default trace, like the paper's Fig.
+9a), allocation_bars.png (the shared variants at 100 %, published means as black ticks) and
+allocation_pinned.png (the pinned-model workloads of bench/gpuspec_traces.py; the published means
+there are the paper's own gpuspec traces, not ours).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ WORKLOADS = (
     "multigpu40",
     "multigpu50",
 )
+PINNED = ("gpuspec10", "gpuspec20", "gpuspec25", "gpuspec33")
 # The simulator's expected_results (10 seeds, mean), as quoted in the trace's README.
 PUBLISHED = {
     "default": {"random": 13.70, "dotprod": 9.38, "bestfit": 7.14, "fgd": 4.77},
@@ -44,6 +47,11 @@ PUBLISHED = {
     "multigpu30": {"random": 13.37, "dotprod": 6.89, "bestfit": 5.43, "fgd": 3.64},
     "multigpu40": {"random": 14.62, "dotprod": 5.96, "bestfit": 4.90, "fgd": 3.09},
     "multigpu50": {"random": 18.72, "dotprod": 5.27, "bestfit": 4.38, "fgd": 2.91},
+    # the paper's gpuspec traces (ours are generated alike, not the same): for the trend and the order
+    "gpuspec10": {"random": 13.74, "dotprod": 9.83, "bestfit": 6.90, "fgd": 5.34},
+    "gpuspec20": {"random": 14.10, "dotprod": 11.71, "bestfit": 11.54, "fgd": 5.34},
+    "gpuspec25": {"random": 14.58, "dotprod": 14.56, "bestfit": 14.33, "fgd": 6.09},
+    "gpuspec33": {"random": 16.13, "dotprod": 20.18, "bestfit": 19.61, "fgd": 12.16},
 }
 
 
@@ -65,7 +73,7 @@ def table(res: dict[tuple[str, str], dict]) -> str:
     pols = [p for p in POLICIES if any(k[1] == p for k in res)]
     head = "| workload | " + " | ".join(LABELS[p] for p in pols) + " | default - FGD |"
     rows = [head, "|---|" + "---:|" * (len(pols) + 1)]
-    for w in WORKLOADS:
+    for w in WORKLOADS + PINNED:
         cells = []
         for p in pols:
             r = res.get((w, p))
@@ -77,6 +85,56 @@ def table(res: dict[tuple[str, str], dict]) -> str:
         if any(c != "—" for c in cells):
             rows.append(f"| {w} | " + " | ".join(cells) + f" | {gap} |")
     return "\n".join(rows)
+
+
+def cpu_s(r: dict) -> float:
+    return r.get("cpu_s", r["wall_s"])
+
+
+def timing(res: dict[tuple[str, str], dict]) -> str:
+    """CPU seconds per seed (wall time where a run did not record CPU time) and the default's
+    multiple of FGD's."""
+    pols = [p for p in POLICIES if any(k[1] == p for k in res)]
+    rows = [
+        "| workload | " + " | ".join(LABELS[p] for p in pols) + " | default / FGD |",
+        "|---|" + "---:|" * (len(pols) + 1),
+    ]
+    for w in WORKLOADS + PINNED:
+        per = {p: cpu_s(res[(w, p)]) / len(res[(w, p)]["seeds"]) for p in pols if (w, p) in res}
+        if per:
+            ratio = f"{per['default'] / per['fgd']:.1f}" if "default" in per and "fgd" in per else "—"
+            cells = [f"{per[p]:.1f} s" if p in per else "—" for p in pols]
+            rows.append(f"| {w} | " + " | ".join(cells) + f" | {ratio} |")
+    return "\n".join(rows)
+
+
+def bars(res: dict[tuple[str, str], dict], workloads: tuple[str, ...], title: str, path: Path) -> None:
+    ws = [w for w in workloads if any((w, p) in res for p in POLICIES)]
+    if not ws:
+        return
+    pols = [p for p in POLICIES if any((w, p) in res for w in ws)]
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    width = 0.8 / max(len(pols), 1)
+    for i, p in enumerate(pols):
+        xs = [j + i * width for j, w in enumerate(ws) if (w, p) in res]
+        ys = [res[(w, p)]["unallocated_pct_at_100"] for w in ws if (w, p) in res]
+        sd = [res[(w, p)]["sd"] for w in ws if (w, p) in res]
+        ax.bar(xs, ys, width, yerr=sd, label=LABELS[p], capsize=2)
+        for x, w in zip(xs, [w for w in ws if (w, p) in res], strict=True):
+            pub = PUBLISHED.get(w, {}).get(p)
+            if pub is not None:
+                ax.plot([x - width / 2, x + width / 2], [pub, pub], color="black", linewidth=1.5)
+    ax.plot([], [], color="black", label="published")
+    top = max((r["unallocated_pct_at_100"] + r["sd"] for (w, _), r in res.items() if w in ws), default=1.0)
+    ax.set_ylim(0, 1.2 * top)  # room for the legend
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(ws))], ws)
+    ax.set_ylabel("unallocated GPU at 100 % arrival (%)")
+    ax.set_title(title)
+    ax.legend(ncol=len(pols), fontsize="small")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def plots(res: dict[tuple[str, str], dict], out: Path) -> None:
@@ -97,30 +155,8 @@ def plots(res: dict[tuple[str, str], dict], out: Path) -> None:
     fig.savefig(out / "allocation_curve.png", dpi=120)
     plt.close(fig)
 
-    ws = [w for w in WORKLOADS if w != "default" and any((w, p) in res for p in POLICIES)]
-    pols = [p for p in POLICIES if any((w, p) in res for w in ws)]
-    fig, ax = plt.subplots(figsize=(10, 4.2))
-    width = 0.8 / max(len(pols), 1)
-    for i, p in enumerate(pols):
-        xs = [j + i * width for j, w in enumerate(ws) if (w, p) in res]
-        ys = [res[(w, p)]["unallocated_pct_at_100"] for w in ws if (w, p) in res]
-        sd = [res[(w, p)]["sd"] for w in ws if (w, p) in res]
-        ax.bar(xs, ys, width, yerr=sd, label=LABELS[p], capsize=2)
-        for x, w in zip(xs, [w for w in ws if (w, p) in res], strict=True):
-            pub = PUBLISHED.get(w, {}).get(p)
-            if pub is not None:
-                ax.plot([x - width / 2, x + width / 2], [pub, pub], color="black", linewidth=1.5)
-    ax.plot([], [], color="black", label="published")
-    top = max((r["unallocated_pct_at_100"] + r["sd"] for (w, _), r in res.items() if w in ws), default=1.0)
-    ax.set_ylim(0, 1.2 * top)  # room for the legend
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(ws))], ws)
-    ax.set_ylabel("unallocated GPU at 100 % arrival (%)")
-    ax.set_title("openb workload variants, mean ± sd over seeds")
-    ax.legend(ncol=len(pols), fontsize="small")
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out / "allocation_bars.png", dpi=120)
-    plt.close(fig)
+    bars(res, WORKLOADS[1:], "openb workload variants, mean ± sd over seeds", out / "allocation_bars.png")
+    bars(res, PINNED, "pinned-model workloads (generated), mean ± sd over seeds", out / "allocation_pinned.png")
 
 
 def main() -> None:
@@ -130,6 +166,8 @@ def main() -> None:
     args = ap.parse_args()
     res = load(args.results)
     print(table(res))
+    print()
+    print(timing(res))
     plots(res, args.out)
 
 

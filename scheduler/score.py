@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -54,6 +54,7 @@ LAM = 6.0  # rarity in the tie-break
 KAPPA = 0.5  # CPU surplus growth in the bucket
 MU = 6.0  # rarity against the bucket
 PRIOR = 1.0  # pseudo-pods per kind of node, each as large as the node
+POOL = 1.0  # weight of the pinned pools' shortfall in scarcity
 MIN_SCARCE = 0.1  # GPU percent per place: scarcer shapes are weighed
 MIN_RARE = 0.001  # rarer shapes are weighed
 MAX_SHAPES = 512  # the most frequent shapes the outlook looks at (a real cluster's requests vary without end)
@@ -254,6 +255,7 @@ class Outlook:
         self.scarce = np.zeros(0)
         self.rare = np.zeros(0)
         self.before = RowMemo(0, np.int64)  # places per shape on each node as it is
+        self.pool: np.ndarray | None = None  # per model id: GPU lost per GPU percent taken from it
 
     @property
     def rho(self) -> float:
@@ -300,6 +302,7 @@ class Outlook:
         self.places = every.subset(keep)
         self.scarce, self.rare = scarce[keep], rare[keep]
         self.before = RowMemo(self.scarce.size, np.int64)
+        self.pool = pools(seen, self.seen, future, st, rows) if POOL else None
 
     def costs(
         self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray, opts: Options
@@ -318,7 +321,44 @@ class Outlook:
             after = pl.count(cpu - req.cpu_milli, hmem - req.host_memory, taken, model)
         before = before[opts[0]]
         lost = np.maximum(before - after, 0)
-        return lost @ self.scarce, ((before > 0) & (after == 0)) @ self.rare
+        p = lost @ self.scarce
+        if self.pool is not None:  # GPU of a pinned pool taken away, at the rate it is to be missed
+            if req.count == 1 and req.shared:
+                rate = self.pool[model[opts]]
+            else:
+                rate = self.pool[np.take_along_axis(model, cols, axis=1)].sum(axis=1)
+            p = p + POOL * pct * rate
+        return p, ((before > 0) & (after == 0)) @ self.rare
+
+
+def pools(
+    seen: Mapping[tuple[int, int, int, int, tuple[str, ...] | None], int],
+    n: int,
+    future: float,
+    st: Cluster,
+    rows: np.ndarray,
+) -> np.ndarray | None:
+    """Per GPU model, the chance summed over the model sets pinned pods ask for that contain it that
+    the set's idle GPU runs out before its pods stop coming: the pods pinned to a set share its GPU,
+    which no one shape's places show (each sees all of them as its own). A Poisson forecast of the
+    set's pods, `future` pods ahead, against its idle GPU in pods of the set's mean size. None when
+    no pod seen is pinned."""
+    demand: dict[tuple[str, ...], list[float]] = {}
+    for (_, _, pct, count, models), k in seen.items():
+        if models is not None and count:
+            d = demand.setdefault(models, [0.0, 0.0])
+            d[0] += k
+            d[1] += k * pct * count
+    if not demand:
+        return None
+    names = st.model_names
+    idle = np.bincount(st.model[rows].ravel(), weights=st.left(rows).ravel(), minlength=len(names))
+    out = np.zeros(len(names))
+    for models, (pods, gpu) in demand.items():
+        acc = np.array([m in models for m in names])
+        places = int(idle[acc].sum() * pods / gpu)
+        out[acc] += poisson_tail(future * pods / n, places)
+    return out
 
 
 BIG = 2**40  # places of a shape on a node when nothing limits it (CPU-free, memory-free, GPU-free)

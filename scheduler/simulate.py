@@ -262,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
                 raise TraceError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
         seeds = parse_seeds(args.seeds)
         for name in policies:
-            t0 = time.monotonic()
+            t0, c0 = time.monotonic(), time.process_time()
             curves = [run_once(nodes, pods, name, s) for s in seeds]
             vals = [at_100(c) for c in curves]
             out = {
@@ -273,6 +273,7 @@ def run(args: argparse.Namespace) -> int:
                 "sd": round(statistics.stdev(vals), 3) if len(vals) > 1 else 0.0,
                 "per_seed": [round(v, 3) for v in vals],
                 "wall_s": round(time.monotonic() - t0, 1),
+                "cpu_s": round(time.process_time() - c0, 1),  # what a shared machine's load leaves out
             }
             if args.curve:
                 xs = sorted(set().union(*curves))
