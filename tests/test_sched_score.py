@@ -17,7 +17,7 @@ from crihook.scheduler.devices import Gpu, NodeDevices
 from crihook.scheduler.frag import Shape, Typical
 from crihook.scheduler.plugin import DeviceShare, PluginConfig
 from crihook.scheduler.pod import Container, Pod
-from crihook.scheduler.score import Places, poisson_tail, soft_deficit
+from crihook.scheduler.score import Places, poisson_tail, pools, soft_deficit
 
 shape_rows = st.lists(
     st.tuples(
@@ -252,3 +252,24 @@ def test_the_default_never_places_a_pinned_pod_on_a_model_it_refused(
             model = model_of[(node, g.minor)]
             assert not use or any(t.upper() in model for t in use.split(",")), (use, model)
             assert not nouse or nouse.upper() not in model, (nouse, model)
+
+
+def test_a_pinned_pool_about_to_run_out_costs_its_gpu_and_a_roomy_one_does_not() -> None:
+    """Pods pinned to T4 outnumber the T4 GPUs left: taking a T4 GPU costs about all of it; pods
+    pinned to G2 have room to spare: a G2 GPU costs nothing; a model in two short sets adds both."""
+    ds = DeviceShare()
+    for i, model in enumerate(("T4", "G2", "G2", "V100")):
+        gpus = tuple(Gpu(minor=g, memory=16 << 30, model=model) for g in range(2))
+        ds.set_node(NodeDevices(f"n{i}", gpus, cpu_milli=64_000, memory=1 << 40))
+    st_ = ds.st
+    rows = np.flatnonzero(st_.live)
+    seen = {(1000, 0, 100, 1, ("T4",)): 30, (1000, 0, 100, 1, ("G2",)): 1, (1000, 0, 100, 1, None): 69}
+    rate = pools(seen, 100, future=20.0, st=st_, rows=rows)
+    assert rate is not None
+    by = dict(zip(st_.model_names, rate, strict=True))
+    assert by["T4"] > 0.95  # 6 T4 pods expected, 2 places
+    assert by["G2"] < 0.01 and by["V100"] == 0.0
+    both = pools({**seen, (1000, 0, 100, 1, ("T4", "V100")): 30}, 130, future=20.0, st=st_, rows=rows)
+    assert both is not None  # 4.6 pods expected of each, 2 places on T4, 4 on T4 or V100
+    assert both[st_.model_ids["T4"]] > 1.4 and 0.5 < both[st_.model_ids["V100"]] < 0.9
+    assert pools({(1000, 0, 100, 1, None): 5}, 5, future=8.0, st=st_, rows=rows) is None
