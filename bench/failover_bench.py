@@ -88,7 +88,8 @@ def binds_per_second(pods: int) -> tuple[float, float]:
                 if rnd:
                     rates[recheck].append(pods / (time.perf_counter() - started))
                 sched.stop()
-    print(f"  binds/s per run: with re-check {[round(r) for r in rates[True]]}, without {[round(r) for r in rates[False]]}")
+    print(f"  binds/s per run: with re-check {[round(r) for r in rates[True]]}")
+    print(f"                   without       {[round(r) for r in rates[False]]}")
     return statistics.median(rates[True]), statistics.median(rates[False])
 
 
