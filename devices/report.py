@@ -37,7 +37,7 @@ GPU_LABELS = (LABEL_VENDOR, LABEL_MODEL, LABEL_DRIVER)
 VENDOR = "nvidia"
 TOPOLOGY_ANNOTATION = "gpu.crihook.io/topology"
 CHECKPOINT_ANNOTATION = "node.koordinator.sh/devices-checkpoints"
-NODE_RESOURCES = (al.GPU_CORE, al.GPU_MEMORY, al.GPU_MEMORY_RATIO, al.GPU_SHARED, al.RDMA)
+NODE_RESOURCES = (al.GPU_CORE, al.GPU_MEMORY, al.GPU_MEMORY_RATIO, al.GPU_SHARED, al.RDMA, al.NVIDIA_GPU)
 FULL = 100  # a whole device, in the percent units of gpu-core, gpu-memory-ratio and rdma
 # device-plugin resources whose checkpoint entries hold GPUs
 GPU_PLUGIN_RESOURCES = re.compile(r"nvidia\.com/(gpu|gpu\.shared|mig-.+)\Z")
@@ -55,6 +55,9 @@ class Observed:
     # device-plugin checkpoint entries; None when the checkpoint could not be read (keep what is published)
     plugin_entries: Sequence[PodDeviceEntry] | None = ()
     partition_table: Mapping[str, list[dict]] | None = None  # the operator's, from config
+    # resources a device plugin has registered with kubelet (the checkpoint's RegisteredDevices);
+    # None when the checkpoint could not be read
+    plugin_resources: frozenset[str] | None = frozenset()
 
 
 @dataclass(frozen=True)
@@ -180,18 +183,25 @@ def desired(obs: Observed) -> Desired:
     if obs.gpus.reason:
         status["message"] = obs.gpus.reason
     n = len(healthy)
+    resources = {
+        al.GPU_CORE: FULL * n,
+        al.GPU_MEMORY: sum(g.memory_total for g in healthy),
+        al.GPU_MEMORY_RATIO: FULL * n,
+        al.GPU_SHARED: FULL * n,
+        al.RDMA: FULL * sum(1 for nic in obs.nics if nic.healthy),
+    }
+    # Whole GPUs, so `kubectl describe node` counts nvidia.com/gpu pods, unless a device plugin
+    # registered the resource: kubelet then sets it from the plugin's devices at every node status
+    # update (pkg/kubelet/nodestatus MachineInfo) and the two writers would fight. Other extended
+    # resources kubelet leaves as it finds them.
+    if obs.plugin_resources is not None and al.NVIDIA_GPU not in obs.plugin_resources:
+        resources[al.NVIDIA_GPU] = n
     return Desired(
         spec={"devices": devices},
         status=status,
         labels=labels,
         annotations=annotations,
-        node_resources={
-            al.GPU_CORE: FULL * n,
-            al.GPU_MEMORY: sum(g.memory_total for g in healthy),
-            al.GPU_MEMORY_RATIO: FULL * n,
-            al.GPU_SHARED: FULL * n,
-            al.RDMA: FULL * sum(1 for nic in obs.nics if nic.healthy),
-        },
+        node_resources=resources,
         problems=problems,
     )
 

@@ -171,14 +171,17 @@ class Reporter:
         if self.index is not None:
             self.index.update(snapshot)
         nics = rdma.discover(self.config.node.sys_root, self._rdma_links)
+        plugins: frozenset[str] | None
         try:
-            entries = self._checkpoint.read().entries
+            checkpoint = self._checkpoint.read()
+            entries = checkpoint.entries
+            plugins = frozenset(checkpoint.registered)
             if self.plugin_holds is not None:
                 entries = tuple(e for e in entries if self.plugin_holds(e.pod_uid))
         except CheckpointError as e:
-            self._say(f"kubelet checkpoint unreadable, its annotation left as it is: {e}")
-            entries = None
-        return report.Observed(snapshot, tuple(nics), entries, self.partition_table)
+            self._say(f"kubelet checkpoint unreadable, its annotation and nvidia.com/gpu left as they are: {e}")
+            entries = plugins = None
+        return report.Observed(snapshot, tuple(nics), entries, self.partition_table, plugins)
 
     def run_once(self) -> Round:
         """Discover, compare, write what changed. Raises ReportError."""

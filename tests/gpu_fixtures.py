@@ -96,10 +96,18 @@ class Entry:
     numa: int = -1
 
 
-def checkpoint_doc(entries: Iterable[Entry], *, layout: str = "numa", extra: Mapping[str, Any] | None = None) -> dict:
-    """The JSON kubelet writes: `layout` "numa" (1.20+) or "list" (1.19 and older)."""
+def checkpoint_doc(
+    entries: Iterable[Entry],
+    *,
+    layout: str = "numa",
+    extra: Mapping[str, Any] | None = None,
+    registered: Mapping[str, Sequence[str]] | None = None,
+) -> dict:
+    """The JSON kubelet writes: `layout` "numa" (1.20+) or "list" (1.19 and older). RegisteredDevices
+    is each registered plugin's healthy devices, allocated or not: `registered`, else the devices
+    the entries hold."""
     pod_entries = []
-    registered: dict[str, list[str]] = {}
+    held: dict[str, list[str]] = {}
     for e in entries:
         ids: Any = {str(e.numa): list(e.device_ids)} if layout == "numa" else list(e.device_ids)
         resp = base64.b64encode((e.resp or dp.ContainerAllocateResponse()).SerializeToString()).decode()
@@ -112,8 +120,9 @@ def checkpoint_doc(entries: Iterable[Entry], *, layout: str = "numa", extra: Map
                 "AllocResp": resp,
             }
         )
-        registered.setdefault(e.resource, []).extend(e.device_ids)
-    doc: dict[str, Any] = {"Data": {"PodDeviceEntries": pod_entries, "RegisteredDevices": registered}}
+        held.setdefault(e.resource, []).extend(e.device_ids)
+    devices = {k: list(v) for k, v in registered.items()} if registered is not None else held
+    doc: dict[str, Any] = {"Data": {"PodDeviceEntries": pod_entries, "RegisteredDevices": devices}}
     doc["Checksum"] = 1234567890
     doc.update(extra or {})
     return doc

@@ -148,6 +148,7 @@ def test_first_round_publishes_device_labels_and_resources(setup, kube: FakeKube
         res = node["status"][section]
         assert (res[GPU_CORE], res[GPU_RATIO], res[GPU_SHARED]) == ("800", "800", "800")
         assert int(res[GPU_MEM]) == memory
+        assert res["nvidia.com/gpu"] == "8"  # no device plugin: whole GPUs are ours to publish
         assert "koordinator.sh/rdma" not in res  # zero and never listed: left out
     assert node["status"]["capacity"]["cpu"] == "64"  # kubelet's resources untouched
 
@@ -178,6 +179,7 @@ def test_health_change_updates_device_status_and_capacity_only(setup, kube: Fake
     node = kube.get("nodes", NODE)
     assert node["status"]["allocatable"][GPU_CORE] == "300"
     assert int(node["status"]["allocatable"][GPU_MEM]) == 3 * fake.doc["gpus"][0]["memory_total"]
+    assert node["status"]["allocatable"]["nvidia.com/gpu"] == "3"
     assert report.partitions.ANNOTATION not in dev["metadata"]["annotations"]  # PCIe L40S: no table
 
 
@@ -299,7 +301,8 @@ def test_plugin_pods_are_reported_with_minors(setup, kube: FakeKube, tmp_path: P
         ("pod-b", sorted([gpus[0]["minor"], gpus[3]["minor"]])),
     ]
     assert held[1]["deviceIDs"] == [gpus[0]["uuid"], gpus[3]["uuid"] + "::2"]
-    write_checkpoint(Path(r.config.node.kubelet_checkpoint), [])
+    # the pods went; the plugin stays registered (so nvidia.com/gpu stays kubelet's)
+    write_checkpoint(Path(r.config.node.kubelet_checkpoint), [], registered={"nvidia.com/gpu": ["0", "1", "2", "3"]})
     assert r.run_once().writes == ["Device"]
     assert report.CHECKPOINT_ANNOTATION not in kube.get("devices", NODE)["metadata"]["annotations"]
 
@@ -472,6 +475,36 @@ def test_crd_accepts_koordinators_example_and_rejects_nonsense() -> None:
     bad["spec"]["devices"][0]["minor"] = -1
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, crd_schema())
+
+
+def test_nvidia_gpu_is_published_only_while_no_device_plugin_registered_it(setup, kube: FakeKube) -> None:
+    """kubelet sets a device plugin's resource at every node status update (and zero once the plugin
+    goes) and leaves other extended resources alone, so nvidia.com/gpu is ours exactly while no plugin
+    has registered it (the checkpoint's RegisteredDevices) and kubelet's after."""
+    fake, r = setup("pcie-l40s")
+    checkpoint = Path(r.config.node.kubelet_checkpoint)
+    uuids = [g["uuid"] for g in fake.doc["gpus"]]
+
+    def kubelet_sets(count: str) -> None:  # as kubelet's node status update does for a plugin's resource
+        body = {"status": {s: {"nvidia.com/gpu": count} for s in ("capacity", "allocatable")}}
+        kube.patch("nodes", NODE, body, subresource="status")
+
+    def gpus() -> tuple[str | None, str | None]:
+        status = kube.get("nodes", NODE)["status"]
+        return status["capacity"].get("nvidia.com/gpu"), status["allocatable"].get("nvidia.com/gpu")
+
+    r.run_once()  # no checkpoint: kubelet without device plugins never writes one
+    assert gpus() == ("4", "4")
+    write_checkpoint(checkpoint, [], registered={"nvidia.com/gpu": uuids})
+    kubelet_sets("8")
+    assert r.run_once().writes == []  # the plugin's count (time-sliced, say) is kubelet's to keep
+    assert gpus() == ("8", "8")
+    checkpoint.write_text("{not json")
+    assert r.run_once().writes == []  # cannot tell who owns it: left as it is
+    write_checkpoint(checkpoint, [], registered={"example.com/fpga": ["f0"]})
+    kubelet_sets("0")
+    assert r.run_once().writes == ["Node status"]  # the plugin went (kubelet zeroed it): ours again
+    assert gpus() == ("4", "4")
 
 
 def test_node_status_patch_compares_quantities_as_numbers() -> None:
