@@ -511,5 +511,6 @@ def run(args: argparse.Namespace) -> int:
         json.dump([asdict(f) for f in findings], sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(render(findings, args.config))
+        source = args.config if Path(args.config).exists() else f"the built-in defaults (no {args.config})"
+        sys.stdout.write(render(findings, source))
     return exit_status(findings)

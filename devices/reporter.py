@@ -66,14 +66,18 @@ def load_partition_table(path: str) -> dict[str, list[dict]] | None:
 
 
 def api_client_from(kubeconfig: str) -> Any:
-    """A kubernetes ApiClient from a kubeconfig file, or the pod's service account for "in-cluster"."""
+    """A kubernetes ApiClient from a kubeconfig file, or the pod's service account for "in-cluster".
+    urllib3's own retries are off: the loop backs off and says once per failed round what went wrong,
+    where urllib3 would add three "Retrying" warnings of its own (and three more connection timeouts)."""
     from kubernetes import client, config
 
+    c = client.Configuration()
     if kubeconfig == "in-cluster":
-        c = client.Configuration()
         config.load_incluster_config(client_configuration=c)
-        return client.ApiClient(c)
-    return config.new_client_from_config(config_file=kubeconfig)
+    else:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=c)
+    c.retries = False
+    return client.ApiClient(c)
 
 
 def _api_reason(e: Exception) -> str:
@@ -132,7 +136,9 @@ class Reporter:
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="crihook-reporter", daemon=True)
         self._thread.start()
-        log.info("device reporter started", extra={"node": self.node_name})
+        log.info(
+            "device reporter started", extra={"node": self.node_name, "every_s": self.config.reporter.interval_seconds}
+        )
 
     def stop(self, timeout: float = REQUEST_TIMEOUT + 1) -> None:
         """Stop after the call in flight (at most one request timeout). Blocks: from a coroutine,

@@ -252,8 +252,7 @@ def start_reporter(cfg: cfgmod.Config, chain: HookChain) -> Any:
     except Exception as e:  # unreadable kubeconfig or partition table: the operator's to fix
         log.error("device reporter not started", extra={"kubeconfig": cfg.reporter.kubeconfig, "error": str(e)})
         return None
-    reporter.start()
-    log.info("device reporter started", extra={"node": reporter.node_name, "every_s": cfg.reporter.interval_seconds})
+    reporter.start()  # it logs that it started
     return reporter
 
 

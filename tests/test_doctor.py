@@ -132,6 +132,18 @@ def test_render_and_exit_status() -> None:
     assert doctor.render(findings[:1], "x").endswith("Everything crihook needs on this node is in order.\n")
 
 
+def test_header_names_the_config_only_when_it_exists(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from crihook.cli import main
+
+    absent = tmp_path / "config.toml"
+    main(["doctor", "--config", str(absent), "--timeout", "0.1"])
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header == f"crihook doctor: checking this node with the built-in defaults (no {absent})"
+    absent.write_text("")
+    main(["doctor", "--config", str(absent), "--timeout", "0.1"])
+    assert capsys.readouterr().out.startswith(f"crihook doctor: checking this node with {absent}\n")
+
+
 # -- node pieces ----------------------------------------------------------------------------------
 
 

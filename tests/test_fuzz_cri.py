@@ -60,8 +60,11 @@ class Editor:
         )
 
 
+WORK = tempfile.TemporaryDirectory(prefix="crihook-fuzz-")  # removed when the test process exits
+
+
 def _interceptor() -> tuple[Interceptor, asyncio.AbstractEventLoop]:
-    tmp = Path(tempfile.mkdtemp(prefix="crihook-fuzz-"))
+    tmp = Path(WORK.name)
     checkpoint = tmp / "kubelet_internal_checkpoint"
     write_checkpoint(
         checkpoint, [Entry(PLUGIN_POD, "main", [INVENTORY[0].uuid], resp=nvidia_plugin_resp(INVENTORY[:1]))]

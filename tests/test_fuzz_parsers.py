@@ -153,8 +153,12 @@ def test_damaged_alloc_resp(index: int, junk: bytes, append: bool) -> None:
 # -- crihook's own store file ----------------------------------------------------------------------
 
 
+# the stores of every example live here, removed when the test process exits
+STORES = tempfile.TemporaryDirectory(prefix="crihook-fuzz-store-")
+
+
 def _store_file() -> bytes:
-    store = Store(tempfile.mkdtemp(prefix="crihook-fuzz-store-"))
+    store = Store(tempfile.mkdtemp(dir=STORES.name))
     store.pods["p1"] = PodRecord("p1", "web", "default", "uid-1", labels={"a": "b"}, hooks=[{"hook": "gpu"}])
     store.containers["c1"] = ContainerRecord("c1", "p1", "main", state="running", hooks=[{"hook": "gpu"}])
     store.save()
@@ -165,7 +169,7 @@ STORE_FILE = _store_file()
 
 
 def _load(data: bytes) -> tuple[str, Store]:
-    store = Store(tempfile.mkdtemp(prefix="crihook-fuzz-store-"))
+    store = Store(tempfile.mkdtemp(dir=STORES.name))
     store.path.parent.mkdir(parents=True, exist_ok=True)
     store.path.write_bytes(data)
     return store.load(), store

@@ -57,7 +57,7 @@ def test_serve_publishes_the_device_while_serving(containerd: Containerd, fake_n
             assert str(allocatable) == "800"
             with Cri(p.address) as cri:
                 assert cri.version().runtime_name == "containerd"
-            assert "device reporter started" in p.log_text()
+            assert p.log_text().count("device reporter started") == 1
 
 
 def test_a_reporter_that_can_not_start_does_not_stop_the_proxy(

@@ -18,6 +18,7 @@ from gpu_fixtures import Entry, write_checkpoint
 from crihook import cli
 from crihook import config as cfg
 from crihook.devices import partitions, report
+from crihook.devices import reporter as reporter_module
 from crihook.devices.nvml import GpuIndex, Nvml
 from crihook.devices.reporter import Reporter, ReportError
 
@@ -255,6 +256,21 @@ def test_api_server_away(setup, kube: FakeKube) -> None:
     with pytest.raises(ReportError, match="read Node"):
         r.run_once()
     assert time.monotonic() - t0 < 30
+
+
+def test_api_server_away_is_said_once_not_with_urllib3_retries(
+    kube: FakeKube, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The client the reporter builds from its kubeconfig fails the round at once; the loop's line is
+    the only one (urllib3 retried three times by default, with a "Retrying" warning each)."""
+    from kubernetes import client
+
+    api = client.CoreV1Api(reporter_module.api_client_from(str(kube.write_kubeconfig(tmp_path / "kubeconfig"))))
+    kube.stop()
+    caplog.set_level("DEBUG")
+    with pytest.raises(Exception, match="Connection refused"):
+        api.read_node(NODE)
+    assert [r.getMessage() for r in caplog.records if "Retrying" in r.getMessage()] == []
 
 
 def test_loop_backs_off_and_recovers(setup, kube: FakeKube) -> None:
