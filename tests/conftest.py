@@ -28,7 +28,7 @@ if os.environ.get("CRIHOOK_HYPOTHESIS_PROFILE"):
 
 # The containerd releases a test using the `containerd` fixture runs on, unless marked
 # `@pytest.mark.runtimes(...)`.
-DEFAULT_RUNTIMES = ("1.6",)
+DEFAULT_RUNTIMES = ("1.6", "2")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

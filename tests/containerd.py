@@ -321,6 +321,7 @@ def runtime(name: str) -> Runtime:
 RUNTIMES = ("1.6", "1.7", "2")
 SYSTEM = runtime("1.6")
 
+
 def _runc() -> str:
     """bookworm's runc, for every release (sid's and trixie's runc need glibc 2.38)."""
     return shutil.which("runc") or "/usr/sbin/runc"
