@@ -104,7 +104,7 @@ class TaskJanitor:
         try:
             await self.channel.unary_unary(TASKS + method)(request, timeout=CALL_TIMEOUT, metadata=self.metadata)
         except grpc.aio.AioRpcError as e:
-            if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+            if e.code() == grpc.StatusCode.FAILED_PRECONDITION or _still_running(e):
                 return False
             if e.code() != grpc.StatusCode.NOT_FOUND:
                 raise
@@ -115,3 +115,9 @@ class TaskJanitor:
             await asyncio.gather(*self.clearing.values(), return_exceptions=True)
         if self.channel is not None:
             await self.channel.close()
+
+
+def _still_running(error: grpc.aio.AioRpcError) -> bool:
+    """containerd 2.x answers a Delete of a task that has not exited yet with UNKNOWN "cannot delete
+    a running process" (the shim's error, not mapped), where 1.6 says FAILED_PRECONDITION."""
+    return error.code() == grpc.StatusCode.UNKNOWN and "cannot delete a running process" in (error.details() or "")
