@@ -31,6 +31,8 @@ if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
 fi
 # The install.sh tests check the unit with systemd-analyze verify.
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
+# The scheduler image test builds a Debian root file system (deploy/image/build-offline.py).
+command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
 
 if (( ${#missing[@]} )); then
     if [[ $(id -u) -ne 0 ]]; then
@@ -40,7 +42,23 @@ if (( ${#missing[@]} )); then
     echo "tests/run.sh: installing ${missing[*]}" >&2
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -q
+    # Debian's containerd package starts and enables a system-wide containerd.service; the tests run
+    # their own private daemons, so one installed here is neither started (policy-rc.d) nor enabled.
+    private=0
+    if [[ " ${missing[*]} " == *" containerd "* && ! -e /usr/sbin/policy-rc.d ]]; then
+        private=1
+        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+        chmod +x /usr/sbin/policy-rc.d
+        trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+    fi
     apt-get install -y -q --no-install-recommends "${missing[@]}"
+    if (( private )); then
+        if command -v systemctl >/dev/null 2>&1; then
+            systemctl disable containerd.service >/dev/null 2>&1 || true
+        fi
+        rm -f /usr/sbin/policy-rc.d
+        trap - EXIT
+    fi
 fi
 
 if [[ ! -x .venv/bin/python ]]; then

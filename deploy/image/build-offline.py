@@ -31,8 +31,9 @@ REGISTRY = "ghcr.io/crihook/crihook"
 SUITE = "bookworm"  # its python3 is 3.11, which the dependency wheels are chosen for
 PYTHON_TAG = ("3.11", "cp311")
 GLIBC_MINOR = 36  # bookworm's glibc 2.36
-# python3-venv brings ensurepip's pip, which installs the wheels; passwd has useradd
-PACKAGES = ("python3", "python3-venv", "passwd")
+# python3-venv brings ensurepip's pip, which installs the wheels; passwd has useradd; manylinux
+# wheels (numpy, grpcio) expect the C++ runtime, which python:slim has and Debian's python3 lacks
+PACKAGES = ("python3", "python3-venv", "passwd", "libstdc++6")
 VENV = "/opt/crihook"
 UID = 65532
 IMAGE_CONFIG = {
