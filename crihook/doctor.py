@@ -14,6 +14,7 @@ import logging
 import os
 import stat
 import sys
+import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ import yaml
 from crihook import kubelet
 from crihook.config import DEFAULT_CONFIG, Config, ConfigFileError, NodeConfig, ProxyConfig, load
 from crihook.devices.nvml import NodeGpus, Nvml
+from crihook.hooks.cdi import DEFAULT_SPEC_DIRS, GENERATE_FIX, CdiIndex
 from crihook.kubelet import flag_value, kubelet_argv
 
 VERSION_METHOD = "/runtime.v1.RuntimeService/Version"
@@ -32,6 +34,7 @@ KUBELET_API_VERSION = "0.1.0"  # what kubelet itself sends in VersionRequest
 MIN_CONTAINERD = (1, 6)  # the first containerd whose CRI v1 kubelet 1.26+ accepts
 KUBELET_DEFAULT_ENDPOINT = "unix:///run/containerd/containerd.sock"
 DROPIN = "/etc/systemd/system/kubelet.service.d/99-crihook.conf"
+CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 
 
 class Level(enum.StrEnum):
@@ -107,6 +110,30 @@ def parse_version(text: str) -> tuple[int, ...]:
         if len(digits) != len(piece):
             break
     return tuple(parts)
+
+
+@dataclass(frozen=True)
+class RuntimeCdi:
+    """CDI as a containerd config sets it: whether it injects, and from which dirs."""
+
+    enabled: bool
+    spec_dirs: tuple[str, ...]
+    where: str  # the table the keys live in, for the fix
+
+
+def containerd_cdi(config: Mapping[str, Any], version: tuple[int, ...]) -> RuntimeCdi:
+    """`enable_cdi` and `cdi_spec_dirs` from a parsed containerd config, with the defaults of the
+    release that reads it: config version 3 (containerd 2.x) keeps them in the CRI runtime plugin,
+    versions 2 and 1 in the CRI plugin; on by default from 2.0, off in 1.7, absent before."""
+    layout = config.get("version", 3 if version >= (2,) else 2)  # no file: the release's own layout
+    table = {3: "io.containerd.cri.v1.runtime", 2: "io.containerd.grpc.v1.cri"}.get(layout, "cri")
+    cri = config.get("plugins", {}).get(table, {})
+    cri = cri if isinstance(cri, Mapping) else {}
+    if version[:2] < (1, 7):
+        return RuntimeCdi(False, (), f'plugins."{table}"')
+    enabled = cri.get("enable_cdi", version >= (2,))
+    dirs = cri.get("cdi_spec_dirs", list(DEFAULT_SPEC_DIRS))
+    return RuntimeCdi(enabled is True, tuple(d for d in dirs if isinstance(d, str)), f'plugins."{table}"')
 
 
 def exit_status(findings: Sequence[Finding]) -> int:
@@ -276,11 +303,7 @@ def check_nvml(node: NodeConfig, gpus: NodeGpus | None = None) -> Finding:
         "If libnvidia-ml.so.1 lives outside the loader path, set node.nvml_library"
     )
     if gpus is None:
-        nvml = Nvml(node.nvml_library, node.sys_root)
-        try:
-            gpus = nvml.snapshot(topology=False)
-        finally:
-            nvml.close()
+        gpus = node_gpus(node)
     if gpus.reason:
         return Finding(name, Level.FAIL, gpus.reason, driver_fix)
     driver = gpus.driver_version
@@ -307,6 +330,72 @@ def check_nvml(node: NodeConfig, gpus: NodeGpus | None = None) -> Finding:
             "the reporter marks these GPUs unhealthy so the scheduler skips them; check nvidia-smi -q and dmesg (Xid)",
         )
     return Finding(name, Level.OK, found + "; device nodes present")
+
+
+def node_gpus(node: NodeConfig) -> NodeGpus:
+    nvml = Nvml(node.nvml_library, node.sys_root)
+    try:
+        return nvml.snapshot(topology=False)
+    finally:
+        nvml.close()
+
+
+def check_cdi(
+    gpu_options: Mapping[str, Any] | None, runtime: Any, gpus: NodeGpus, containerd_config: str = CONTAINERD_CONFIG
+) -> Finding:
+    """Whether every GPU has its `nvidia.com/gpu=<uuid>` CDI device in the spec dirs crihook checks,
+    and whether containerd (its config file, its release's defaults) injects CDI devices from them.
+    Problems fail only with `inject = "cdi"`; otherwise they are said for whoever switches."""
+    name = "CDI"
+    options = gpu_options or {}
+    inject = options.get("inject", "env+devices")
+    dirs = tuple(options.get("cdi_spec_dirs", DEFAULT_SPEC_DIRS))
+    problems, fixes = [], []
+    found = []
+    if gpus.gpus:
+        scan = CdiIndex(dirs).scan()
+        missing = [g.uuid for g in gpus.gpus if f"nvidia.com/gpu={g.uuid}" not in scan.devices]
+        have = len(gpus.gpus) - len(missing)
+        found.append(f"{have} of {len(gpus.gpus)} GPU(s) have a CDI device in {', '.join(dirs)}")
+        if missing:
+            problems.append(f"no nvidia.com/gpu device for {', '.join(missing)}")
+            fixes.append(f"run `{GENERATE_FIX}`")
+        if scan.problems:
+            problems.append("unreadable specs: " + "; ".join(scan.problems))
+    if runtime is None or runtime.runtime_name != "containerd":
+        what = "no runtime answered" if runtime is None else f"the runtime is {runtime.runtime_name}"
+        found.append(f"containerd's CDI setting not checked ({what})")
+    else:
+        version = parse_version(runtime.runtime_version)
+        try:
+            with open(containerd_config, "rb") as f:
+                parsed: Mapping[str, Any] = tomllib.load(f)
+            source = containerd_config
+        except FileNotFoundError:
+            parsed, source = {}, f"defaults, no {containerd_config}"
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            return Finding(name, Level.FAIL, f"{containerd_config} can not be read: {e}", "fix containerd's config")
+        cdi = containerd_cdi(parsed, version)
+        label = f"containerd {runtime.runtime_version} ({source})"
+        if version[:2] < (1, 7):
+            found.append(f"{label} has no CDI")
+            problems.append(f"containerd {runtime.runtime_version} can not inject CDI devices")
+            fixes.append('upgrade containerd to 1.7 or newer, or use inject = "env+devices"')
+        elif not cdi.enabled:
+            found.append(f"{label}: CDI disabled")
+            problems.append("containerd ignores CDI devices")
+            fixes.append(f"set enable_cdi = true under [{cdi.where}] and restart containerd")
+        else:
+            found.append(f"{label}: CDI enabled, spec dirs {', '.join(cdi.spec_dirs)}")
+            if not set(dirs) <= set(cdi.spec_dirs):
+                problems.append(f"crihook checks {', '.join(dirs)}, containerd reads {', '.join(cdi.spec_dirs)}")
+                fixes.append("make [hooks.gpu] cdi_spec_dirs name the dirs containerd reads")
+    text = "; ".join(found + problems)
+    if not problems:
+        return Finding(name, Level.OK, f"inject = {inject}; {text}")
+    if inject == "cdi":
+        return Finding(name, Level.FAIL, f"inject = cdi; {text}", "; ".join(fixes))
+    return Finding(name, Level.OK, f"inject = {inject} (CDI not used); {text}")
 
 
 def check_checkpoint(node: NodeConfig, gpu_options: Mapping[str, Any] | None = None) -> Finding:
@@ -478,14 +567,21 @@ def check_hook_servers(config: Config) -> Finding:
     return Finding(name, Level.OK, found)
 
 
-def diagnose(config_path: str | None, timeout: float = 3.0, gpus: NodeGpus | None = None) -> list[Finding]:
+def diagnose(
+    config_path: str | None,
+    timeout: float = 3.0,
+    gpus: NodeGpus | None = None,
+    containerd_config: str = CONTAINERD_CONFIG,
+) -> list[Finding]:
     config, finding = check_config(config_path)
     findings = [finding]
     runtime_finding, runtime = check_runtime(config.proxy, timeout)
     findings.append(runtime_finding)
     findings.append(check_proxy(config.proxy, runtime, timeout))
     findings.append(check_kubelet(config.proxy, config.node))
+    gpus = gpus if gpus is not None else node_gpus(config.node)
     findings.append(check_nvml(config.node, gpus))
+    findings.append(check_cdi(config.hooks.options.get("gpu"), runtime, gpus, containerd_config))
     findings.append(check_checkpoint(config.node, config.hooks.options.get("gpu")))
     findings.append(check_state_dir(config.proxy))
     findings.append(check_hook_servers(config))
@@ -501,12 +597,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--timeout", type=float, default=3.0, help="seconds to wait for each socket to answer (default %(default)s)"
     )
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    parser.add_argument(
+        "--containerd-config",
+        default=CONTAINERD_CONFIG,
+        help="containerd's config file, read for its CDI settings (default %(default)s)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     # Findings carry every reason; the layers below (NVML) would say the same again in log lines.
     logging.getLogger("crihook").addHandler(logging.NullHandler())
-    findings = diagnose(args.config, args.timeout)
+    findings = diagnose(args.config, args.timeout, containerd_config=args.containerd_config)
     if args.json:
         json.dump([asdict(f) for f in findings], sys.stdout, indent=2)
         sys.stdout.write("\n")

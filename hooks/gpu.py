@@ -23,6 +23,7 @@ from crihook import allocation as al
 from crihook import kubelet
 from crihook.config import NodeConfig
 from crihook.hooks.base import ConfigError, Edit, HookContext, HookError, Stage
+from crihook.hooks.cdi import DEFAULT_SPEC_DIRS, GENERATE_FIX, CdiIndex
 from crihook.hooks.checkpoint import CheckpointError, CheckpointReader
 from crihook.hooks.gpu_edit import INJECT_MODES, GpuLookup, GpuOptions, HamiCore, NodeView, SeenPod, gpu_edit
 
@@ -30,7 +31,7 @@ log = logging.getLogger("crihook.hooks.gpu")
 
 PRIORITY = 200  # before rdma (210): the GPU decision is the one most likely to refuse a call
 _POD_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
-_OPTIONS = ("node", "inject", "deny_unallocated", "plugin_resources", "hami_core", "kubelet_pods_dir")
+_OPTIONS = ("node", "inject", "deny_unallocated", "plugin_resources", "hami_core", "kubelet_pods_dir", "cdi_spec_dirs")
 
 
 class PodDirs:
@@ -144,8 +145,10 @@ class GpuHook:
         checkpoint: CheckpointReader,
         pod_live: Callable[[str], bool],
         exists: Callable[[str], bool] = os.path.exists,
+        cdi: CdiIndex | None = None,
     ) -> None:
         self.opts = opts
+        self.cdi = cdi  # with inject = "cdi": the node's spec dirs, checked before a device is named
         self.gpus = gpus
         self.checkpoint = checkpoint
         self.pod_live = pod_live
@@ -173,7 +176,27 @@ class GpuHook:
                 f"{e} ({self.checkpoint.path}); can not tell which GPUs the device plugin handed out",
             ) from None
         pods = StorePods(self.store) if self.store is not None else None
-        return gpu_edit(ctx.pod, ctx.container, self.gpus, NodeView(cp, self.exists, self.pod_live, pods), self.opts)
+        edit = gpu_edit(ctx.pod, ctx.container, self.gpus, NodeView(cp, self.exists, self.pod_live, pods), self.opts)
+        if edit is not None and edit.add_cdi_devices and self.cdi is not None:
+            self._check_cdi(edit.add_cdi_devices)
+        return edit
+
+    def _check_cdi(self, names: Iterable[str]) -> None:
+        """Refuse, naming the GPU, the dirs and the fix, a CDI device no spec declares: the runtime
+        would fail the create with less to go on (1.7+), or start the container without it (1.6)."""
+        assert self.cdi is not None
+        scan = self.cdi.scan()
+        missing = [n for n in names if n not in scan.devices]
+        if not missing:
+            return
+        gpus = ", ".join(n.partition("=")[2] for n in missing)
+        skipped = f"; files skipped: {'; '.join(scan.problems)}" if scan.problems else ""
+        raise HookError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"GPU {gpus}: no CDI spec in {self.cdi.describe_dirs()} declares {', '.join(missing)} "
+            f"({len(scan.specs)} spec file(s) read{skipped}); generate the node's specs with `{GENERATE_FIX}`, "
+            "or set [hooks.gpu] cdi_spec_dirs to the runtime's cdi_spec_dirs",
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +205,7 @@ class Settings:
 
     opts: GpuOptions
     pods_dir: str | None  # None: the running kubelet's
+    cdi_spec_dirs: tuple[str, ...] = DEFAULT_SPEC_DIRS
 
 
 def parse_options(options: Mapping[str, Any], node: NodeConfig) -> Settings:
@@ -212,6 +236,11 @@ def parse_options(options: Mapping[str, Any], node: NodeConfig) -> Settings:
     if pods_dir is not None:
         _host_path(pods_dir, "kubelet_pods_dir")
         pods_dir = pods_dir.rstrip("/") or "/"
+    cdi_dirs = options.get("cdi_spec_dirs", list(DEFAULT_SPEC_DIRS))
+    if not isinstance(cdi_dirs, list) or not cdi_dirs:
+        raise ConfigError(f"cdi_spec_dirs must be a non-empty list of directories, not {cdi_dirs!r}")
+    for i, d in enumerate(cdi_dirs):
+        _host_path(d, f"cdi_spec_dirs[{i}]")
     opts = GpuOptions(
         inject=inject,
         deny_unallocated=deny,
@@ -219,7 +248,7 @@ def parse_options(options: Mapping[str, Any], node: NodeConfig) -> Settings:
         dev_root=node.dev_root.rstrip("/"),
         hami_core=HamiCore(**hami_in),
     )
-    return Settings(opts, pods_dir)
+    return Settings(opts, pods_dir, tuple(d.rstrip("/") or "/" for d in cdi_dirs))
 
 
 def _host_path(value: Any, key: str, optional: bool = False) -> None:
@@ -238,4 +267,5 @@ def factory(options: Mapping[str, Any]) -> GpuHook:
 
     gpus = GpuIndex(Nvml(node.nvml_library, node.sys_root.rstrip("/") or "/"))
     pod_dirs = PodDirs(settings.pods_dir, node.proc_root.rstrip("/") or "/")
-    return GpuHook(settings.opts, gpus, CheckpointReader(node.kubelet_checkpoint), pod_dirs)
+    cdi = CdiIndex(settings.cdi_spec_dirs) if settings.opts.inject == "cdi" else None
+    return GpuHook(settings.opts, gpus, CheckpointReader(node.kubelet_checkpoint), pod_dirs, cdi=cdi)

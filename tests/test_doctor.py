@@ -482,7 +482,7 @@ def test_broken_node_command_line(short_tmp: Path) -> None:
         },
         **{"hooks.remote": {"config_dir": str(short_tmp / "hookserver.d")}},
     )
-    rc, out = run_doctor(config, "--json")
+    rc, out = run_doctor(config, "--json", "--containerd-config", str(short_tmp / "none.toml"))
     assert rc == 1, out
     findings = {f["check"]: f for f in json.loads(out)}
     assert list(findings) == [
@@ -491,6 +491,7 @@ def test_broken_node_command_line(short_tmp: Path) -> None:
         "crihook socket",
         "kubelet",
         "NVIDIA driver",
+        "CDI",
         "device checkpoint",
         "state dir",
         "hook servers",
@@ -501,6 +502,7 @@ def test_broken_node_command_line(short_tmp: Path) -> None:
         "crihook socket": "fail",
         "kubelet": "warn",
         "NVIDIA driver": "fail",
+        "CDI": "ok",  # inject = "env+devices": nothing to fail
         "device checkpoint": "warn",
         "state dir": "warn",
         "hook servers": "ok",
@@ -549,7 +551,9 @@ def test_healthy_node(containerd: Any, short_tmp: Path) -> None:
     )
     try:
         wait_for_socket(listen, serve)
-        findings = doctor.diagnose(str(config), timeout=5.0, gpus=node_gpus([0, 1]))
+        findings = doctor.diagnose(
+            str(config), timeout=5.0, gpus=node_gpus([0, 1]), containerd_config=str(containerd.config_path)
+        )
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.communicate(timeout=30)
