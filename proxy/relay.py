@@ -4,9 +4,9 @@ Each kubelet connection is paired with one containerd connection and frames are 
 as they are: the connection preface, SETTINGS, PING, GOAWAY, WINDOW_UPDATE and header blocks pass
 verbatim, so both ends negotiate with each other and their HPACK contexts stay in step. The relay
 reads only what it must: frame headers, and each header block through `Follower` to learn a new
-stream's `:path` and a finished stream's `grpc-status`. Deadlines (`grpc-timeout`), status codes,
-messages and error details are bytes it never touches; unknown methods and streaming calls need no
-special case.
+stream's `:path` (and, for a call the interceptor may rewrite, its `grpc-timeout`, the deadline hooks
+get) and a finished stream's `grpc-status`. Deadlines, status codes, messages and error details are
+bytes it never changes; unknown methods and streaming calls need no special case.
 
 A method the interceptor claims is handled per stream:
 - observed: forwarded as it goes, with copies of the request and response messages for the
