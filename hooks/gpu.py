@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -82,16 +84,33 @@ class PodDirs:
         return True
 
 
+CLAIM_SECONDS = 30.0  # a container the hook let through is in the store long before this
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A container the hook let through, which the store shows only once the runtime has created
+    it: kubelet creates containers of different pods at the same time."""
+
+    at: float
+    pod_uid: str
+    container: str
+    allocated: bool
+    minors: frozenset[int]
+
+
 class StorePods:
     """The gpu hook's view of crihook's store (proxy.store.Store, duck-typed: hooks sit below the
-    proxy): pod records carry the annotations kubelet sent at RunPodSandbox, container records
-    their sandbox id and name. Built once per CreateContainer, on the first question; the store's
-    dicts are copied in one step each, so the event loop changing them meanwhile does no harm."""
+    proxy) and of the containers it let through that the store does not show yet: pod records
+    carry the annotations kubelet sent at RunPodSandbox, container records their sandbox id and
+    name. Built once per CreateContainer, on the first question; the store's dicts are copied in
+    one step each, so the event loop changing them meanwhile does no harm."""
 
     _parsed: dict[str, tuple[bool, frozenset[int]]] = {}  # annotation text -> allocation, shared
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, claims: Iterable[Claim] = ()) -> None:
         self.store = store
+        self.claims = claims
         self._seen: dict[str, SeenPod] | None = None
 
     def _snapshot(self) -> dict[str, SeenPod]:
@@ -107,6 +126,9 @@ class StorePods:
                 if earlier is not None:
                     containers |= earlier.containers
                 seen[p.uid] = SeenPod(allocated, minors, containers)
+            for c in self.claims:
+                was = seen.get(c.pod_uid, SeenPod(c.allocated, c.minors))
+                seen[c.pod_uid] = SeenPod(was.allocated, was.minors, was.containers | {c.container})
             self._seen = seen
         return self._seen
 
@@ -154,6 +176,9 @@ class GpuHook:
         self.pod_live = pod_live
         self.exists = exists
         self.store: Any = None  # crihook's store, once the daemon has it (attach_store)
+        self.clock: Callable[[], float] = time.monotonic
+        self._claims: list[Claim] = []  # guarded by _lock, which also orders the decisions
+        self._lock = threading.Lock()
 
     def attach_store(self, store: Any) -> None:
         self.store = store
@@ -175,8 +200,21 @@ class GpuHook:
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"{e} ({self.checkpoint.path}); can not tell which GPUs the device plugin handed out",
             ) from None
-        pods = StorePods(self.store) if self.store is not None else None
-        edit = gpu_edit(ctx.pod, ctx.container, self.gpus, NodeView(cp, self.exists, self.pod_live, pods), self.opts)
+        if self.store is None:
+            return self._decide(ctx, NodeView(cp, self.exists, self.pod_live))
+        # One decision at a time, each seeing the containers the ones before it let through: two
+        # containers created at once can not both be given one GPU (a placed pod's and a plugin pod's).
+        with self._lock:
+            now = self.clock()
+            self._claims = [c for c in self._claims if now - c.at < CLAIM_SECONDS]
+            edit = self._decide(ctx, NodeView(cp, self.exists, self.pod_live, StorePods(self.store, self._claims)))
+            allocated, minors = StorePods._allocation(ctx.pod.annotations.get(al.DEVICE_ALLOCATED))
+            self._claims.append(Claim(now, ctx.pod.uid, ctx.container.name, allocated, minors))
+        return edit
+
+    def _decide(self, ctx: HookContext, node: NodeView) -> Edit | None:
+        assert ctx.container is not None
+        edit = gpu_edit(ctx.pod, ctx.container, self.gpus, node, self.opts)
         if edit is not None and edit.add_cdi_devices and self.cdi is not None:
             self._check_cdi(edit.add_cdi_devices)
         return edit

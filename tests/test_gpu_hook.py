@@ -395,3 +395,33 @@ def test_hook_with_the_store_ignores_phantoms_and_guards_plugin_pods(node: Node,
         f"the device plugin gave this container GPU minor 2 ({BOX[0].uuid}), which live pod {OTHER_UID} uses as "
         "the scheduler placed it; it can start once that pod is gone"
     )
+
+
+def test_containers_created_at_once_can_not_share_a_gpu(node: Node, tmp_path: Path) -> None:
+    """Kubelet creates containers of different pods at the same time; the store shows a container
+    only once the runtime created it. The hook remembers what it let through meanwhile."""
+    from crihook.proxy.store import PodRecord, Store
+
+    store = Store(tmp_path / "state")
+    store.pods["s1"] = PodRecord("s1", "placed", "ml", POD_UID, annotations=allocated(2))
+    store.pods["s2"] = PodRecord("s2", "bound", "ml", OTHER_UID)
+    # the plugin gave the placed pod minor 5 (a phantom) and the spec.nodeName pod minor 2
+    write_checkpoint(
+        node.checkpoint,
+        [
+            Entry(POD_UID, "cuda", [BOX[3].uuid], resp=nvidia_plugin_resp(BOX[3:4])),
+            Entry(OTHER_UID, "cuda", [BOX[0].uuid], resp=nvidia_plugin_resp(BOX[:1])),
+        ],
+    )
+    node.pod_dir(POD_UID)
+    node.pod_dir(OTHER_UID)
+    hook = node.hook()
+    hook.attach_store(store)
+    now = [100.0]
+    hook.clock = lambda: now[0]
+    edit = handle(hook, pod(allocated(2)))  # let through; its CreateContainer is still on its way
+    assert edit is not None and edit.env["NVIDIA_VISIBLE_DEVICES"] == BOX[0].uuid
+    err = refusal(hook, pod(uid=OTHER_UID))
+    assert err.code == grpc.StatusCode.FAILED_PRECONDITION and f"which live pod {POD_UID} uses" in err.reason
+    now[0] += 31  # the claim lapses; the store never showed the container (a later hook refused it)
+    assert handle(hook, pod(uid=OTHER_UID)) is None  # the plugin's allocation stands
