@@ -1,6 +1,6 @@
 """What the gpu hook adds to one CreateContainer, with the NVML cache warm.
 
-    .venv/bin/python bench/gpu_hook_bench.py [--calls 5000] [--checkpoint-pods 200]
+    .venv/bin/python bench/gpu_hook_bench.py [--calls 5000] [--checkpoint-pods 200] [--beside-plugin]
 
 The node: the fake NVML library with the 8-GPU NVSwitch topology (crihook/simnode/topologies/dgx-h100.json),
 device nodes and a kubelet checkpoint in a temporary directory, the checkpoint holding
@@ -8,6 +8,10 @@ device nodes and a kubelet checkpoint in a temporary directory, the checkpoint h
 conflict check reads every entry). The hook is the registered entry point, built as `crihook serve`
 builds it. Three containers: one given all 8 GPUs by the scheduler, one given a shared GPU under
 HAMi-core, and one given none (it gets NVIDIA_VISIBLE_DEVICES=void).
+
+`--beside-plugin`: as on a node running NVIDIA's device plugin, crihook's store is attached (the
+other pods started, each with a container) and every GPU the pods below ask for is also the plugin
+GPU of another pod the scheduler placed (a phantom the conflict rule has to see through).
 
 Prints µs per call (p50, p99) two ways: `handle()` called directly, and a whole hook-chain run of
 the installed hooks (gpu, rdma, remote with no servers), which adds the worker-thread hand-off the
@@ -38,6 +42,8 @@ from crihook import allocation as al
 from crihook.config import HooksConfig, NodeConfig
 from crihook.hooks.base import ContainerInfo, Device, HookContext, PodInfo, Stage
 from crihook.hooks.chain import build_chain, discover_factories
+from crihook.proxy.serve import attach_store
+from crihook.proxy.store import ContainerRecord, PodRecord, Store
 from crihook.simnode import fakenvml
 from crihook.simnode.node import make_dev_root
 
@@ -68,6 +74,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=5000)
     ap.add_argument("--checkpoint-pods", type=int, default=200)
+    ap.add_argument("--beside-plugin", action="store_true", help="store attached, chosen GPUs held by phantoms")
     args = ap.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="gpu-hook-bench-"))
@@ -81,6 +88,8 @@ def main() -> None:
     checkpoint = root / "kubelet" / "device-plugins" / "kubelet_internal_checkpoint"
     (root / "kubelet" / "pods").mkdir(parents=True)
     others = [Entry(f"pod-{i:04d}", "main", [f"GPU-elsewhere-{i}"]) for i in range(args.checkpoint_pods)]
+    if args.beside_plugin:
+        others += [Entry(f"placed-{g['minor']}", "main", [g["uuid"]]) for g in gpus]
     write_checkpoint(checkpoint, others)
     node = NodeConfig(
         dev_root=str(dev),
@@ -113,8 +122,18 @@ def main() -> None:
         "no GPU (void)": PodInfo("web", "default", "uid-web"),
     }
     chain = build_chain(HooksConfig(allowed_host_paths=("{dev_root}/*", "/usr/local/vgpu/*", "/tmp/vgpulock")), node)
+    if args.beside_plugin:
+        store = Store(root / "state")
+        started = [(e.pod_uid, {}) for e in others if e.pod_uid.startswith("pod-")]
+        started += [(f"placed-{g['minor']}", {al.DEVICE_ALLOCATED: whole}) for g in gpus]
+        for i, (uid, annotations) in enumerate(started):
+            store.pods[f"s{i}"] = PodRecord(f"s{i}", uid, "default", uid, annotations=annotations)
+            store.containers[f"c{i}"] = ContainerRecord(f"c{i}", f"s{i}", "main")
+        hook.attach_store(store)
+        attach_store(chain, store)
 
-    print(f"node: fake NVML {TOPOLOGY} ({len(gpus)} GPUs), checkpoint with {args.checkpoint_pods} other pods")
+    beside = ", beside the device plugin (store attached, chosen GPUs held by phantoms)" if args.beside_plugin else ""
+    print(f"node: fake NVML {TOPOLOGY} ({len(gpus)} GPUs), checkpoint with {args.checkpoint_pods} other pods{beside}")
     print(f"hooks in the chain: {', '.join(r.hook.name for r in chain.hooks)}; {args.calls} calls per row\n")
     for label, pod in cases.items():
         ctx = HookContext(Stage.PRE_CREATE_CONTAINER, pod, image_like)

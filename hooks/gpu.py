@@ -111,26 +111,36 @@ class StorePods:
     def __init__(self, store: Any, claims: Iterable[Claim] = ()) -> None:
         self.store = store
         self.claims = claims
-        self._seen: dict[str, SeenPod] | None = None
+        self._index: tuple[dict[str, list[Any]], dict[str, set[str]], dict[str, list[Claim]]] | None = None
+        self._seen: dict[str, SeenPod | None] = {}
 
-    def _snapshot(self) -> dict[str, SeenPod]:
-        if self._seen is None:
+    def _indexed(self) -> tuple[dict[str, list[Any]], dict[str, set[str]], dict[str, list[Claim]]]:
+        """Pod records by UID, container names by sandbox id, claims by UID: one pass each."""
+        if self._index is None:
+            pods: dict[str, list[Any]] = {}
+            for p in list(self.store.pods.values()):
+                pods.setdefault(p.uid, []).append(p)  # a pod whose sandbox was recreated has several
             names: dict[str, set[str]] = {}
             for c in list(self.store.containers.values()):
                 names.setdefault(c.pod_id, set()).add(c.name)
-            seen: dict[str, SeenPod] = {}
-            for p in list(self.store.pods.values()):
-                allocated, minors = self._allocation(p.annotations.get(al.DEVICE_ALLOCATED))
-                earlier = seen.get(p.uid)  # a pod whose sandbox was recreated has several
-                containers = frozenset(names.get(p.id, ()))
-                if earlier is not None:
-                    containers |= earlier.containers
-                seen[p.uid] = SeenPod(allocated, minors, containers)
-            for c in self.claims:
-                was = seen.get(c.pod_uid, SeenPod(c.allocated, c.minors))
-                seen[c.pod_uid] = SeenPod(was.allocated, was.minors, was.containers | {c.container})
-            self._seen = seen
-        return self._seen
+            claims: dict[str, list[Claim]] = {}
+            for claim in self.claims:
+                claims.setdefault(claim.pod_uid, []).append(claim)
+            self._index = pods, names, claims
+        return self._index
+
+    def get(self, uid: str) -> SeenPod | None:
+        if uid not in self._seen:
+            pods, names, claims = self._indexed()
+            records, lets = pods.get(uid, ()), claims.get(uid, ())
+            if not records and not lets:
+                self._seen[uid] = None
+            else:
+                text = records[0].annotations.get(al.DEVICE_ALLOCATED) if records else None
+                allocated, minors = self._allocation(text) if records else (lets[0].allocated, lets[0].minors)
+                containers = {n for r in records for n in names.get(r.id, ())} | {c.container for c in lets}
+                self._seen[uid] = SeenPod(allocated, minors, frozenset(containers))
+        return self._seen[uid]
 
     @classmethod
     def _allocation(cls, text: str | None) -> tuple[bool, frozenset[int]]:
@@ -148,11 +158,10 @@ class StorePods:
             cls._parsed[text] = hit
         return hit
 
-    def get(self, uid: str) -> SeenPod | None:
-        return self._snapshot().get(uid)
-
     def allocated(self) -> Iterable[tuple[str, SeenPod]]:
-        return [(uid, p) for uid, p in self._snapshot().items() if p.allocated]
+        pods, _, claims = self._indexed()
+        seen = ((uid, self.get(uid)) for uid in {*pods, *claims})
+        return [(uid, p) for uid, p in seen if p is not None and p.allocated]
 
 
 class GpuHook:
@@ -177,7 +186,7 @@ class GpuHook:
         self.exists = exists
         self.store: Any = None  # crihook's store, once the daemon has it (attach_store)
         self.clock: Callable[[], float] = time.monotonic
-        self._claims: list[Claim] = []  # guarded by _lock, which also orders the decisions
+        self._claims: dict[tuple[str, str], Claim] = {}  # (pod uid, container); guarded by _lock
         self._lock = threading.Lock()
 
     def attach_store(self, store: Any) -> None:
@@ -206,10 +215,12 @@ class GpuHook:
         # containers created at once can not both be given one GPU (a placed pod's and a plugin pod's).
         with self._lock:
             now = self.clock()
-            self._claims = [c for c in self._claims if now - c.at < CLAIM_SECONDS]
-            edit = self._decide(ctx, NodeView(cp, self.exists, self.pod_live, StorePods(self.store, self._claims)))
+            self._claims = {k: c for k, c in self._claims.items() if now - c.at < CLAIM_SECONDS}
+            pods = StorePods(self.store, self._claims.values())
+            edit = self._decide(ctx, NodeView(cp, self.exists, self.pod_live, pods))
             allocated, minors = StorePods._allocation(ctx.pod.annotations.get(al.DEVICE_ALLOCATED))
-            self._claims.append(Claim(now, ctx.pod.uid, ctx.container.name, allocated, minors))
+            key = (ctx.pod.uid, ctx.container.name)
+            self._claims[key] = Claim(now, *key, allocated, minors)
         return edit
 
     def _decide(self, ctx: HookContext, node: NodeView) -> Edit | None:
