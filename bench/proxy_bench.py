@@ -2,9 +2,10 @@
 straight and through crihook (and through a bare grpc-aio forwarder, the design we did not pick),
 with targets interleaved call by call so machine noise hits all of them alike.
 
-    python bench/proxy_bench.py [--rounds 2000] [--seconds 2] [--pods 20]
+    python bench/proxy_bench.py [--runtime 1.6|1.7|2] [--rounds 2000] [--seconds 2] [--pods 20]
 
-Needs root, containerd and runc (the test suite's private containerd is started and stopped here).
+Needs root, containerd and runc (the test suite's private containerd is started and stopped here);
+`--runtime 1.7` or `2` runs Debian trixie's or sid's containerd as fetched by tests/runtimes.sh.
 Prints p50/p99 latency added per method, pod start latency, throughput at 1/16/64 concurrent
 callers as a ratio of direct, and crihook's resident memory.
 """
@@ -28,7 +29,7 @@ import grpc
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from containerd import running_containerd  # noqa: E402
+from containerd import RUNTIMES, running_containerd, runtime  # noqa: E402
 from cri import container_config, pod_config  # noqa: E402
 
 from crihook.proto import runtime_v1_pb2 as api  # noqa: E402
@@ -146,8 +147,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2000)
     ap.add_argument("--seconds", type=float, default=2.0, help="per throughput slice")
     ap.add_argument("--pods", type=int, default=20, help="pod starts per target")
+    ap.add_argument("--runtime", choices=RUNTIMES, default="1.6", help="containerd release (default %(default)s)")
     args = ap.parse_args()
-    with running_containerd() as ctrd, tempfile.TemporaryDirectory() as tmp, daemons(Path(tmp), str(ctrd.socket)) as t:
+    rt = runtime(args.runtime)
+    if (why := rt.unavailable()) is not None:
+        raise SystemExit(why)
+    print(f"containerd {rt.name}: {rt.package_version()} (Debian {rt.suite})", flush=True)
+    with (
+        running_containerd(runtime=rt) as ctrd,
+        tempfile.TemporaryDirectory() as tmp,
+        daemons(Path(tmp), str(ctrd.socket)) as t,
+    ):
         chans = {name: grpc.insecure_channel(f"unix://{sock}", options=LIMITS) for name, (sock, _) in t.items()}
 
         def caller(service: str, method: str, request: object) -> dict[str, Callable[[], object]]:
