@@ -314,30 +314,34 @@ class Extender:
         try:
             pod = pod_from_json(pod_json)
             with self.lock:
-                req = self.plugin.pre_filter(pod)
+                plugin = self.plugin  # this term's allocator: a new term brings a new one
+                req = plugin.pre_filter(pod)
                 if req.wants_devices:
-                    alloc = self.plugin.reserve(req, node)
-                    annotations = self.plugin.pre_bind(req, alloc)
-                    memory = self.plugin.gpu_memory(node)
+                    alloc = plugin.reserve(req, node)
+                    annotations = plugin.pre_bind(req, alloc)
+                    memory = plugin.gpu_memory(node)
                 else:
                     annotations = {}
         except (PodError, RequestError, Unschedulable) as e:
             return str(e)
-        reserved = req.wants_devices
+
+        def undo(error: str) -> str:
+            if req.wants_devices:
+                with self.lock:
+                    plugin.unreserve(req.uid)
+            return error
+
         try:
-            if reserved and alloc.gpus:
+            if req.wants_devices and alloc.gpus:
                 # this replica's memory may be behind the API server (a failover, a pause, a slow
                 # watch): the GPUs must also be free among the node's pods as the API server has them
                 clash = fence.collision(uid, alloc.gpus, self.api.node_pods(node), lambda m: memory.get(m, 0))
                 if clash:
-                    with self.lock:
-                        self.plugin.unreserve(req.uid)
-                    return f"pod {key} on node {node}: {clash}; not binding on a stale view"
-            if not self.may_write():
-                if reserved:
-                    with self.lock:
-                        self.plugin.unreserve(req.uid)
-                return NOT_LEADER
+                    return undo(f"pod {key} on node {node}: {clash}; not binding on a stale view")
+            if not self.may_write() or self.plugin is not plugin:
+                # the Lease is lost, or lost and won again: a new term's allocator knows nothing of
+                # this reservation and may hand its GPUs to another pod
+                return undo(NOT_LEADER)
             rv = str(meta.get("resourceVersion") or "")
             if annotations:
                 rv = self.api.annotate_pod(ns, name, uid, annotations, rv)
@@ -345,15 +349,9 @@ class Extender:
         except ApiFailure as e:
             if e.code == 409 and self._bound_to(ns, name, uid, node):
                 return ""  # a concurrent duplicate of this bind won
-            if reserved:
-                with self.lock:
-                    self.plugin.unreserve(req.uid)
-            return f"pod {key} on node {node}: {e}"
+            return undo(f"pod {key} on node {node}: {e}")
         except Exception as e:  # the reservation must not outlive a failed bind, whatever failed
-            if reserved:
-                with self.lock:
-                    self.plugin.unreserve(req.uid)
-            return f"pod {key} on node {node}: {type(e).__name__}: {e}"
+            return undo(f"pod {key} on node {node}: {type(e).__name__}: {e}")
         return ""
 
     def _bound_to(self, ns: str, name: str, uid: str, node: str) -> bool:

@@ -167,6 +167,53 @@ def test_binding(core: client.CoreV1Api, kube: FakeKube) -> None:
     assert e.value.status == 422
 
 
+def test_binding_resource_version_is_a_precondition(core: client.CoreV1Api, kube: FakeKube) -> None:
+    # BindingREST.setPodHostAndAnnotations checks metadata.uid and metadata.resourceVersion of the
+    # Binding against the pod, and merges the Binding's annotations into it
+    created = core.create_namespaced_pod("default", pod("p"))
+    read_rv = created.metadata.resource_version
+    kube.patch("pods", "p", {"metadata": {"labels": {"changed": "yes"}}}, "default")
+    target = client.V1ObjectReference(kind="Node", name="n1", api_version="v1")
+    stale = client.V1Binding(
+        metadata=client.V1ObjectMeta(name="p", uid=created.metadata.uid, resource_version=read_rv), target=target
+    )
+    with pytest.raises(ApiException) as e:
+        core.create_namespaced_pod_binding("p", "default", stale, _preload_content=False)
+    assert e.value.status == 409
+    assert "Precondition failed: ResourceVersion in precondition" in status_of(e.value)["message"]
+    assert not kube.get("pods", "p", "default")["spec"].get("nodeName")
+    fresh = client.V1Binding(
+        metadata=client.V1ObjectMeta(
+            name="p",
+            uid=created.metadata.uid,
+            resource_version=kube.get("pods", "p", "default")["metadata"]["resourceVersion"],
+            annotations={"a": "1"},
+        ),
+        target=target,
+    )
+    core.create_namespaced_pod_binding("p", "default", fresh, _preload_content=False)
+    bound = kube.get("pods", "p", "default")
+    assert bound["spec"]["nodeName"] == "n1" and bound["metadata"]["annotations"] == {"a": "1"}
+
+
+def test_watch_resumes_after_the_version_it_saw(core: client.CoreV1Api, kube: FakeKube) -> None:
+    """A watcher whose stream broke resumes from the last resourceVersion it saw and gets exactly
+    what came after (the watch cache's getAllEventsSinceLocked); once that is out of the history it
+    gets 410 (test_watch_too_old_gets_410)."""
+    core.create_namespaced_pod("default", pod("p"))
+    seen = core.patch_namespaced_pod("p", "default", {"metadata": {"labels": {"step": "1"}}}).metadata.resource_version
+    core.patch_namespaced_pod("p", "default", {"metadata": {"labels": {"step": "2"}}})
+    core.delete_namespaced_pod("p", "default")
+    resp = core.list_pod_for_all_namespaces(
+        watch=True, resource_version=seen, timeout_seconds=1, _preload_content=False
+    )
+    events = [json.loads(line) for line in resp.data.splitlines() if line.strip()]
+    assert [(e["type"], e["object"]["metadata"].get("labels")) for e in events] == [
+        ("MODIFIED", {"step": "2"}),
+        ("DELETED", {"step": "2"}),
+    ]
+
+
 def test_selectors(core: client.CoreV1Api) -> None:
     core.create_namespaced_pod("a", pod("p1", "a", app="x", tier="web"))
     core.create_namespaced_pod("b", pod("p2", "b", app="y"))
