@@ -162,8 +162,7 @@ def format_device_allocated(allocs: DeviceAllocations) -> str:
             item: dict[str, Any] = {"minor": a.minor}
             if a.resources:
                 item["resources"] = {
-                    k: quantity.format_bytes(v) if k == GPU_MEMORY else str(v)
-                    for k, v in sorted(a.resources.items())
+                    k: quantity.format_bytes(v) if k == GPU_MEMORY else str(v) for k, v in sorted(a.resources.items())
                 }
             if a.id:
                 item["id"] = a.id
@@ -229,9 +228,7 @@ def format_container_devices(assignment: Mapping[str, Mapping[str, tuple[int, ..
     )
 
 
-def allocated_to(
-    annotations: Mapping[str, str], container: str, dtype: str
-) -> tuple[DeviceAllocation, ...] | None:
+def allocated_to(annotations: Mapping[str, str], container: str, dtype: str) -> tuple[DeviceAllocation, ...] | None:
     """The `dtype` devices the scheduler gave to one container of a pod, or None when it gave the
     pod none of that type (then the scheduler has no say over the pod's containers).
 

@@ -357,6 +357,16 @@ SCHEDULER_SECONDS = Histogram(
     "Time `crihook scheduler` took to answer an extender verb or admission review, by path.",
     ("path",),
 )
+SCHEDULER_LEADER = Gauge(
+    "crihook_scheduler_leader",
+    "1 while this `crihook scheduler` replica holds the leader Lease (its term runs), else 0.",
+)
+SCHEDULER_BINDS_REFUSED = Counter(
+    "crihook_scheduler_binds_refused_total",
+    "Binds refused for safety, by reason: not_leader (no valid Lease), stale_view (the GPUs are already held "
+    "by pods on the API server that this replica's memory did not know).",
+    ("reason",),
+)
 SCHEDULER_TLS_RELOADS = Counter(
     "crihook_scheduler_tls_reloads_total",
     "Times `crihook scheduler` loaded changed certificate files (a rotated Secret) without a restart.",

@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from crihook import metrics
 from crihook.scheduler import fence, preempt
 from crihook.scheduler.plugin import DeviceShare, Unschedulable
 from crihook.scheduler.pod import PodError, pod_from_json
@@ -284,6 +285,7 @@ class Extender:
         if self.api is None:
             return {"Error": "crihook scheduler has no API server connection to bind with"}
         if not self.may_write():
+            metrics.SCHEDULER_BINDS_REFUSED.inc("not_leader")
             return {"Error": NOT_LEADER}
         if not self.ready():
             return {"Error": "crihook scheduler is not ready: the cluster cache is still loading"}
@@ -310,6 +312,7 @@ class Extender:
             # a retry of a bind that went through, or a pod someone else bound
             return "" if bound == node else f"pod {key} is already bound to node {bound}"
         if not self.may_write():
+            metrics.SCHEDULER_BINDS_REFUSED.inc("not_leader")
             return NOT_LEADER
         try:
             pod = pod_from_json(pod_json)
@@ -337,10 +340,12 @@ class Extender:
                 # watch): the GPUs must also be free among the node's pods as the API server has them
                 clash = fence.collision(uid, alloc.gpus, self.api.node_pods(node), lambda m: memory.get(m, 0))
                 if clash:
+                    metrics.SCHEDULER_BINDS_REFUSED.inc("stale_view")
                     return undo(f"pod {key} on node {node}: {clash}; not binding on a stale view")
             if not self.may_write() or self.plugin is not plugin:
                 # the Lease is lost, or lost and won again: a new term's allocator knows nothing of
                 # this reservation and may hand its GPUs to another pod
+                metrics.SCHEDULER_BINDS_REFUSED.inc("not_leader")
                 return undo(NOT_LEADER)
             rv = str(meta.get("resourceVersion") or "")
             if annotations:

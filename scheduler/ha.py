@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from crihook import metrics
 from crihook.scheduler.cache import ClusterCache
 from crihook.scheduler.extender import Extender
 from crihook.scheduler.leader import Elector, KubeLeaseApi, LeaseTiming
@@ -78,11 +79,13 @@ class Replica:
         with self._guard:
             self.cache = cache
         cache.start()
+        metrics.SCHEDULER_LEADER.set(1)
         log.info("term started: rebuilding the cluster state from the API server")
 
     def _end(self) -> None:
         with self._guard:
             cache, self.cache = self.cache, None
+        metrics.SCHEDULER_LEADER.set(0)
         if cache is not None:
             cache.stop()
             log.info("term ended")

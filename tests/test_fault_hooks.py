@@ -175,6 +175,7 @@ def test_many_hanging_hooks_do_not_starve_healthy_pods(faulty: Crihook, client: 
     not freed by its timeout)."""
     pod = pod_config("many-hangs")
     pod_id = client.run_pod(pod)
+
     def create_hanging(i: int) -> None:
         config = container_config(f"slow{i}", pod, annotations={"crihook.test/faultignore": "hang"})
         with contextlib.suppress(CriError):  # what these calls get is not the point here

@@ -29,9 +29,11 @@ from crihook.proto import deviceplugin_v1beta1_pb2 as dp
 KUBELET_128 = (
     b'{"Data":{"PodDeviceEntries":[{"PodUID":"0f4c3d1e-5a7b-4c2d-9e8f-1a2b3c4d5e6f","ContainerName":"cuda",'
     b'"ResourceName":"nvidia.com/gpu","DeviceIDs":{"0":["GPU-aaaa"],"1":["GPU-bbbb"]},'
-    b'"AllocResp":"' + base64.b64encode(
+    b'"AllocResp":"'
+    + base64.b64encode(
         dp.ContainerAllocateResponse(envs={"NVIDIA_VISIBLE_DEVICES": "GPU-aaaa,GPU-bbbb"}).SerializeToString()
-    ) + b'"}],"RegisteredDevices":{"nvidia.com/gpu":["GPU-aaaa","GPU-bbbb"]}},"Checksum":3854436589}'
+    )
+    + b'"}],"RegisteredDevices":{"nvidia.com/gpu":["GPU-aaaa","GPU-bbbb"]}},"Checksum":3854436589}'
 )
 
 
@@ -77,8 +79,14 @@ def test_unknown_keys_and_go_nulls() -> None:
     doc = {
         "Data": {
             "PodDeviceEntries": [
-                {"PodUID": "p", "ContainerName": "c", "ResourceName": "r", "DeviceIDs": None, "AllocResp": None,
-                 "Future": 1},
+                {
+                    "PodUID": "p",
+                    "ContainerName": "c",
+                    "ResourceName": "r",
+                    "DeviceIDs": None,
+                    "AllocResp": None,
+                    "Future": 1,
+                },
             ],
             "RegisteredDevices": None,
             "NewInKubelet2": {"x": 1},

@@ -237,6 +237,8 @@ def test_crihook_metrics_exposition() -> None:
         "crihook_hook_failures_total": "counter",
         "crihook_store_objects": "gauge",
         "crihook_reporter_writes_total": "counter",
+        "crihook_scheduler_leader": "gauge",
+        "crihook_scheduler_binds_refused_total": "counter",
     }
     assert {n: f["type"] for n, f in fams.items() if n in expected} == expected
     assert metrics.CRI_CALLS.labels == ("method", "code")

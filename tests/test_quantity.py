@@ -117,8 +117,17 @@ def test_to_int_rounds_up(value: str, expected: int) -> None:
 
 @pytest.mark.parametrize(
     ("n", "text"),
-    [(0, "0"), (1, "1"), (1023, "1023"), (1024, "1Ki"), (1536, "1536"), (23034 * 2**20, "23034Mi"),
-     (16 * 2**30, "16Gi"), (2**60, "1Ei"), (3 * 2**61, "6Ei")],
+    [
+        (0, "0"),
+        (1, "1"),
+        (1023, "1023"),
+        (1024, "1Ki"),
+        (1536, "1536"),
+        (23034 * 2**20, "23034Mi"),
+        (16 * 2**30, "16Gi"),
+        (2**60, "1Ei"),
+        (3 * 2**61, "6Ei"),
+    ],
 )
 def test_format_bytes(n: int, text: str) -> None:
     assert quantity.format_bytes(n) == text

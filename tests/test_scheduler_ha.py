@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 from bindrun import SHAPES, audit, cluster, start_scheduler
 from fakekube import MICRO_TIME, FakeKube
-from harun import Service, Timing, burst, make_pods, replicas, schedule, time_to_ready, wait_leader
+from harun import Replica, Service, Timing, burst, get, make_pods, replicas, schedule, time_to_ready, wait_leader
 
+from crihook import metrics
 from crihook.scheduler.extender import ApiFailure
 from crihook.scheduler.leader import Elector, KubeLeaseApi, LeaseTiming
 
@@ -163,10 +164,12 @@ def test_a_bind_on_a_stale_view_is_refused_by_the_api_servers_pods(caplog: pytes
                 _bind_elsewhere(kube, pod, "gpu-node-00", [i])
             late = make_pods(kube, 1, {"nvidia.com/gpu": "1"}, prefix="late")[0]
             m = late["metadata"]
+            refused = metrics.SCHEDULER_BINDS_REFUSED.value("stale_view")
             answer = sched.ext.bind(
                 {"PodName": m["name"], "PodNamespace": "ha", "PodUID": m["uid"], "Node": "gpu-node-00"}
             )
             assert "already held by ha/other" in answer["Error"] and "stale view" in answer["Error"]
+            assert metrics.SCHEDULER_BINDS_REFUSED.value("stale_view") == refused + 1
             assert not kube.get("pods", m["name"], "ha")["spec"].get("nodeName")
             assert m["uid"] not in sched.plugin.held  # the reservation is undone
             assert audit(kube).clean
@@ -176,6 +179,13 @@ def test_a_bind_on_a_stale_view_is_refused_by_the_api_servers_pods(caplog: pytes
 
 
 # --- two real processes ---
+
+
+def scrape(rep: Replica) -> dict[str, float]:
+    """The replica's /metrics as {series: value}."""
+    text = get(rep.port, "/metrics", 5)[1].decode()
+    return {k: float(v) for k, v in (line.rsplit(" ", 1) for line in text.splitlines() if line and line[0] != "#")}
+
 
 FAST = Timing(duration=3, renew_deadline=2.0, retry_period=0.5)
 
@@ -237,6 +247,9 @@ def test_a_leader_paused_past_its_lease_is_refused_when_it_wakes_to_a_bind(tmp_p
         assert "Lease" in answer[0]["Error"]
         assert not kube.get("pods", m["name"], "ha")["spec"].get("nodeName")
         assert not leader.ready()
+        assert scrape(leader)["crihook_scheduler_leader"] == 0
+        assert scrape(leader)['crihook_scheduler_binds_refused_total{reason="not_leader"}'] >= 1
+        assert scrape(standby)["crihook_scheduler_leader"] == 1
         a = audit(kube)
         assert a.clean and len(a.held) == 8
 
