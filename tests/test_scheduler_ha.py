@@ -281,3 +281,32 @@ def test_a_replica_that_is_not_ready_sends_kept_alive_clients_back_to_the_servic
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_without_leader_election_one_replica_serves_from_the_start() -> None:
+    import argparse
+
+    from crihook.scheduler import ha, server
+    from crihook.scheduler.extender import Extender
+    from crihook.scheduler.plugin import DeviceShare
+
+    parser = argparse.ArgumentParser()
+    server.add_arguments(parser)
+    with cluster(1) as kube:
+        for argv, elects in ((["--no-leader-elect"], False), ([], True)):
+            args = parser.parse_args(argv)
+            ext = Extender(DeviceShare())
+            replica = ha.build(args, kube.api_client(), ext, DeviceShare)
+            assert (replica.elector is not None) == elects
+            replica.start()
+            try:
+                deadline = time.monotonic() + 20
+                while not replica.ready() and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                assert replica.ready() and "gpu-node-00" in ext.plugin.st.rows
+            finally:
+                replica.stop()
+            assert not replica.ready()
+        assert kube.get("leases", LEASE, NS)["spec"]["holderIdentity"] == ""  # released on stop
+    with pytest.raises(ValueError, match="duration > renew deadline"):
+        ha.build(parser.parse_args(["--renew-deadline", "9"]), None, Extender(DeviceShare()), DeviceShare)
