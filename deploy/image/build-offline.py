@@ -7,18 +7,22 @@ checkout and its dependencies' wheels from PyPI installed into a virtual environ
 
 The archive is cached under `$XDG_CACHE_HOME/crihook/image` (else ~/.cache/crihook/image) by a
 hash of its inputs (the files the wheel is built from, pyproject.toml, this script and the OCI
-writer), so a second build is a lookup. Prints the archive's path; `--ref` the reference it tags.
+writer), so a second build is a lookup; the Debian part with the dependencies is cached apart, by
+this script and pyproject.toml, so a change to crihook's code costs seconds, not minutes. Prints
+the archive's path; `--ref` the reference it tags.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import platform
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import tomllib
 from pathlib import Path
@@ -36,6 +40,7 @@ GLIBC_MINOR = 36  # bookworm's glibc 2.36
 PACKAGES = ("python3", "python3-venv", "passwd", "libstdc++6")
 VENV = "/opt/crihook"
 UID = 65532
+KEEP = 3  # archives (and bases) kept in the cache
 IMAGE_CONFIG = {
     "User": f"{UID}:{UID}",
     "Entrypoint": [f"{VENV}/bin/crihook"],
@@ -84,9 +89,8 @@ def build_wheel(out: Path) -> Path:
     return wheel
 
 
-def wheelhouse(out: Path) -> Path:
-    """crihook's wheel and every dependency's, for the image's Python rather than this one's."""
-    wheel = build_wheel(out)
+def download_dependencies(wheel: Path, out: Path) -> None:
+    """Every dependency's wheel into `out`, for the image's Python rather than this one's."""
     machine = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}[platform.machine()]
     py, abi = PYTHON_TAG
     target = ["--python-version", py, "--implementation", "cp", "--abi", abi, "--abi", "abi3", "--abi", "none"]
@@ -99,17 +103,18 @@ def wheelhouse(out: Path) -> Path:
         check=True,
         stdin=subprocess.DEVNULL,
     )
-    return out
 
 
-def rootfs(wheels: Path, out: Path) -> None:
-    """The image's file system as a tar: Debian from its packages, crihook installed into a venv
-    from `wheels` (no index), the unprivileged user, no apt lists or caches."""
+def base_rootfs(wheels: Path, out: Path) -> None:
+    """The image's file system without crihook, as a tar: Debian from its packages, a venv holding
+    crihook's dependencies (installed from `wheels` with crihook, which is then removed), the
+    unprivileged user, no apt lists or caches."""
+    pip = f'chroot "$1" env -i PATH=/usr/bin:/bin {VENV}/bin/pip'
     hooks = [
-        f'copy-in {wheels} /tmp',
+        f"copy-in {wheels} /tmp",
         f'chroot "$1" python3 -m venv {VENV}',
-        f'chroot "$1" env -i PATH=/usr/bin:/bin {VENV}/bin/pip install -q --no-index --no-cache-dir'
-        f' --find-links /tmp/{wheels.name} crihook',
+        f"{pip} install -q --no-index --no-cache-dir --find-links /tmp/{wheels.name} crihook",
+        f"{pip} uninstall -q -y crihook",
         f'chroot "$1" groupadd -g {UID} nonroot',
         f'chroot "$1" useradd -u {UID} -g {UID} -M -d /nonexistent -s /usr/sbin/nologin nonroot',
         f'rm -rf "$1"/tmp/{wheels.name} "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*',
@@ -124,14 +129,49 @@ def rootfs(wheels: Path, out: Path) -> None:
     subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL, env=env)
 
 
-def cache_key() -> str:
-    """A hash of everything the archive is built from."""
+def with_crihook(base: Path, wheel: Path, out: Path) -> None:
+    """`base` plus crihook installed into its venv: pip installs the pure-Python wheel into a
+    directory here, and the files join the base's in one layer, the script pointed at the venv's
+    Python (pip wrote this one's). Byte code is left to the image's Python."""
+    site = f"{VENV.lstrip('/')}/lib/python{PYTHON_TAG[0]}/site-packages"
+    with tempfile.TemporaryDirectory(prefix="crihook-install-") as tmp:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target", tmp, str(wheel)],
+            check=True,
+            stdin=subprocess.DEVNULL,
+        )
+        script = Path(tmp) / "bin" / "crihook"
+        lines = script.read_text().splitlines(keepends=True)
+        script.write_text(f"#!{VENV}/bin/python3\n" + "".join(lines[1:]))
+        with tarfile.open(base) as src, tarfile.open(out, "w") as dst:
+            for member in src:
+                dst.addfile(member, src.extractfile(member) if member.isfile() else None)
+            for path in sorted(Path(tmp).rglob("*")):
+                rel = path.relative_to(tmp)
+                name = f"{VENV.lstrip('/')}/{rel}" if rel.parts[0] == "bin" else f"{site}/{rel}"
+                info = dst.gettarinfo(str(path), f"./{name}")
+                info.uid = info.gid = 0
+                info.uname = info.gname = "root"
+                with open(path, "rb") if path.is_file() else contextlib.nullcontext() as f:
+                    dst.addfile(info, f)
+
+
+def _key(*paths: Path) -> str:
     key = hashlib.sha256()
-    inputs = [Path(__file__).resolve(), ROOT / "tests" / "containerd.py"]
-    inputs += [ROOT / p for p in sources() if p.parts[0] in PACKAGE_DIRS or p.name in ("pyproject.toml", "README.md")]
-    for path in inputs:
+    for path in paths:
         key.update(str(path.relative_to(ROOT)).encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
     return key.hexdigest()[:16]
+
+
+def base_key() -> str:
+    """What decides the base: this script (packages, layout) and the dependency list."""
+    return _key(Path(__file__).resolve(), ROOT / "pyproject.toml")
+
+
+def cache_key() -> str:
+    """A hash of everything the archive is built from: the base, crihook's sources, the OCI writer."""
+    files = [ROOT / p for p in sources() if p.parts[0] in PACKAGE_DIRS or p.name in ("pyproject.toml", "README.md")]
+    return _key(Path(__file__).resolve(), ROOT / "tests" / "containerd.py", *files)
 
 
 def cache_dir() -> Path:
@@ -139,8 +179,15 @@ def cache_dir() -> Path:
     return Path(base) / "crihook" / "image"
 
 
+def _keep_newest(cache: Path, pattern: str) -> None:
+    """Old builds go (each is hundreds of MB); a few stay for checkouts building side by side."""
+    for old in sorted(cache.glob(pattern), key=lambda p: p.stat().st_mtime, reverse=True)[KEEP:]:
+        old.unlink(missing_ok=True)
+
+
 def build(cache: Path | None = None) -> Path:
-    """The OCI archive for this checkout, built when its inputs changed."""
+    """The OCI archive for this checkout, built when its inputs changed; the Debian part and the
+    dependencies are built again only when this script or pyproject.toml changed."""
     from containerd import oci_archive
 
     cache = cache or cache_dir()
@@ -148,13 +195,22 @@ def build(cache: Path | None = None) -> Path:
     if archive.exists():
         return archive
     cache.mkdir(parents=True, exist_ok=True)
+    base = cache / f"base-{base_key()}.tar"
     with tempfile.TemporaryDirectory(prefix="crihook-image-", dir=cache) as tmp:
-        wheels = wheelhouse(Path(tmp) / "wheels")
+        wheels = Path(tmp) / "wheels"
+        wheel = build_wheel(wheels)
+        if not base.exists():
+            download_dependencies(wheel, wheels)
+            partial_base = Path(tmp) / base.name
+            base_rootfs(wheels, partial_base)
+            partial_base.replace(base)
+            _keep_newest(cache, "base-*.tar")
         layer = Path(tmp) / "rootfs.tar"
-        rootfs(wheels, layer)
+        with_crihook(base, wheel, layer)
         partial = Path(tmp) / archive.name
         partial.write_bytes(oci_archive(ref(), layer.read_bytes(), IMAGE_CONFIG))
         partial.replace(archive)
+    _keep_newest(cache, "crihook-*.oci.tar")
     return archive
 
 
