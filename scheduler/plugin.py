@@ -620,14 +620,23 @@ class DeviceShare:
         st = self.st
         present = np.arange(st.width) < st.ngpus[rows][:, None]
         usable = st.usable[rows] & present
+        sel = req.selectors
         refused = np.zeros(fits.shape, bool)
-        texts: list[dict[str, int]] = [{} for _ in names] if req.selectors else []
-        for i, r in enumerate(rows.tolist() if req.selectors else ()):
+        by_model: list[tuple[str, list[int]]] = []  # (reason, slots it refuses per node)
+        if sel.use_types or sel.nouse_types:  # per model, as Filter decides them
+            model = st.model[rows]
+            refused = usable & ~fits & ~self._models_allowed(sel)[model]
+            types = Selectors(sel.use_types, sel.nouse_types)
+            for m in np.unique(model[refused]).tolist():
+                why = str(types.refuses(st.model_names[m], ""))
+                by_model.append((why, (refused & (model == m)).sum(axis=1).tolist()))
+        texts: list[dict[str, int]] = [{} for _ in names] if sel.use_uuids or sel.nouse_uuids else []
+        for i, r in enumerate(rows.tolist() if texts else ()):
             nd = st.nodes[r]
             assert nd is not None
             for col, g in enumerate(nd.gpus):
-                why = req.selectors.refuses(g.model, g.uuid) if usable[i, col] and not fits[i, col] else None
-                if why:
+                why = sel.refuses(g.model, g.uuid) if usable[i, col] and not fits[i, col] else None
+                if why and not refused[i, col]:
                     refused[i, col] = True
                     texts[i][str(why)] = texts[i].get(str(why), 0) + 1
         rest = usable & ~refused & ~fits
@@ -657,7 +666,11 @@ class DeviceShare:
             elif req.count and not n_gpus:
                 out[name] = f"node {name} has no GPUs"
             elif n_fit < req.count:
-                key = (n_fit, n_gpus, sick, core, mem, tuple(sorted(texts[i].items())) if texts else ())
+                whys = dict(texts[i]) if texts else {}
+                for why, per in by_model:
+                    if per[i]:
+                        whys[why] = whys.get(why, 0) + per[i]
+                key = (n_fit, n_gpus, sick, core, mem, tuple(sorted(whys.items())))
                 tail = tails.get(key)
                 if tail is None:
                     why = {"unhealthy": sick, "not enough free GPU core": core, "not enough free GPU memory": mem}

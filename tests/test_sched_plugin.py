@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crihook.allocation import CONTAINER_DEVICES, DEVICE_ALLOCATED, parse_container_devices, parse_device_allocated
-from crihook.scheduler.devices import PCIE_LEVELS, DeviceError, node_from_device
+from crihook.scheduler.devices import PCIE_LEVELS, DeviceError, Gpu, NodeDevices, node_from_device
 from crihook.scheduler.plugin import DeviceShare, Unschedulable
 from crihook.scheduler.pod import pod_from_json
 
@@ -468,3 +468,19 @@ def test_a_malformed_plugin_held_list_names_the_field() -> None:
     bad = device("a", 2, annotations={"node.koordinator.sh/devices-checkpoints": '[{"podUID": 3}]'})
     with pytest.raises(DeviceError, match=r"devices-checkpoints'\]\[0\]: expected an object with podUID"):
         node_from_device(bad)
+
+
+def test_filter_reasons_count_refused_models_and_uuids_per_node() -> None:
+    """A node mixing models: the slots each selector refuses are counted under its own reason (the
+    type lists per model, the UUID lists per GPU), as Filter decided them."""
+    models = ("A100", "T4", "T4", "A100", "T4")
+    gpus = tuple(Gpu(minor=i, uuid=f"GPU-{i}", model=m, memory=16 << 30) for i, m in enumerate(models))
+    ds = DeviceShare()
+    ds.set_node(NodeDevices("m", gpus, cpu_milli=64_000, memory=1 << 40))
+    ann = {"nvidia.com/use-gputype": "t4", "nvidia.com/nouse-gpuuuid": "GPU-2,GPU-3"}
+    r = ds.pre_filter(pod("p", {"nvidia.com/gpu": "3"}, ann))
+    _, failed = ds.filter_nodes(r, ["m"])
+    assert failed["m"] == (
+        "node m: 2 of 5 GPUs can take a whole GPU, 3 needed "
+        "(1 GPU-2 is excluded by nvidia.com/nouse-gpuuuid; 2 model A100 is not in nvidia.com/use-gputype)"
+    )
