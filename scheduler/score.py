@@ -384,8 +384,8 @@ class Places:
         self.cnt = np.array([max(c, 1) for _, c, _ in parts], np.int64)
         self.part = np.full(table.shape[1], -1, np.int64)
         self.part[gpu] = [at[k] for k in keys]
-        pcts = np.array([p for p, _, _ in parts], np.int64)
-        self.div = np.arange(101)[:, None] // np.maximum(pcts, 1)  # (101, U): percent idle // share
+        pcts, self.pct_at = np.unique(np.array([p for p, _, _ in parts], np.int64), return_inverse=True)
+        self.div = np.arange(101)[:, None] // np.maximum(pcts, 1)  # (101, P): percent idle // share
         self.cpus, self.cpu_at = np.unique(table[0], return_inverse=True)
         self.mems, self.mem_at = np.unique(table[1], return_inverse=True)
         self.acc: np.ndarray | None = None  # (model id, U): the part's shapes accept the model
@@ -412,15 +412,28 @@ class Places:
             return np.full(gpu.shape[:-1] + self.part.shape, BIG)
         return np.where(self.part >= 0, np.take(gpu, np.maximum(self.part, 0), axis=-1), BIG)
 
-    def _room(self, left: np.ndarray, model: np.ndarray | None) -> np.ndarray:
-        """(..., U) shares of each part the slots (...) hold, 0 on models the part refuses."""
-        per = self.div[np.clip(left, 0, 100)]
+    def _slot(self, left: np.ndarray, model: np.ndarray | None) -> np.ndarray:
+        """(N, U) shares of each part that single slots (N,) hold, 0 on models the part refuses."""
+        per = np.take(self.div[np.clip(left, 0, 100)], self.pct_at, axis=-1)
         return per * self.acc[model] if self.acc is not None and model is not None else per
+
+    def _room(self, left: np.ndarray, model: np.ndarray | None) -> np.ndarray:
+        """(K, U) shares of each part the nodes' slots (K, G) hold together. Shares are counted
+        once per distinct percent; a node of one model takes or refuses all of its slots at once,
+        only nodes that mix models are counted slot by slot."""
+        if self.acc is not None and model is not None:
+            mixed = ((model != model[:, :1]) & (left > 0)).any(axis=1)
+            if mixed.any():
+                return (np.take(self.div[np.clip(left, 0, 100)], self.pct_at, axis=-1) * self.acc[model]).sum(axis=1)
+        room = np.take(self.div[np.clip(left, 0, 100)].sum(axis=1), self.pct_at, axis=-1)
+        if self.acc is not None and model is not None:
+            room = room * self.acc[model[:, 0]]
+        return room
 
     def count(self, cpu: np.ndarray, hmem: np.ndarray, left: np.ndarray, model: np.ndarray | None = None) -> np.ndarray:
         """(K, M) for K node states: CPU left (K,), memory left (K,), percent idle per slot (K, G),
         model id per slot (K, G)."""
-        gpu = self._room(left, model).sum(axis=1) // self.cnt
+        gpu = self._room(left, model) // self.cnt
         return np.minimum(self._host(cpu, hmem), self._by_shape(gpu))
 
     def count_options(
@@ -428,9 +441,9 @@ class Places:
     ) -> np.ndarray:
         """(N, M): the same after `pct` is taken from each option's slot (CPU and memory as given)."""
         k, g = opts
-        per = self._room(left, model)
         slot_model = None if model is None else model[k, g]
-        gpu = (per.sum(axis=1)[k] - per[k, g] + self._room(left[k, g] - pct, slot_model)) // self.cnt
+        moved = self._slot(left[k, g] - pct, slot_model) - self._slot(left[k, g], slot_model)
+        gpu = (self._room(left, model)[k] + moved) // self.cnt
         return np.minimum(self._host(cpu[k], hmem[k]), self._by_shape(gpu))
 
 

@@ -198,10 +198,9 @@ def replay(
     for i, tp in enumerate(arrivals):
         req = ds.pre_filter(to_pod(tp, i))
         arrived += tp.gpu
-        fit, _ = ds.filter_nodes(req, reasons=False)
+        scores = ds.score_nodes(req)  # the nodes that pass Filter, in name order, as Filter then Score
         best = None
-        if fit:
-            scores = ds.score_nodes(req, fit)
+        if scores:
             best = max(scores, key=scores.__getitem__)  # first in node order among equals
             ds.reserve(req, best)
         yield Event(tp, by_name[best] if best else None, arrived), ds
