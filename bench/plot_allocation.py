@@ -82,7 +82,7 @@ def table(res: dict[tuple[str, str], dict]) -> str:
             cells.append(cell + (f" ({pub:.2f})" if pub is not None else ""))
         d, f = res.get((w, "default")), res.get((w, "fgd"))
         gap = f"{d['unallocated_pct_at_100'] - f['unallocated_pct_at_100']:+.2f}" if d and f else "—"
-        if any(c != "—" for c in cells):
+        if any((w, p) in res for p in pols):
             rows.append(f"| {w} | " + " | ".join(cells) + f" | {gap} |")
     return "\n".join(rows)
 
@@ -126,6 +126,7 @@ def bars(res: dict[tuple[str, str], dict], workloads: tuple[str, ...], title: st
                 ax.plot([x - width / 2, x + width / 2], [pub, pub], color="black", linewidth=1.5)
     ax.plot([], [], color="black", label="published")
     top = max((r["unallocated_pct_at_100"] + r["sd"] for (w, _), r in res.items() if w in ws), default=1.0)
+    top = max([top] + [v for w in ws for p, v in PUBLISHED.get(w, {}).items() if p in pols])
     ax.set_ylim(0, 1.2 * top)  # room for the legend
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(ws))], ws)
     ax.set_ylabel("unallocated GPU at 100 % arrival (%)")
@@ -138,6 +139,14 @@ def bars(res: dict[tuple[str, str], dict], workloads: tuple[str, ...], title: st
 
 
 def plots(res: dict[tuple[str, str], dict], out: Path) -> None:
+    """Each plot whose workloads are in the results (the others are left as they are)."""
+    if any("curve" in r for (w, _), r in res.items() if w == "default"):
+        curve(res, out)
+    bars(res, WORKLOADS[1:], "openb workload variants, mean ± sd over seeds", out / "allocation_bars.png")
+    bars(res, PINNED, "pinned-model workloads (generated), mean ± sd over seeds", out / "allocation_pinned.png")
+
+
+def curve(res: dict[tuple[str, str], dict], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for p in POLICIES:
         r = res.get(("default", p))
@@ -154,9 +163,6 @@ def plots(res: dict[tuple[str, str], dict], out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out / "allocation_curve.png", dpi=120)
     plt.close(fig)
-
-    bars(res, WORKLOADS[1:], "openb workload variants, mean ± sd over seeds", out / "allocation_bars.png")
-    bars(res, PINNED, "pinned-model workloads (generated), mean ± sd over seeds", out / "allocation_pinned.png")
 
 
 def main() -> None:

@@ -7,8 +7,8 @@ renamed in a random order, which is the tie-break order. Pods arrive one by one 
 a pod that fits nowhere fails. After each pod the unallocated GPU share is recorded against the
 arrived GPU request; the figure is its mean over the events whose arrival rounds to 100 %.
 
-Every policy runs through the same plugin API the extender uses (pre_filter, filter_nodes,
-score_nodes, reserve); `default` is the allocator's own score, the others are baselines.
+Every policy runs through the same plugin API the extender uses (pre_filter, score_nodes, which
+scores exactly the nodes that pass Filter, and reserve); `default` is the allocator's own score, the others are baselines.
 """
 
 from __future__ import annotations
