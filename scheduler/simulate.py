@@ -8,7 +8,8 @@ a pod that fits nowhere fails. After each pod the unallocated GPU share is recor
 arrived GPU request; the figure is its mean over the events whose arrival rounds to 100 %.
 
 Every policy runs through the same plugin API the extender uses (pre_filter, score_nodes, which
-scores exactly the nodes that pass Filter, and reserve); `default` is the allocator's own score, the others are baselines.
+scores exactly the nodes that pass Filter, and reserve); `default` is the allocator's own score,
+the others are baselines.
 """
 
 from __future__ import annotations
