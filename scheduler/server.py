@@ -59,6 +59,7 @@ MAX_CONNECTIONS = 4096  # open connections; beyond it new ones wait in the backl
 HANDSHAKE_TIMEOUT = 10.0
 REQUEST_TIMEOUT = 15.0  # to read one request, head and body
 IDLE_TIMEOUT = 120.0  # a kept-alive connection with no request for this long is closed
+API_CONNECTIONS = 32  # kept-alive connections to the API server, for binds in flight
 TLS_CHECK_EVERY = 1.0  # seconds between looks at the certificate files
 
 Answer = tuple[int, bytes, str]  # HTTP status, body, content type
@@ -508,14 +509,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _api_client(kubeconfig: str) -> Any:
+    """A client whose connection pool holds as many connections as binds run at once: kube-scheduler
+    binds in parallel, and the client's default (5 per CPU) makes, and throws away, a new TLS
+    connection to the API server for every bind beyond it."""
     from kubernetes import client, config
 
+    cfg = client.Configuration()
     if kubeconfig:
-        return config.new_client_from_config(config_file=kubeconfig)
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()
-        return client.ApiClient()
-    return config.new_client_from_config()
+        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=cfg)
+    else:
+        config.load_kube_config(client_configuration=cfg)
+    cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize, API_CONNECTIONS)
+    return client.ApiClient(cfg)
 
 
 def run(args: argparse.Namespace) -> int:
