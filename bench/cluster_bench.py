@@ -226,7 +226,7 @@ def run(args: argparse.Namespace) -> None:
             kinds = ", ".join(k[0] for k in KINDS)
             print(f"{args.nodes} nodes x 8 GPUs ({kinds}), cache loaded in {loaded:.1f} s; RSS {rss0:.0f} MiB")
             result = schedule(args, nodes, arrivals, api_host, int(api_port), port)
-            rss = proc_status(sched.pid, "VmHWM")
+            rss = proc_status(sched.pid, "VmHWM"), proc_status(sched.pid, "VmRSS")
             server_time = metrics_seconds(Client("127.0.0.1", port).call("GET", "/metrics").decode())
             api_client = Client(api_host, int(api_port))
             devices = api_client.call("GET", "/apis/scheduling.koordinator.sh/v1alpha1/devices")["items"]
@@ -362,7 +362,9 @@ def schedule(
     }  # fmt: skip
 
 
-def report(args: argparse.Namespace, r: dict[str, Any], rss: float, server: dict[str, tuple[float, int]]) -> None:
+def report(
+    args: argparse.Namespace, r: dict[str, Any], rss: tuple[float, float], server: dict[str, tuple[float, int]]
+) -> None:
     times = r["times"]
     ms = [t * 1000 for t in times]
     pcts = args.percentage_of_nodes_to_score
@@ -380,7 +382,7 @@ def report(args: argparse.Namespace, r: dict[str, Any], rss: float, server: dict
     )
     verbs = ", ".join(f"{p} {s / c * 1000:.2f} ms x {c}" for p, (s, c) in sorted(server.items()) if c)
     print(f"scheduler's own mean time per call: {verbs}")
-    print(f"scheduler peak RSS {rss:.0f} MiB")
+    print(f"scheduler RSS peak {rss[0]:.0f} MiB, at the end {rss[1]:.0f} MiB")
 
 
 def main() -> None:
