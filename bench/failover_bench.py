@@ -64,9 +64,10 @@ def one_run(how: str, timing: Timing, seed: int) -> tuple[float, str]:
 
 
 class NoRecheck(KubeApi):
-    """The bind path as it was before replicas: no LIST of the node's pods."""
+    """The bind path without the re-check: no LIST of the node's claims (the claim label is still
+    written with the annotations, in the same PATCH)."""
 
-    def node_pods(self, node: str) -> list[dict[str, Any]]:
+    def claims(self, node: str) -> list[dict[str, Any]]:
         return []
 
 

@@ -24,9 +24,10 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from crihook.allocation import AnnotationError
+from crihook.allocation import CONTAINER_DEVICES, DEVICE_ALLOCATED, AnnotationError
 from crihook.scheduler.devices import DeviceError, node_from_device
 from crihook.scheduler.extender import ApiFailure
+from crihook.scheduler.fence import CLAIM_LABEL, claim_value
 from crihook.scheduler.plugin import DeviceShare
 from crihook.scheduler.pod import PodError, pod_from_json
 
@@ -62,11 +63,13 @@ class KubeApi:
         self.core = client.CoreV1Api(api_client)
         self.timeout = timeout
 
-    def node_pods(self, node: str) -> list[dict[str, Any]]:
-        """The node's live pods, read from the API server now (not from a cache)."""
+    def claims(self, node: str) -> list[dict[str, Any]]:
+        """The live pods claiming `node` (bound there or being bound), read from the API server now:
+        a LIST without resourceVersion is a consistent read."""
         try:
             resp = self.core.list_pod_for_all_namespaces(
-                field_selector=f"spec.nodeName={node},{POD_SELECTOR}",
+                label_selector=f"{CLAIM_LABEL}={claim_value(node)}",
+                field_selector=POD_SELECTOR,
                 _preload_content=False,
                 _request_timeout=self.timeout,
             )
@@ -82,12 +85,20 @@ class KubeApi:
         return json.loads(resp.data)
 
     def annotate_pod(
-        self, namespace: str, name: str, uid: str, annotations: Mapping[str, str], resource_version: str
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        annotations: Mapping[str, str],
+        resource_version: str,
+        labels: Mapping[str, str] | None = None,
     ) -> str:
         """Returns the pod's new resourceVersion. metadata.uid is immutable, so naming it makes the
         patch fail (422) on a pod created again under the same name; a resourceVersion in a patch is
         a precondition (409 when the pod changed since it was read)."""
         meta: dict[str, Any] = {"uid": uid, "annotations": dict(annotations)}
+        if labels:
+            meta["labels"] = dict(labels)
         if resource_version:
             meta["resourceVersion"] = resource_version
         try:
@@ -97,6 +108,21 @@ class KubeApi:
         except ApiException as e:
             raise _failure(e) from None
         return str((json.loads(resp.data).get("metadata") or {}).get("resourceVersion") or "")
+
+    def clear_claim(self, namespace: str, name: str, resource_version: str) -> None:
+        """Take the claim label and the allocation annotations off an unbound pod, if it has not
+        changed since `resource_version` (409 otherwise: it may have been bound meanwhile)."""
+        meta: dict[str, Any] = {
+            "resourceVersion": resource_version,
+            "labels": {CLAIM_LABEL: None},
+            "annotations": {DEVICE_ALLOCATED: None, CONTAINER_DEVICES: None},
+        }
+        try:
+            self.core.patch_namespaced_pod(
+                name, namespace, {"metadata": meta}, _preload_content=False, _request_timeout=self.timeout
+            )
+        except ApiException as e:
+            raise _failure(e) from None
 
     def bind_pod(self, namespace: str, name: str, uid: str, node: str, resource_version: str = "") -> None:
         # uid and resourceVersion are preconditions of the Binding (BindingREST in the API server)

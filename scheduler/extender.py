@@ -22,6 +22,7 @@ precondition (scheduler/leader.py, scheduler/fence.py).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -55,11 +56,19 @@ class PodApi(Protocol):
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
 
-    def node_pods(self, node: str) -> list[dict[str, Any]]: ...
+    def claims(self, node: str) -> list[dict[str, Any]]: ...
 
     def annotate_pod(
-        self, namespace: str, name: str, uid: str, annotations: Mapping[str, str], resource_version: str
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        annotations: Mapping[str, str],
+        resource_version: str,
+        labels: Mapping[str, str] | None = None,
     ) -> str: ...
+
+    def clear_claim(self, namespace: str, name: str, resource_version: str) -> None: ...
 
     def bind_pod(self, namespace: str, name: str, uid: str, node: str, resource_version: str) -> None: ...
 
@@ -328,28 +337,51 @@ class Extender:
         except (PodError, RequestError, Unschedulable) as e:
             return str(e)
 
+        fenced = req.wants_devices and bool(alloc.gpus)
+        claimed = ""  # the resourceVersion of this pod's claim, once written
+
         def undo(error: str) -> str:
             if req.wants_devices:
                 with self.lock:
                     plugin.unreserve(req.uid)
+            if claimed:
+                # withdrawn so it stands in no other bind's way (best effort: a claim left in the way
+                # is cleared by the next bind that meets it)
+                with contextlib.suppress(ApiFailure):
+                    self.api.clear_claim(ns, name, claimed)
             return error
 
+        def leading() -> bool:
+            # the Lease may be lost, or lost and won again: a new term's allocator knows nothing of
+            # this reservation and may hand its GPUs to another pod
+            return self.may_write() and self.plugin is plugin
+
         try:
-            if req.wants_devices and alloc.gpus:
-                # this replica's memory may be behind the API server (a failover, a pause, a slow
-                # watch): the GPUs must also be free among the node's pods as the API server has them
-                clash = fence.collision(uid, alloc.gpus, self.api.node_pods(node), lambda m: memory.get(m, 0))
-                if clash:
-                    metrics.SCHEDULER_BINDS_REFUSED.inc("stale_view")
-                    return undo(f"pod {key} on node {node}: {clash}; not binding on a stale view")
-            if not self.may_write() or self.plugin is not plugin:
-                # the Lease is lost, or lost and won again: a new term's allocator knows nothing of
-                # this reservation and may hand its GPUs to another pod
+            if not leading():
                 metrics.SCHEDULER_BINDS_REFUSED.inc("not_leader")
                 return undo(NOT_LEADER)
             rv = str(meta.get("resourceVersion") or "")
             if annotations:
-                rv = self.api.annotate_pod(ns, name, uid, annotations, rv)
+                labels = {fence.CLAIM_LABEL: fence.claim_value(node)} if fenced else None
+                rv = self.api.annotate_pod(ns, name, uid, annotations, rv, labels)
+                claimed = rv if fenced else ""
+            if fenced:
+                # this replica's memory may be behind the API server (a failover, a pause, a slow
+                # watch): the claims on the node as the API server has them decide (scheduler/fence.py)
+                why, in_way = fence.judge(uid, alloc.gpus, self.api.claims(node), lambda m: memory.get(m, 0))
+                if why:
+                    metrics.SCHEDULER_BINDS_REFUSED.inc("stale_view")
+                    return undo(f"pod {key} on node {node}: {why}; not binding on a stale view")
+                for other in in_way:
+                    m = other.get("metadata") or {}
+                    log.warning(
+                        "clearing an unbound claim on the same GPUs",
+                        extra={"pod": key, "node": node, "claim": f"{m.get('namespace')}/{m.get('name')}"},
+                    )
+                    self.api.clear_claim(str(m.get("namespace")), str(m.get("name")), str(m.get("resourceVersion")))
+            if not leading():
+                metrics.SCHEDULER_BINDS_REFUSED.inc("not_leader")
+                return undo(NOT_LEADER)
             self.api.bind_pod(ns, name, uid, node, rv)
         except ApiFailure as e:
             if e.code == 409 and self._bound_to(ns, name, uid, node):

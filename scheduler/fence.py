@@ -1,12 +1,20 @@
-"""The last check of a bind: does the allocation collide with what the API server already holds?
+"""The last check of a bind: does the allocation collide with what the API server holds?
 
 The allocator's state is this replica's memory. After a failover, a pause or a slow watch it can
-miss a pod another replica bound, so before writing, a bind lists the node's live pods from the API
-server and checks its GPUs against their allocation annotations. Pure: the caller does the listing.
+miss a pod another replica bound, or one another replica is binding right now. So a bind first
+writes its claim on the API server (the allocation annotations and the label CLAIM_LABEL naming the
+node, on its own still unbound pod, with the pod's resourceVersion as precondition), then lists
+every pod claiming that node, bound or not, and judges: a bound pod on its GPUs refuses the bind; an
+unbound claim in the way (another replica's bind in flight, or one that failed) is cleared, which
+changes that pod's resourceVersion so its own Binding, made with the claim's resourceVersion as
+precondition, fails with 409. Of two binds that claim one GPU, the later claimer's list always sees
+the earlier claim, so they can never both be bound, whatever the timing. Pure: the caller does the
+API calls.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -14,6 +22,15 @@ from crihook import allocation
 from crihook.allocation import DEVICE_ALLOCATED, GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, DeviceAllocation
 
 FINISHED = ("Succeeded", "Failed")
+CLAIM_LABEL = "gpu.crihook.io/node"
+
+
+def claim_value(node: str) -> str:
+    """The node name as a label value: label values stop at 63 characters and node names do not,
+    so a longer name keeps its head and gains a hash of the whole."""
+    if len(node) <= 63:
+        return node
+    return f"{node[:46].rstrip('.-')}-{hashlib.sha256(node.encode()).hexdigest()[:16]}"
 
 
 def _charges(pod: Mapping[str, Any], memory_of: Callable[[int], int]) -> list[tuple[int, int, int]]:
@@ -59,3 +76,26 @@ def collision(
                 f"GPU {g.minor} is already held by {who} on the API server ({used_c}% core and {used_m} bytes in use)"
             )
     return None
+
+
+def judge(
+    uid: str, gpus: Sequence[DeviceAllocation], claims: Sequence[Mapping[str, Any]], memory_of: Callable[[int], int]
+) -> tuple[str | None, list[Mapping[str, Any]]]:
+    """(why the bind must be refused, or None; the unbound claims to clear first). `claims` are the
+    node's pods carrying the claim label, this pod's own claim included."""
+    others = [p for p in claims if (p.get("metadata") or {}).get("uid") != uid]
+    bound = [p for p in others if (p.get("spec") or {}).get("nodeName")]
+    why = collision(uid, gpus, bound, memory_of)
+    if why:
+        return why, []
+    unbound = [p for p in others if not (p.get("spec") or {}).get("nodeName")]
+    over = {g.minor for g in gpus if collision(uid, [g], [*bound, *unbound], memory_of)}
+    in_way = []
+    for p in unbound:
+        try:
+            minors = {m for m, _, _ in _charges(p, memory_of)}
+        except allocation.AnnotationError:
+            continue
+        if minors & over:
+            in_way.append(p)
+    return None, in_way

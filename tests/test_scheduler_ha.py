@@ -21,7 +21,9 @@ from fakekube import MICRO_TIME, FakeKube
 from harun import Replica, Service, Timing, burst, get, make_pods, replicas, schedule, time_to_ready, wait_leader
 
 from crihook import metrics
+from crihook.scheduler.cache import KubeApi
 from crihook.scheduler.extender import ApiFailure
+from crihook.scheduler.fence import CLAIM_LABEL
 from crihook.scheduler.leader import Elector, KubeLeaseApi, LeaseTiming
 
 LEASE, NS = "crihook-scheduler", "kube-system"
@@ -143,13 +145,14 @@ def test_the_fake_refuses_a_lease_write_the_api_server_would_refuse() -> None:
 
 
 def _bind_elsewhere(kube: FakeKube, pod: dict[str, Any], node: str, minors: list[int]) -> None:
-    """What another leader's bind leaves on the API server."""
+    """What another replica's bind leaves on the API server: the claim, then the Binding."""
     entries = [
         {"minor": m, "resources": {"koordinator.sh/gpu-core": 100, "koordinator.sh/gpu-memory": 1}} for m in minors
     ]
     ann = {"scheduling.koordinator.sh/device-allocated": json.dumps({"gpu": entries})}
     m = pod["metadata"]
-    kube.patch("pods", m["name"], {"metadata": {"annotations": ann}}, m["namespace"])
+    labels = {CLAIM_LABEL: node}
+    kube.patch("pods", m["name"], {"metadata": {"annotations": ann, "labels": labels}}, m["namespace"])
     kube._bind(m["namespace"], m["name"], {"metadata": {"name": m["name"]}, "target": {"name": node}})
 
 
@@ -176,6 +179,106 @@ def test_a_bind_on_a_stale_view_is_refused_by_the_api_servers_pods(caplog: pytes
         finally:
             kube.pause_watches(False)
             sched.stop()
+
+
+def _claim(name: str, shares: list[tuple[int, int]], bound: bool) -> dict[str, Any]:
+    entries = [
+        {"minor": m, "resources": {"koordinator.sh/gpu-core": c, "koordinator.sh/gpu-memory": c}} for m, c in shares
+    ]
+    annotations = {"scheduling.koordinator.sh/device-allocated": json.dumps({"gpu": entries})}
+    meta = {"name": name, "namespace": "ns", "uid": name, "resourceVersion": "1", "annotations": annotations}
+    return {"metadata": meta, "spec": {"nodeName": "n"} if bound else {}}
+
+
+def test_judging_the_claims_on_a_node() -> None:
+    from crihook.allocation import DeviceAllocation
+    from crihook.scheduler.fence import claim_value, judge
+
+    def ours(minor: int, core: int) -> list[DeviceAllocation]:
+        return [
+            DeviceAllocation(
+                minor=minor, id="", resources={"koordinator.sh/gpu-core": core, "koordinator.sh/gpu-memory": core}
+            )
+        ]
+
+    memory = lambda minor: 100  # noqa: E731
+    # a bound half and our half fit; a bound whole GPU refuses
+    assert judge("me", ours(0, 50), [_claim("a", [(0, 50)], True)], memory) == (None, [])
+    why, clear = judge("me", ours(0, 50), [_claim("a", [(0, 100)], True)], memory)
+    assert why and "ns/a" in why and clear == []
+    # unbound claims that only together with ours overflow GPU 0 are all in the way; one on GPU 1 is not
+    claims = [_claim("u1", [(0, 40)], False), _claim("u2", [(0, 40)], False), _claim("u3", [(1, 100)], False)]
+    why, clear = judge("me", ours(0, 40), claims, memory)
+    assert why is None and [p["metadata"]["name"] for p in clear] == ["u1", "u2"]
+    # our own claim is among those listed, and is not in our way
+    assert judge("me", ours(0, 100), [_claim("me", [(0, 100)], False)], memory) == (None, [])
+    # node names are label values, hashed past 63 characters
+    assert claim_value("gpu-node-1") == "gpu-node-1"
+    long = "n" * 70 + ".example.com"
+    assert len(claim_value(long)) <= 63 and claim_value(long) != claim_value(long + "x")
+
+
+class Stalling(KubeApi):
+    """A replica that stops dead at one step of a bind (a SIGSTOP, a long pause) until `go` is set."""
+
+    def __init__(self, api_client: Any, at: str) -> None:
+        super().__init__(api_client)
+        self.at = at
+        self.reached = threading.Event()
+        self.go = threading.Event()
+
+    def _stall(self, step: str) -> None:
+        if step == self.at:
+            self.reached.set()
+            assert self.go.wait(30)
+
+    def annotate_pod(self, *args: Any, **kw: Any) -> str:
+        self._stall("claim")
+        return super().annotate_pod(*args, **kw)
+
+    def bind_pod(self, *args: Any, **kw: Any) -> None:
+        self._stall("binding")
+        super().bind_pod(*args, **kw)
+
+
+@pytest.mark.parametrize("at", ["claim", "binding"])
+def test_a_replica_stalled_inside_a_bind_can_not_give_out_a_gpu_another_replica_gave_out(
+    at: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Both replicas believe they may write and both see GPU 7 as the node's last free one (every
+    timing check passed before the stall): the claims on the API server decide."""
+    caplog.set_level(logging.ERROR, logger="crihook")
+    with cluster(1) as kube:
+        for i, p in enumerate(make_pods(kube, 7, {"nvidia.com/gpu": "1"}, prefix="full")):
+            _bind_elsewhere(kube, p, "gpu-node-00", [i])
+        a, b = start_scheduler(kube), start_scheduler(kube)
+        try:
+            stall = Stalling(kube.api_client(), at)
+            a.ext.api = stall
+            pa, pb = make_pods(kube, 2, {"nvidia.com/gpu": "1"}, prefix="late")
+
+            def args(p: dict[str, Any]) -> dict[str, str]:
+                m = p["metadata"]
+                return {"PodName": m["name"], "PodNamespace": "ha", "PodUID": m["uid"], "Node": "gpu-node-00"}
+
+            answer: list[Any] = []
+            t = threading.Thread(target=lambda: answer.append(a.ext.bind(args(pa))))
+            t.start()
+            assert stall.reached.wait(10)  # a has reserved GPU 7 (and, stalled at its binding, claimed it)
+            assert b.ext.bind(args(pb)) == {"Error": ""}  # b gives GPU 7 to its pod
+            stall.go.set()
+            t.join(30)
+            assert answer[0]["Error"]  # a's write is refused: b's pod holds the GPU, or b cleared a's claim
+            late_a = kube.get("pods", pa["metadata"]["name"], "ha")
+            assert not late_a["spec"].get("nodeName")
+            assert CLAIM_LABEL not in (late_a["metadata"].get("labels") or {})  # no claim left behind
+            assert kube.get("pods", pb["metadata"]["name"], "ha")["spec"]["nodeName"] == "gpu-node-00"
+            assert pa["metadata"]["uid"] not in a.plugin.held
+            au = audit(kube)
+            assert au.clean and len(au.held) == 8
+        finally:
+            a.stop()
+            b.stop()
 
 
 # --- two real processes ---
