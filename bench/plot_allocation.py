@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 import matplotlib
@@ -60,13 +61,38 @@ def workload(trace: str) -> str:
 
 
 def load(paths: list[Path]) -> dict[tuple[str, str], dict]:
-    out = {}
+    """Results by (workload, policy); runs of one pair over different seeds are merged into one."""
+    out: dict[tuple[str, str], dict] = {}
     for p in paths:
         for line in p.read_text().splitlines():
             if line.strip():
                 r = json.loads(line)
-                out[(workload(r["trace"]), r["policy"])] = r
+                key = (workload(r["trace"]), r["policy"])
+                if key in out and not set(out[key]["seeds"]) & set(r["seeds"]):
+                    r = merge(out[key], r)
+                out[key] = r
     return out
+
+
+def merge(a: dict, b: dict) -> dict:
+    vals = a["per_seed"] + b["per_seed"]
+    return {
+        **a,
+        "seeds": a["seeds"] + b["seeds"],
+        "per_seed": vals,
+        "unallocated_pct_at_100": round(statistics.fmean(vals), 3),
+        "sd": round(statistics.stdev(vals), 3) if len(vals) > 1 else 0.0,
+        "wall_s": a["wall_s"] + b["wall_s"],
+        "cpu_s": cpu_s(a) + cpu_s(b),
+    }
+
+
+def seeds(res: dict[tuple[str, str], dict]) -> str:
+    """Which seeds each result averages, so a table over fewer seeds says so."""
+    by: dict[str, list[str]] = {}
+    for (w, p), r in res.items():
+        by.setdefault(",".join(str(x) for x in sorted(r["seeds"])), []).append(f"{w}/{p}")
+    return "\n".join(f"seeds {k}: {len(v)} results ({', '.join(sorted(v))})" for k, v in sorted(by.items()))
 
 
 def table(res: dict[tuple[str, str], dict]) -> str:
@@ -174,6 +200,8 @@ def main() -> None:
     print(table(res))
     print()
     print(timing(res))
+    print()
+    print(seeds(res))
     plots(res, args.out)
 
 
