@@ -3,11 +3,18 @@ straight and through crihook (and through a bare grpc-aio forwarder, the design 
 with targets interleaved call by call so machine noise hits all of them alike.
 
     python bench/proxy_bench.py [--runtime 1.6|1.7|2] [--rounds 2000] [--seconds 2] [--pods 20]
+                                [--profile crihook.pstats]
 
 Needs root, containerd and runc (the test suite's private containerd is started and stopped here);
 `--runtime 1.7` or `2` runs Debian trixie's or sid's containerd as fetched by tests/runtimes.sh.
+crihook runs on a simulated 8-GPU node (the fake NVML library with the dgx-h100 topology, device
+nodes made with mknod): every CreateContainer, alone or in a pod start, is for a pod the scheduler
+gave all 8 GPUs, so the gpu hook does its whole job. Direct and the aio forwarder are sent the
+request crihook forwards (worked out in this process by the same hooks, outside the timing), so
+containerd does the same work for every target and the difference is the proxy's.
 Prints p50/p99 latency added per method, pod start latency, throughput at 1/16/64 concurrent
-callers as a ratio of direct, and crihook's resident memory.
+callers as a ratio of direct, and crihook's resident memory. `--profile` runs crihook under
+cProfile and writes its stats there on exit.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -32,7 +40,14 @@ sys.path.insert(0, str(ROOT / "tests"))
 from containerd import RUNTIMES, running_containerd, runtime  # noqa: E402
 from cri import container_config, pod_config  # noqa: E402
 
+from crihook import allocation as al  # noqa: E402
+from crihook import config as cfgmod  # noqa: E402
+from crihook.hooks.chain import build_chain  # noqa: E402
 from crihook.proto import runtime_v1_pb2 as api  # noqa: E402
+from crihook.proxy.intercept import METHODS, Interceptor  # noqa: E402
+from crihook.proxy.store import Store  # noqa: E402
+from crihook.simnode import fakenvml  # noqa: E402
+from crihook.simnode.node import SimNode, make_sim_node  # noqa: E402
 
 RUNTIME = "/runtime.v1.RuntimeService/"
 IMAGE = "/runtime.v1.ImageService/"
@@ -51,17 +66,52 @@ def wait_socket(path: str, proc: subprocess.Popen[bytes], timeout: float = 30) -
         time.sleep(0.05)
 
 
+TOPOLOGY = "dgx-h100"  # 8 GPUs on NVSwitch
+
+
+def crihook_config(work: Path, node: SimNode) -> str:
+    """What `crihook serve` is given: the bench's state dir and the simulated node's [node] and [hooks]."""
+    proxy = f'[proxy]\nstate_dir = "{work}/state"\nmetrics_listen = ""\nlog_level = "warning"\n'
+    return proxy + node.proxy_config(fakenvml.build())
+
+
+def all_gpus(node: SimNode) -> dict[str, str]:
+    """The pod annotation of a pod the scheduler gave every GPU of the node."""
+    gpus = node.doc["gpus"]
+    allocs = tuple(al.DeviceAllocation(g["minor"], g["uuid"], {al.GPU_CORE: 100}) for g in gpus)
+    return {al.DEVICE_ALLOCATED: al.format_device_allocated({"gpu": allocs})}
+
+
+class Rewriter:
+    """crihook's hooks in this process, over the same node: the CreateContainer request crihook would
+    forward, which the other targets are sent so that containerd does the same work for all."""
+
+    def __init__(self, config_text: str, state: Path) -> None:
+        cfg = cfgmod.parse(__import__("tomllib").loads(config_text))
+        self.interceptor = Interceptor(build_chain(cfg.hooks, cfg.node), Store(state))
+        self.loop = asyncio.new_event_loop()
+
+    def __call__(self, request: bytes) -> bytes:
+        call = self.interceptor.classify(b"/runtime.v1.RuntimeService/CreateContainer")
+        assert call is not None and call.method is METHODS[b"/runtime.v1.RuntimeService/CreateContainer"]
+        return self.loop.run_until_complete(self.interceptor.pre(call, request))
+
+
 @contextlib.contextmanager
-def daemons(work: Path, backend: str) -> Iterator[dict[str, tuple[str, int | None]]]:
+def daemons(
+    work: Path, backend: str, config_text: str, env: dict[str, str], profile: str | None
+) -> Iterator[dict[str, tuple[str, int | None]]]:
     """crihook and the aio forwarder in front of `backend`; yields target -> (socket, pid)."""
     cfg = work / "crihook.toml"
-    cfg.write_text(f'[proxy]\nstate_dir = "{work}/state"\nmetrics_listen = ""\nlog_level = "warning"\n')
+    cfg.write_text(config_text)
     crihook_sock = str(work / "crihook.sock")
     aio_sock = str(work / "aio.sock")
+    profiler = ["-m", "cProfile", "-o", profile] if profile else []
     procs = [
         subprocess.Popen(
             [
                 sys.executable,
+                *profiler,
                 "-m",
                 "crihook.cli",
                 "serve",
@@ -71,7 +121,8 @@ def daemons(work: Path, backend: str) -> Iterator[dict[str, tuple[str, int | Non
                 f"unix://{crihook_sock}",
                 "--runtime-endpoint",
                 f"unix://{backend}",
-            ]
+            ],
+            env={**os.environ, **env},
         ),
         subprocess.Popen(
             [sys.executable, str(ROOT / "bench" / "aio_forwarder.py"), aio_sock, backend], stdout=subprocess.DEVNULL
@@ -86,10 +137,10 @@ def daemons(work: Path, backend: str) -> Iterator[dict[str, tuple[str, int | Non
             "aio-forwarder": (aio_sock, procs[1].pid),
         }
     finally:
+        procs[0].send_signal(signal.SIGINT)  # crihook stops as on SIGTERM, and cProfile writes its stats
+        procs[1].terminate()
         for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(10)
+            p.wait(30)
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -98,12 +149,13 @@ def pct(samples: list[float], q: float) -> float:
 
 
 def interleaved(targets: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+    """Seconds per call; a target that times itself (preparing its request untimed) returns them."""
     out: dict[str, list[float]] = {name: [] for name in targets}
     for _ in range(rounds):
         for name, fn in targets.items():
             start = time.perf_counter()
-            fn()
-            out[name].append(time.perf_counter() - start)
+            took = fn()
+            out[name].append(took if isinstance(took, float) else time.perf_counter() - start)
     return out
 
 
@@ -148,15 +200,23 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=2.0, help="per throughput slice")
     ap.add_argument("--pods", type=int, default=20, help="pod starts per target")
     ap.add_argument("--runtime", choices=RUNTIMES, default="1.6", help="containerd release (default %(default)s)")
+    ap.add_argument("--profile", help="run crihook under cProfile, stats to this file")
     args = ap.parse_args()
     rt = runtime(args.runtime)
     if (why := rt.unavailable()) is not None:
         raise SystemExit(why)
     print(f"containerd {rt.name}: {rt.package_version()} (Debian {rt.suite})", flush=True)
+    tmp = tempfile.mkdtemp(prefix="proxy-bench-")
+    node = make_sim_node(Path(tmp) / "node", TOPOLOGY, char_devices=True)
+    config_text = crihook_config(Path(tmp), node)
+    env = {fakenvml.CONFIG_ENV: str(node.config)}
+    os.environ.update(env)  # the rewriter's hooks read the same fake NVML
+    rewrite = Rewriter(config_text, Path(tmp) / "rewriter")
+    gpu_pod = all_gpus(node)
+    profile = str(Path(args.profile).resolve()) if args.profile else None
     with (
         running_containerd(runtime=rt) as ctrd,
-        tempfile.TemporaryDirectory() as tmp,
-        daemons(Path(tmp), str(ctrd.socket)) as t,
+        daemons(Path(tmp), str(ctrd.socket), config_text, env, profile) as t,
     ):
         chans = {name: grpc.insecure_channel(f"unix://{sock}", options=LIMITS) for name, (sock, _) in t.items()}
 
@@ -169,7 +229,11 @@ def main() -> None:
 
             return {name: bound(ch) for name, ch in chans.items()}
 
-        print(f"crihook proxy benchmark: {args.rounds} rounds, targets interleaved call by call", flush=True)
+        print(
+            f"crihook proxy benchmark: {args.rounds} rounds, targets interleaved call by call;"
+            f" load average {os.getloadavg()[0]:.1f} at start",
+            flush=True,
+        )
         for title, fns in (
             ("Version", caller(RUNTIME, "Version", api.VersionRequest(version="v1"))),
             ("ImageStatus", caller(IMAGE, "ImageStatus", api.ImageStatusRequest(image=api.ImageSpec(image="x")))),
@@ -198,18 +262,27 @@ def main() -> None:
         interleaved(fns, 50)
         report_latency("ListContainers (200 containers)", interleaved(fns, max(200, args.rounds // 4)))
 
-        # CreateContainer: each target creates a container, removed outside the timing
+        # CreateContainer in a pod given all 8 GPUs: each target creates a container, removed untimed
+        gpu_cfg = pod_config("bench-gpu", annotations=gpu_pod)
+        gpu_pod_id = api.RunPodSandboxResponse.FromString(
+            run_pod(api.RunPodSandboxRequest(config=gpu_cfg).SerializeToString(), timeout=60)
+        ).pod_sandbox_id
         created: list[bytes] = []
         counter = iter(range(10**9))
 
+        def create_request(name: str, pod_id: str, cfg: api.PodSandboxConfig, container: str) -> bytes:
+            """kubelet's request for crihook; for the others, what crihook forwards."""
+            req = api.CreateContainerRequest(
+                pod_sandbox_id=pod_id, config=container_config(container, cfg), sandbox_config=cfg
+            ).SerializeToString()
+            return req if name == "crihook" else rewrite(req)
+
         def create_one(name: str) -> Callable[[], object]:
             def fn() -> None:
-                req = api.CreateContainerRequest(
-                    pod_sandbox_id=pod_id,
-                    config=container_config(f"{name}-{next(counter)}", pod_cfg),
-                    sandbox_config=pod_cfg,
-                )
-                created.append(create[name](req.SerializeToString(), timeout=60))
+                body = create_request(name, gpu_pod_id, gpu_cfg, f"{name}-{next(counter)}")
+                start = time.perf_counter()
+                created.append(create[name](body, timeout=60))
+                return time.perf_counter() - start
 
             return fn
 
@@ -225,21 +298,18 @@ def main() -> None:
             run = ch.unary_unary(RUNTIME + "RunPodSandbox", request_serializer=ident, response_deserializer=ident)
             start = ch.unary_unary(RUNTIME + "StartContainer", request_serializer=ident, response_deserializer=ident)
 
-            def fn() -> None:
-                cfg = pod_config(f"bench-{name}-{next(counter)}")
-                pid = api.RunPodSandboxResponse.FromString(
-                    run(api.RunPodSandboxRequest(config=cfg).SerializeToString(), timeout=60)
-                ).pod_sandbox_id
-                cid = api.CreateContainerResponse.FromString(
-                    create[name](
-                        api.CreateContainerRequest(
-                            pod_sandbox_id=pid, config=container_config("app", cfg), sandbox_config=cfg
-                        ).SerializeToString(),
-                        timeout=60,
-                    )
-                ).container_id
+            def fn() -> float:
+                cfg = pod_config(f"bench-{name}-{next(counter)}", annotations=gpu_pod)
+                run_body = api.RunPodSandboxRequest(config=cfg).SerializeToString()
+                began = time.perf_counter()
+                pid = api.RunPodSandboxResponse.FromString(run(run_body, timeout=60)).pod_sandbox_id
+                ran = time.perf_counter()
+                body = create_request(name, pid, cfg, "app")  # untimed for all: see create_request
+                resumed = time.perf_counter()
+                cid = api.CreateContainerResponse.FromString(create[name](body, timeout=60)).container_id
                 start(api.StartContainerRequest(container_id=cid).SerializeToString(), timeout=60)
                 started.append(pid)
+                return (ran - began) + (time.perf_counter() - resumed)
 
             return fn
 
@@ -250,7 +320,7 @@ def main() -> None:
             ch = chans[name]
             stop = ch.unary_unary(RUNTIME + "StopPodSandbox", request_serializer=ident, response_deserializer=ident)
             rm = ch.unary_unary(RUNTIME + "RemovePodSandbox", request_serializer=ident, response_deserializer=ident)
-            for pid in [*started, pod_id]:
+            for pid in [*started, pod_id, gpu_pod_id]:
                 stop(api.StopPodSandboxRequest(pod_sandbox_id=pid).SerializeToString(), timeout=60)
                 rm(api.RemovePodSandboxRequest(pod_sandbox_id=pid).SerializeToString(), timeout=60)
         d50 = statistics.median(samples["direct"])

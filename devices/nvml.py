@@ -375,6 +375,11 @@ class GpuIndex:
                 return
             self.update(snap)
 
+    def known(self, kind: str, key: Any) -> GpuInfo | None:
+        """A lookup by "minor" or "uuid" that never asks NVML (for the event loop): None for a GPU
+        the index does not hold."""
+        return (self._by_minor if kind == "minor" else self._by_uuid).get(key)
+
     def by_minor(self, minor: int) -> GpuInfo | None:
         g = self._by_minor.get(minor)
         if g is None:

@@ -26,7 +26,8 @@ from crihook import kubelet
 from crihook.config import NodeConfig
 from crihook.hooks.base import ConfigError, Edit, HookContext, HookError, Stage
 from crihook.hooks.cdi import DEFAULT_SPEC_DIRS, GENERATE_FIX, CdiIndex
-from crihook.hooks.checkpoint import CheckpointError, CheckpointReader
+from crihook.hooks.checkpoint import Checkpoint, CheckpointError, CheckpointReader
+from crihook.hooks.fscache import FsMemo, NotCached
 from crihook.hooks.gpu_edit import INJECT_MODES, GpuLookup, GpuOptions, HamiCore, NodeView, SeenPod, gpu_edit
 
 log = logging.getLogger("crihook.hooks.gpu")
@@ -188,6 +189,13 @@ class GpuHook:
         self.clock: Callable[[], float] = time.monotonic
         self._claims: dict[tuple[str, str], Claim] = {}  # (pod uid, container); guarded by _lock
         self._lock = threading.Lock()
+        # the file-system answers above, for handle_cached (None: every call reads, on a worker thread)
+        self.memo: FsMemo | None = None
+
+    def close(self) -> None:
+        """The memo's inotify descriptor goes with the hook (a reload builds a new one)."""
+        if self.memo is not None:
+            self.memo.close()
 
     def attach_store(self, store: Any) -> None:
         self.store = store
@@ -200,9 +208,20 @@ class GpuHook:
         return not (seen is not None and seen.allocated) and self.pod_live(pod_uid)
 
     def handle(self, ctx: HookContext) -> Edit | None:
+        return self._handle(ctx, _Facts(self, cached=False))
+
+    def handle_cached(self, ctx: HookContext) -> Edit | None:
+        """handle() on the event loop from the memo's answers: raises NotCached (and so goes to a
+        worker thread) for anything that needs a read, or while a decision is running there."""
+        if self.memo is None:
+            raise NotCached("no memo")
+        self.memo.sync()
+        return self._handle(ctx, _Facts(self, cached=True))
+
+    def _handle(self, ctx: HookContext, facts: _Facts) -> Edit | None:
         assert ctx.container is not None
         try:
-            cp = self.checkpoint.read()
+            cp = facts.checkpoint()
         except CheckpointError as e:
             # Without it neither the device plugin's injections nor a conflicting holder can be seen.
             raise HookError(
@@ -210,23 +229,30 @@ class GpuHook:
                 f"{e} ({self.checkpoint.path}); can not tell which GPUs the device plugin handed out",
             ) from None
         if self.store is None:
-            return self._decide(ctx, NodeView(cp, self.exists, self.pod_live))
+            return self._decide(ctx, NodeView(cp, facts.exists, facts.pod_live), facts)
         # One decision at a time, each seeing the containers the ones before it let through: two
         # containers created at once can not both be given one GPU (a placed pod's and a plugin pod's).
-        with self._lock:
+        # On the event loop the lock is only taken when free (a worker may be waiting on a read).
+        if not self._lock.acquire(blocking=not facts.cached):
+            raise NotCached("a decision is running on a worker thread")
+        try:
             now = self.clock()
             self._claims = {k: c for k, c in self._claims.items() if now - c.at < CLAIM_SECONDS}
             pods = StorePods(self.store, self._claims.values())
-            edit = self._decide(ctx, NodeView(cp, self.exists, self.pod_live, pods))
+            edit = self._decide(ctx, NodeView(cp, facts.exists, facts.pod_live, pods), facts)
             allocated, minors = StorePods._allocation(ctx.pod.annotations.get(al.DEVICE_ALLOCATED))
             key = (ctx.pod.uid, ctx.container.name)
             self._claims[key] = Claim(now, *key, allocated, minors)
+        finally:
+            self._lock.release()
         return edit
 
-    def _decide(self, ctx: HookContext, node: NodeView) -> Edit | None:
+    def _decide(self, ctx: HookContext, node: NodeView, facts: _Facts) -> Edit | None:
         assert ctx.container is not None
-        edit = gpu_edit(ctx.pod, ctx.container, self.gpus, node, self.opts)
+        edit = gpu_edit(ctx.pod, ctx.container, facts.gpus, node, self.opts)
         if edit is not None and edit.add_cdi_devices and self.cdi is not None:
+            if facts.cached:
+                raise NotCached("CDI specs are read on every check")
             self._check_cdi(edit.add_cdi_devices)
         return edit
 
@@ -246,6 +272,68 @@ class GpuHook:
             f"({len(scan.specs)} spec file(s) read{skipped}); generate the node's specs with `{GENERATE_FIX}`, "
             "or set [hooks.gpu] cdi_spec_dirs to the runtime's cdi_spec_dirs",
         )
+
+
+class _Facts:
+    """Where one call's node facts come from: read (worker thread; remembered in the hook's memo
+    when it has one) or `cached`, from the memo alone (event loop; a miss raises NotCached)."""
+
+    def __init__(self, hook: GpuHook, cached: bool) -> None:
+        self.hook = hook
+        self.cached = cached
+        self.gpus: GpuLookup = _KnownGpus(hook.gpus) if cached else hook.gpus
+
+    def checkpoint(self) -> Checkpoint:
+        memo, reader = self.hook.memo, self.hook.checkpoint
+        if memo is None:
+            return reader.read()
+        return memo.recall(reader.path) if self.cached else memo.answer(reader.path, reader.read, contents=True)
+
+    def exists(self, path: str) -> bool:
+        memo = self.hook.memo
+        if memo is None:
+            return self.hook.exists(path)
+        return memo.recall(path) if self.cached else memo.answer(path, lambda: self.hook.exists(path))
+
+    def pod_live(self, pod_uid: str) -> bool:
+        hook = self.hook
+        if hook.memo is None or not _POD_UID.fullmatch(pod_uid):
+            return hook.pod_live(pod_uid)  # nothing remembered, or an odd UID (live, no read)
+        pods = getattr(hook.pod_live, "pods_dir", None)  # PodDirs: the answer is an entry of that dir
+        if pods is None:  # kubelet's root dir not found yet (or a pod_live that is no PodDirs)
+            if self.cached:
+                raise NotCached("kubelet's pods dir is not known yet")
+            return hook.pod_live(pod_uid)
+        path = f"{pods}/{pod_uid}"
+        return hook.memo.recall(path) if self.cached else hook.memo.answer(path, lambda: hook.pod_live(pod_uid))
+
+
+class _KnownGpus:
+    """The GPU index's answers without asking NVML: a GPU it does not hold sends the call to a
+    worker thread, where the index may refresh. A lookup with no such split (no I/O) is used as is."""
+
+    def __init__(self, gpus: GpuLookup) -> None:
+        self.gpus = gpus
+        self.peek = getattr(gpus, "known", None)
+
+    def by_minor(self, minor: int) -> Any:
+        return self._known(self.gpus.by_minor, "minor", minor)
+
+    def by_uuid(self, uuid: str) -> Any:
+        return self._known(self.gpus.by_uuid, "uuid", uuid)
+
+    def all(self) -> Any:
+        if self.peek is not None:
+            raise NotCached("the whole GPU list may need NVML")
+        return self.gpus.all()
+
+    def _known(self, lookup: Callable[[Any], Any], kind: str, key: Any) -> Any:
+        if self.peek is None:
+            return lookup(key)
+        g = self.peek(kind, key)
+        if g is None:
+            raise NotCached(f"GPU {kind} {key} not in the index")
+        return g
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,4 +405,6 @@ def factory(options: Mapping[str, Any]) -> GpuHook:
     gpus = GpuIndex(Nvml(node.nvml_library, node.sys_root.rstrip("/") or "/"))
     pod_dirs = PodDirs(settings.pods_dir, node.proc_root.rstrip("/") or "/")
     cdi = CdiIndex(settings.cdi_spec_dirs) if settings.opts.inject == "cdi" else None
-    return GpuHook(settings.opts, gpus, CheckpointReader(node.kubelet_checkpoint), pod_dirs, cdi=cdi)
+    hook = GpuHook(settings.opts, gpus, CheckpointReader(node.kubelet_checkpoint), pod_dirs, cdi=cdi)
+    hook.memo = FsMemo()
+    return hook

@@ -9,13 +9,14 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
 from crihook import allocation as al
 from crihook.config import NodeConfig
 from crihook.hooks.base import ConfigError, ContainerInfo, Device, Edit, HookContext, PodInfo, Stage
+from crihook.hooks.fscache import NotCached
 from crihook.hooks.scheduled import refuse, scheduled
 
 PRIORITY = 210  # after the gpu hook
@@ -90,6 +91,17 @@ class RdmaHook:
     def handle(self, ctx: HookContext) -> Edit | None:
         assert ctx.container is not None
         return rdma_edit(ctx.pod, ctx.container, self.verbs_of, os.path.exists, self.dev_root)
+
+    def handle_cached(self, ctx: HookContext) -> Edit | None:
+        """handle() on the event loop for a container the scheduler gave no RDMA device (no read
+        needed). One that has some goes to a worker thread: sysfs sends no inotify events, so
+        its answers can not be remembered safely (see hooks.fscache)."""
+        assert ctx.container is not None
+        return rdma_edit(ctx.pod, ctx.container, _needs_read, _needs_read, self.dev_root)
+
+
+def _needs_read(path: str) -> NoReturn:
+    raise NotCached(path)
 
 
 def factory(options: Mapping[str, Any]) -> RdmaHook:

@@ -28,7 +28,7 @@ from typing import Any
 
 import grpc
 
-from crihook.hooks.base import ConfigError, Edit, HookContext, HookError, apply_edit
+from crihook.hooks.base import ConfigError, Edit, HookContext, HookError, Stage, apply_edit
 from crihook.hooks.remote_config import DEFAULT_DIR, ConfigDir, Policy, ServerConfig
 from crihook.hooks.remote_protocol import (
     RPCS,
@@ -93,6 +93,11 @@ class RemoteHook:
         wanted = {s.endpoint for s in self.config.servers}
         for endpoint in set(self._stubs) - wanted:
             self._drop(endpoint)
+
+    def wants(self, stage: Stage) -> bool:
+        """Whether a call at `stage` must come here: a server takes the stage, or the directory is
+        due a re-read (which `handle` does). Otherwise the proxy forwards the call undecoded."""
+        return time.monotonic() >= self._next_reload or any(stage in s.stages for s in self.config.servers)
 
     async def handle(self, ctx: HookContext) -> Edit | None:
         now = time.monotonic()

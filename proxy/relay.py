@@ -568,7 +568,11 @@ class Link:
             elif call.request_done or not call.modifies:
                 code = int(status) if status.isdigit() else 2
                 req = _grpc_message(call.request) if not call.modifies else bytes(call.request)
-                self.relay.interceptor.post(call.spec, req or b"", _grpc_message(call.response), code, message)
+                # after the answer is on its way to kubelet (this frame batch is written first), and
+                # still before any later request is read: bookkeeping stays in call order
+                asyncio.get_running_loop().call_soon(
+                    self.relay.interceptor.post, call.spec, req or b"", _grpc_message(call.response), code, message
+                )
         if not self.active:
             self.relay.check_idle()
 

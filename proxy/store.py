@@ -14,9 +14,10 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -74,13 +75,24 @@ def sandbox_cgroup_parent(info: Mapping[str, str]) -> str:
     return parent if isinstance(parent, str) else ""
 
 
+_POD_FIELDS = tuple(f.name for f in fields(PodRecord))
+_CONTAINER_FIELDS = tuple(f.name for f in fields(ContainerRecord))
+
+
+def _row(rec: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    return {name: getattr(rec, name) for name in names}
+
+
 class StoreFileError(Exception):
     pass
 
 
+def _canonical(body: Any) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
 def _checksum(body: dict[str, Any]) -> str:
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    return "sha256:" + hashlib.sha256(canonical).hexdigest()
+    return "sha256:" + hashlib.sha256(_canonical(body)).hexdigest()
 
 
 def read_file(path: Path) -> dict[str, Any]:
@@ -141,6 +153,10 @@ class Store:
         self.containers: dict[str, ContainerRecord] = {}
         self._dirty = False
         self._flush_task: asyncio.Task[None] | None = None
+        self._write_lock = threading.Lock()
+        self._encoded = 0  # encodings made
+        self._rows: dict[tuple[str, str], bytes] = {}  # ("pods" | "containers", id) -> encoded record
+        self._written = 0  # the newest encoding on disk
 
     # -- persistence -------------------------------------------------------------------------
 
@@ -160,33 +176,62 @@ class Store:
             self.pods, self.containers = {}, {}
             return "corrupt"
 
-    def body(self) -> dict[str, Any]:
-        return {
-            "pods": [asdict(p) for p in self.pods.values()],
-            "containers": [asdict(c) for c in self.containers.values()],
-        }
+    def _encode(self, reuse: bool = False) -> tuple[int, bytes]:
+        """The body in canonical JSON (what the checksum covers: json.dumps of {"containers": [...],
+        "pods": [...]} with sorted keys, compact), byte for byte, numbered so that an older encoding
+        never replaces a newer one on disk. Marks the store clean. `reuse`: records not changed
+        through this class's methods since the last encoding keep their encoded row (a node's
+        hundred pods are not encoded again for each one that starts); otherwise all are encoded."""
+        rows = self._rows if reuse else {}
+        parts = []
+        for kind, records, names in (
+            ("containers", self.containers, _CONTAINER_FIELDS),
+            ("pods", self.pods, _POD_FIELDS),
+        ):
+            out = []
+            for rid, rec in records.items():
+                row = rows.get((kind, rid))
+                if row is None:
+                    row = rows[(kind, rid)] = _canonical(_row(rec, names))
+                out.append(row)
+            parts.append(b'"%s":[%s]' % (kind.encode(), b",".join(out)))
+        self._rows = rows
+        self._encoded += 1
+        self._dirty = False
+        return self._encoded, b"{" + b",".join(parts) + b"}"
+
+    def _write(self, seq: int, canonical: bytes) -> None:
+        """Write an encoding atomically: may block on the disk, so the event loop calls it through a
+        worker thread. The body is encoded once; the file's "body" is those very bytes."""
+        with self._write_lock:
+            if seq <= self._written:
+                return
+            checksum = "sha256:" + hashlib.sha256(canonical).hexdigest()
+            head = json.dumps({"version": FORMAT_VERSION, "checksum": checksum})
+            data = head[:-1].encode() + b', "body": ' + canonical + b"}"
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            tmp = self.path.with_suffix(".tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.path)
+            dfd = os.open(self.path.parent, os.O_DIRECTORY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+            self._written = seq
 
     def save(self) -> None:
-        body = self.body()
-        data = json.dumps({"version": FORMAT_VERSION, "checksum": _checksum(body), "body": body}).encode()
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = self.path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dfd = os.open(self.path.parent, os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-        self._dirty = False
+        """Write now, on this thread (start, reconciliation, shutdown)."""
+        self._write(*self._encode())
 
-    def changed(self) -> None:
-        """Schedule a write; calls in one burst share it."""
+    def changed(self, row: tuple[str, str]) -> None:
+        """Schedule a write (calls in one burst share it); `row`'s encoding is stale."""
+        self._rows.pop(row, None)
         self._dirty = True
         STORE_OBJECTS.set(len(self.pods), "pods")
         STORE_OBJECTS.set(len(self.containers), "containers")
@@ -194,17 +239,23 @@ class Store:
             self._flush_task = asyncio.get_running_loop().create_task(self._flush())
 
     async def _flush(self) -> None:
-        await asyncio.sleep(FLUSH_DELAY)
-        if self._dirty:
+        """Encode on the event loop (a consistent snapshot, no copies), write and fsync on a worker
+        thread: a slow or stalled disk must not hold up CRI calls. Changes made meanwhile go in the
+        next round."""
+        while self._dirty:
+            await asyncio.sleep(FLUSH_DELAY)
+            seq, canonical = self._encode(reuse=True)
             try:
-                self.save()
+                await asyncio.to_thread(self._write, seq, canonical)
             except OSError as e:
+                self._dirty = True
                 log.error("store write failed", extra={"path": str(self.path), "error": str(e)})
+                return
 
     async def close(self) -> None:
         if self._flush_task is not None:
             self._flush_task.cancel()
-        if self._dirty:
+        if self._dirty or self._written < self._encoded:  # a write still on its thread is redone here
             self.save()
 
     # -- reconciliation ----------------------------------------------------------------------
@@ -243,48 +294,49 @@ class Store:
 
     def put_pod(self, pod: PodRecord) -> None:
         self.pods[pod.id] = pod
-        self.changed()
+        self.changed(("pods", pod.id))
 
     def put_container(self, container: ContainerRecord) -> None:
         self.containers[container.id] = container
-        self.changed()
+        self.changed(("containers", container.id))
 
     def set_pod_state(self, pod_id: str, state: str) -> PodRecord | None:
         pod = self.pods.get(pod_id)
         if pod is not None and pod.state != state:
             pod.state = state
-            self.changed()
+            self.changed(("pods", pod_id))
         return pod
 
     def set_container_state(self, container_id: str, state: str) -> ContainerRecord | None:
         c = self.containers.get(container_id)
         if c is not None and c.state != state:
             c.state = state
-            self.changed()
+            self.changed(("containers", container_id))
         return c
 
     def set_container_resources(self, container_id: str, resources: dict[str, Any]) -> None:
         c = self.containers.get(container_id)
         if c is not None and c.resources != resources:
             c.resources = resources
-            self.changed()
+            self.changed(("containers", container_id))
 
     def add_hook_records(self, container_id: str, records: list[dict[str, Any]]) -> None:
         c = self.containers.get(container_id)
         if c is not None and records:
             c.hooks.extend(records)
-            self.changed()
+            self.changed(("containers", container_id))
 
     def remove_pod(self, pod_id: str) -> PodRecord | None:
         pod = self.pods.pop(pod_id, None)
         for cid in [cid for cid, c in self.containers.items() if c.pod_id == pod_id]:
             del self.containers[cid]
+            self._rows.pop(("containers", cid), None)
         if pod is not None:
-            self.changed()
+            self.changed(("pods", pod_id))
         return pod
 
     def remove_container(self, container_id: str) -> ContainerRecord | None:
         c = self.containers.pop(container_id, None)
         if c is not None:
-            self.changed()
+            self.changed(("containers", container_id))
         return c

@@ -1,0 +1,150 @@
+"""Instructions crihook executes per intercepted call, counted by valgrind's callgrind: repeatable on
+a machine too loaded for wall-clock figures to mean much.
+
+    .venv/bin/python bench/intercept_instructions.py [--calls 200]      # needs valgrind
+
+Runs this script twice under `valgrind --tool=callgrind`, once doing nothing after start-up and once
+doing `--calls` pod starts the way the daemon sees them, and prints the difference divided by the
+calls. A pod start here is what crihook does for kubelet's RunPodSandbox, CreateContainer,
+StartContainer (and the RemovePodSandbox that keeps the node at `--resident` pods) apart from
+relaying bytes: `Interceptor.pre` and `Interceptor.post` (the hooks, the store's bookkeeping, its
+writes to disk) for a pod the scheduler gave all 8 GPUs of the simulated
+node that bench/proxy_bench.py uses, the runtime's answers made up. All threads count (the hook
+worker thread and the store's writer too); time spent waiting does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from proxy_bench import TOPOLOGY, all_gpus, crihook_config
+
+from crihook import config as cfgmod
+from crihook.hooks.chain import build_chain
+from crihook.proto import runtime_v1_pb2 as api
+from crihook.proxy.intercept import Interceptor
+from crihook.proxy.store import Store
+from crihook.simnode import fakenvml
+from crihook.simnode.cri import container_config, pod_config
+from crihook.simnode.node import make_sim_node
+
+SERVICE = b"/runtime.v1.RuntimeService/"
+
+
+async def pod_starts(work: Path, calls: int, resident: int) -> None:
+    node = make_sim_node(work / "node", TOPOLOGY, char_devices=False)
+    os.environ[fakenvml.CONFIG_ENV] = str(node.config)
+    # valgrind runs 50 times slower: the first call (NVML loading) must not hit the hooks' timeout
+    text = crihook_config(work, node).replace("[hooks]\n", "[hooks]\ndefault_timeout_ms = 600000\n", 1)
+    cfg = cfgmod.parse(__import__("tomllib").loads(text))
+    store = Store(work / "state")
+    chain = build_chain(cfg.hooks, cfg.node)
+    for reg in chain.hooks:
+        if hasattr(reg.hook, "attach_store"):
+            reg.hook.attach_store(store)
+    icpt = Interceptor(chain, store)
+    annotations = all_gpus(node)
+
+    async def settle() -> None:
+        """Let the store write, as it does between kubelet's calls (each takes longer than its delay)."""
+        if store._flush_task is not None:
+            await store._flush_task
+
+    async def one(n: int, resident: bool) -> None:
+        pod = pod_config(f"p{n}", annotations=annotations)
+        run = api.RunPodSandboxRequest(config=pod).SerializeToString()
+        pod_id = f"{n:064x}"
+        call = icpt.classify(SERVICE + b"RunPodSandbox")
+        assert call is not None
+        if call.modifies:
+            run = await icpt.pre(call, run)
+        icpt.post(call, run, api.RunPodSandboxResponse(pod_sandbox_id=pod_id).SerializeToString(), 0, None)
+        await settle()
+        create = api.CreateContainerRequest(
+            pod_sandbox_id=pod_id, config=container_config("app", pod), sandbox_config=pod
+        ).SerializeToString()
+        call = icpt.classify(SERVICE + b"CreateContainer")
+        assert call is not None and call.modifies
+        forwarded = await icpt.pre(call, create)
+        assert forwarded != create  # the gpu hook did its job
+        cid = f"c{n:063x}"
+        icpt.post(call, forwarded, api.CreateContainerResponse(container_id=cid).SerializeToString(), 0, None)
+        await settle()
+        start = api.StartContainerRequest(container_id=cid).SerializeToString()
+        call = icpt.classify(SERVICE + b"StartContainer")
+        assert call is not None
+        if call.modifies:
+            start = await icpt.pre(call, start)
+        icpt.post(call, start, b"", 0, None)
+        await settle()
+        if not resident:  # counted pods go again, so every counted start sees the same store
+            remove = api.RemovePodSandboxRequest(pod_sandbox_id=pod_id).SerializeToString()
+            call = icpt.classify(SERVICE + b"RemovePodSandbox")
+            assert call is not None
+            icpt.post(call, remove, b"", 0, None)
+            await settle()
+
+    for n in range(resident):
+        await one(n, True)
+    for n in range(resident, resident + calls):
+        await one(n, False)
+    await icpt.close()
+    await store.close()
+    await chain.close()
+
+
+def counted(calls: int, resident: int) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "callgrind.out"
+        proc = subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                f"--callgrind-out-file={out}",
+                sys.executable,
+                __file__,
+                "--inner",
+                "--calls",
+                str(calls),
+                "--resident",
+                str(resident),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        if proc.returncode != 0:
+            raise SystemExit(f"callgrind run failed:\n{proc.stderr[-3000:]}")
+        match = re.search(r"^(?:totals|summary): (\d+)", out.read_text(), re.M)
+        assert match, "no totals in callgrind's output"
+        return int(match.group(1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--resident", type=int, default=100, help="pods already on the node (uncounted)")
+    ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.inner:
+        with tempfile.TemporaryDirectory() as tmp:
+            asyncio.run(pod_starts(Path(tmp), args.calls, args.resident))
+        return
+    base = counted(0, args.resident)
+    total = counted(args.calls, args.resident)
+    print("instructions per pod start (RunPodSandbox, CreateContainer with 8 GPUs, StartContainer,")
+    print(f"RemovePodSandbox), interception only, {args.resident} pods on the node, {args.calls} starts:")
+    print(f"{(total - base) / args.calls:,.0f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""Answers to a hook's file-system questions, kept until the kernel says they may have changed.
+
+A hook that reads files (the kubelet checkpoint, device nodes, kubelet's pod directories) can not
+run on the event loop: one read on a stalled file system would freeze every CRI call. But the same
+questions get the same answers call after call. `FsMemo` remembers each answer together with an
+inotify watch on the directory it came from; reading the inotify queue is a non-blocking read of a
+kernel buffer that touches no file system, so the event loop can ask "did anything I rely on
+change?" safely. A hook offers `handle_cached` (see hooks.chain): it answers from the memo on the
+loop, and raises `NotCached` for anything it does not hold, which sends the call to a worker
+thread where `handle` does the real reads and fills the memo.
+
+inotify events are queued by the kernel inside the syscall that makes the change, so once kubelet's
+write or rename of a file returned, the next `sync` sees it: an answer is never used after a change
+kubelet made before sending the call. Where inotify is unavailable (no watches left, a file system
+that does not support it, the directory missing) nothing is remembered and every call takes the
+worker thread, as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import struct
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
+
+# <sys/inotify.h>
+IN_MODIFY = 0x002
+IN_ATTRIB = 0x004
+IN_CLOSE_WRITE = 0x008
+IN_MOVED_FROM = 0x040
+IN_MOVED_TO = 0x080
+IN_CREATE = 0x100
+IN_DELETE = 0x200
+IN_DELETE_SELF = 0x400
+IN_MOVE_SELF = 0x800
+IN_Q_OVERFLOW = 0x4000
+IN_IGNORED = 0x8000
+IN_ONLYDIR = 0x01000000
+IN_MASK_ADD = 0x20000000
+IN_NONBLOCK = os.O_NONBLOCK
+IN_CLOEXEC = os.O_CLOEXEC
+# which names a directory holds: enough for "does this path exist"
+ENTRIES = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR
+# and what the files hold: for a file read whole (written in place or replaced by rename)
+CONTENTS = ENTRIES | IN_CLOSE_WRITE | IN_MODIFY | IN_ATTRIB
+_SELF = IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED
+_EVENT = struct.Struct("iIII")
+
+
+class NotCached(Exception):
+    """The answer needs a file-system read: the caller goes to a worker thread."""
+
+
+def _libc() -> Any:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.inotify_init1.argtypes = [ctypes.c_int]
+        libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+class FsMemo:
+    """Answers keyed by the path they depend on, each dropped when its directory reports a change
+    to that name (or to the directory itself). Thread-safe: the worker thread fills it, the event
+    loop reads it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._libc = _libc()
+        fd = self._libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC) if self._libc is not None else -1
+        self._fd: int | None = fd if fd >= 0 else None
+        self._wd: dict[str, int] = {}  # directory -> watch descriptor
+        self._mask: dict[str, int] = {}  # directory -> events asked for
+        self._dirs: dict[int, str] = {}
+        self._generation: dict[str, int] = {}  # directory -> changes seen, to spot a change mid-read
+        self._memo: dict[tuple[str, str], tuple[Any, BaseException | None]] = {}  # (dir, name) -> answer
+
+    @property
+    def enabled(self) -> bool:
+        return self._fd is not None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+            self._memo.clear()
+
+    def sync(self) -> None:
+        """Drop every answer the kernel has reported a change for. Never blocks on a file system."""
+        if self._fd is None:
+            return
+        with self._lock:
+            self._drain()
+
+    def recall(self, path: str) -> Any:
+        """The remembered answer about `path` (re-raising a remembered error). Raises NotCached.
+        Call `sync` first, once per call of the hook."""
+        head, name = os.path.split(path)
+        hit = self._memo.get((head, name))
+        if hit is None:
+            raise NotCached(path)
+        value, error = hit
+        if error is not None:
+            raise error
+        return value
+
+    def answer(self, path: str, compute: Callable[[], _T], contents: bool = False) -> _T:
+        """compute() (which may block: worker threads only), remembered for `path` if the kernel can
+        tell us when it changes. `contents`: the answer depends on what the file holds, not only on
+        whether it is there."""
+        head, name = os.path.split(path)
+        generation = self._watch(head, CONTENTS if contents else ENTRIES)
+        try:
+            value: Any = compute()
+        except Exception as e:
+            self._keep(head, name, generation, (None, e))
+            raise
+        self._keep(head, name, generation, (value, None))
+        return value
+
+    # -- inside --------------------------------------------------------------------------------
+
+    def _watch(self, directory: str, mask: int) -> int | None:
+        """The directory's change count once it is watched for `mask`; None if it can not be. The
+        lock is not held while the kernel looks the path up (that may stall: the loop must not wait)."""
+        fd = self._fd
+        if fd is None:
+            return None
+        with self._lock:
+            have = self._mask.get(directory, 0)
+            generation = self._generation.get(directory, 0)
+        if have & mask != mask:
+            wd = self._libc.inotify_add_watch(fd, os.fsencode(directory), mask | have | IN_MASK_ADD)
+            if wd < 0:
+                err = ctypes.get_errno()
+                if err not in (errno.ENOENT, errno.ENOTDIR, errno.ENOSPC, errno.EACCES, errno.EBADF):
+                    raise OSError(err, os.strerror(err), directory)
+                return None
+            with self._lock:
+                self._wd[directory] = wd
+                self._dirs[wd] = directory
+                self._mask[directory] = self._mask.get(directory, 0) | have | mask
+        return generation
+
+    def _keep(self, head: str, name: str, generation: int | None, answer: tuple[Any, BaseException | None]) -> None:
+        if generation is None:
+            return
+        with self._lock:
+            self._drain()  # a change made while compute() ran is counted before we compare
+            if self._generation.get(head, 0) == generation and head in self._wd:
+                self._memo[(head, name)] = answer
+
+    def _drain(self) -> None:
+        assert self._fd is not None
+        while True:
+            try:
+                buf = os.read(self._fd, 65536)
+            except BlockingIOError:
+                return
+            pos = 0
+            while pos + _EVENT.size <= len(buf):
+                wd, mask, _cookie, length = _EVENT.unpack_from(buf, pos)
+                name = buf[pos + _EVENT.size : pos + _EVENT.size + length].rstrip(b"\0")
+                pos += _EVENT.size + length
+                if mask & IN_Q_OVERFLOW:
+                    self._forget_all()
+                    continue
+                directory = self._dirs.get(wd)
+                if directory is None:
+                    continue
+                self._generation[directory] = self._generation.get(directory, 0) + 1
+                if mask & _SELF or not name:
+                    self._forget_dir(wd, directory, unwatch=bool(mask & _SELF))
+                else:
+                    self._memo.pop((directory, os.fsdecode(name)), None)
+
+    def _forget_dir(self, wd: int, directory: str, unwatch: bool) -> None:
+        for key in [k for k in self._memo if k[0] == directory]:
+            del self._memo[key]
+        if unwatch:  # gone or moved: watched afresh, by path, on the next real read
+            self._dirs.pop(wd, None)
+            self._wd.pop(directory, None)
+            self._mask.pop(directory, None)
+            if self._libc is not None and self._fd is not None:
+                self._libc.inotify_rm_watch(self._fd, wd)
+
+    def _forget_all(self) -> None:
+        self._memo.clear()
+        for directory in self._wd:
+            self._generation[directory] = self._generation.get(directory, 0) + 1
