@@ -64,7 +64,7 @@ def one_run(how: str, timing: Timing, seed: int) -> tuple[float, str]:
 
 
 class NoRecheck(KubeApi):
-    """The bind path without the re-check: no LIST of the node's claims (the claim label is still
+    """The bind path without the re-check: no LISTs of the node's claims (the claim label is still
     written with the annotations, in the same PATCH)."""
 
     def claims(self, node: str) -> list[dict[str, Any]]:

@@ -64,14 +64,22 @@ class KubeApi:
         self.timeout = timeout
 
     def claims(self, node: str) -> list[dict[str, Any]]:
-        """The live pods claiming `node` (bound there or being bound), read from the API server now:
-        a LIST without resourceVersion is a consistent read."""
+        """The live pods claiming `node`, read from the API server now (a LIST without
+        resourceVersion is a consistent read): first the unbound ones carrying its claim label,
+        then the ones bound to it. In that order a pod bound in between is not missed (a pod goes
+        from unbound to bound, never back). Both lists are served from the API
+        server's index on spec.nodeName (unbound pods are its "" entry), so neither scans every pod
+        of the cluster as a label-only list would."""
+        pending = self._pods(f"spec.nodeName=,{POD_SELECTOR}", f"{CLAIM_LABEL}={claim_value(node)}")
+        bound = self._pods(f"spec.nodeName={node},{POD_SELECTOR}", "")
+        # a pod bound between the two lists is in both: its bound self counts, once
+        by_uid = {str((p.get("metadata") or {}).get("uid")): p for p in pending + bound}
+        return list(by_uid.values())
+
+    def _pods(self, fields: str, labels: str) -> list[dict[str, Any]]:
         try:
             resp = self.core.list_pod_for_all_namespaces(
-                label_selector=f"{CLAIM_LABEL}={claim_value(node)}",
-                field_selector=POD_SELECTOR,
-                _preload_content=False,
-                _request_timeout=self.timeout,
+                field_selector=fields, label_selector=labels, _preload_content=False, _request_timeout=self.timeout
             )
         except ApiException as e:
             raise _failure(e) from None

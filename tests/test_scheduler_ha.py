@@ -350,6 +350,9 @@ def test_a_leader_paused_past_its_lease_is_refused_when_it_wakes_to_a_bind(tmp_p
         assert "Lease" in answer[0]["Error"]
         assert not kube.get("pods", m["name"], "ha")["spec"].get("nodeName")
         assert not leader.ready()
+        deadline = time.monotonic() + 10  # its election thread, woken too, steps down within a round
+        while scrape(leader)["crihook_scheduler_leader"] != 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert scrape(leader)["crihook_scheduler_leader"] == 0
         assert scrape(leader)['crihook_scheduler_binds_refused_total{reason="not_leader"}'] >= 1
         assert scrape(standby)["crihook_scheduler_leader"] == 1
