@@ -397,12 +397,16 @@ def test_waits_for_a_runtime_that_comes_late(containerd: Containerd, tmp_path: P
     starter = threading.Thread(target=proxy.start, kwargs={"timeout": 120})
     try:
         starter.start()
-        time.sleep(1.0)
+        # containerd comes back only once crihook has found it missing: on a loaded machine crihook's
+        # own start can take longer than any fixed pause, and then there is nothing to wait for
+        deadline = time.monotonic() + 60
+        while "waiting for runtime" not in proxy.log_text():
+            assert time.monotonic() < deadline, proxy.log_text()
+            time.sleep(0.05)
         assert not proxy.socket_path.exists()  # never serves before the runtime answers
         containerd.start()
         starter.join(120)
         assert proxy.socket_path.exists()
-        assert "waiting for runtime" in proxy.log_text()
         with Cri(proxy.address) as client:
             assert client.version().runtime_name == "containerd"
     finally:
