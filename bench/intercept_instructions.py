@@ -2,6 +2,7 @@
 a machine too loaded for wall-clock figures to mean much.
 
     .venv/bin/python bench/intercept_instructions.py [--calls 200]      # needs valgrind
+    .venv/bin/python bench/intercept_instructions.py --cpu [--calls 200]   # event-loop CPU per step
 
 Runs this script twice under `valgrind --tool=callgrind`, once doing nothing after start-up and once
 doing `--calls` pod starts the way the daemon sees them, and prints the difference divided by the
@@ -17,12 +18,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -40,7 +46,8 @@ from crihook.simnode.node import make_sim_node
 SERVICE = b"/runtime.v1.RuntimeService/"
 
 
-async def pod_starts(work: Path, calls: int, resident: int) -> None:
+async def pod_starts(work: Path, calls: int, resident: int, timings: dict[str, list[float]] | None = None) -> None:
+    """`timings`: filled with the event-loop thread's CPU seconds per step of each counted start."""
     node = make_sim_node(work / "node", TOPOLOGY, char_devices=False)
     os.environ[fakenvml.CONFIG_ENV] = str(node.config)
     # valgrind runs 50 times slower: the first call (NVML loading) must not hit the hooks' timeout
@@ -53,6 +60,34 @@ async def pod_starts(work: Path, calls: int, resident: int) -> None:
             reg.hook.attach_store(store)
     icpt = Interceptor(chain, store)
     annotations = all_gpus(node)
+    clock = {"on": False}
+
+    def timed(step: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        if timings is None:
+            return fn
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            began = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if clock["on"]:
+                    timings.setdefault(step, []).append(time.thread_time() - began)
+
+        return run
+
+    async def pre(step: str, call: Any, body: bytes) -> bytes:
+        began = time.thread_time()
+        out = await icpt.pre(call, body)
+        if timings is not None and clock["on"]:
+            timings.setdefault(step, []).append(time.thread_time() - began)
+        return out
+
+    store._encode = timed("store: encode on the event loop", store._encode)  # type: ignore[method-assign]
+    post = {
+        name: timed(f"{name} post (bookkeeping)", icpt.post)
+        for name in ("RunPodSandbox", "CreateContainer", "StartContainer")
+    }
 
     async def settle() -> None:
         """Let the store write, as it does between kubelet's calls (each takes longer than its delay)."""
@@ -66,25 +101,27 @@ async def pod_starts(work: Path, calls: int, resident: int) -> None:
         call = icpt.classify(SERVICE + b"RunPodSandbox")
         assert call is not None
         if call.modifies:
-            run = await icpt.pre(call, run)
-        icpt.post(call, run, api.RunPodSandboxResponse(pod_sandbox_id=pod_id).SerializeToString(), 0, None)
+            run = await pre("RunPodSandbox pre", call, run)
+        post["RunPodSandbox"](call, run, api.RunPodSandboxResponse(pod_sandbox_id=pod_id).SerializeToString(), 0, None)
         await settle()
         create = api.CreateContainerRequest(
             pod_sandbox_id=pod_id, config=container_config("app", pod), sandbox_config=pod
         ).SerializeToString()
         call = icpt.classify(SERVICE + b"CreateContainer")
         assert call is not None and call.modifies
-        forwarded = await icpt.pre(call, create)
+        forwarded = await pre("CreateContainer pre (decode, hooks, re-encode)", call, create)
         assert forwarded != create  # the gpu hook did its job
         cid = f"c{n:063x}"
-        icpt.post(call, forwarded, api.CreateContainerResponse(container_id=cid).SerializeToString(), 0, None)
+        post["CreateContainer"](
+            call, forwarded, api.CreateContainerResponse(container_id=cid).SerializeToString(), 0, None
+        )
         await settle()
         start = api.StartContainerRequest(container_id=cid).SerializeToString()
         call = icpt.classify(SERVICE + b"StartContainer")
         assert call is not None
         if call.modifies:
-            start = await icpt.pre(call, start)
-        icpt.post(call, start, b"", 0, None)
+            start = await pre("StartContainer pre", call, start)
+        post["StartContainer"](call, start, b"", 0, None)
         await settle()
         if not resident:  # counted pods go again, so every counted start sees the same store
             remove = api.RemovePodSandboxRequest(pod_sandbox_id=pod_id).SerializeToString()
@@ -95,11 +132,37 @@ async def pod_starts(work: Path, calls: int, resident: int) -> None:
 
     for n in range(resident):
         await one(n, True)
+    clock["on"] = True
     for n in range(resident, resident + calls):
         await one(n, False)
     await icpt.close()
     await store.close()
     await chain.close()
+
+
+def cpu_per_step(calls: int, resident: int) -> None:
+    """What each step costs the event loop's thread (CPU time: hardly moved by other load) and
+    every garbage collection pause meanwhile."""
+    timings: dict[str, list[float]] = {}
+    pauses: dict[int, list[float]] = {}
+    began = [0.0]
+
+    def gc_watch(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter()
+        else:
+            pauses.setdefault(info["generation"], []).append(time.perf_counter() - began[0])
+
+    gc.callbacks.append(gc_watch)
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(pod_starts(Path(tmp), calls, resident, timings))
+    gc.callbacks.remove(gc_watch)
+    print(f"event-loop CPU per step, {calls} pod starts with {resident} pods on the node (µs p50 / p99):")
+    for step, samples in timings.items():
+        q = statistics.quantiles(samples, n=100)
+        print(f"  {step:<48} {q[49] * 1e6:8.1f} / {q[98] * 1e6:8.1f}")
+    for gen, p in sorted(pauses.items()):
+        print(f"  GC generation {gen}: {len(p)} collections, longest {max(p) * 1e3:.2f} ms")
 
 
 def counted(calls: int, resident: int) -> int:
@@ -134,7 +197,11 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--resident", type=int, default=100, help="pods already on the node (uncounted)")
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--cpu", action="store_true", help="no valgrind: the event loop's CPU time per step, and GC pauses")
     args = ap.parse_args()
+    if args.cpu:
+        cpu_per_step(args.calls, args.resident)
+        return
     if args.inner:
         with tempfile.TemporaryDirectory() as tmp:
             asyncio.run(pod_starts(Path(tmp), args.calls, args.resident))

@@ -49,6 +49,8 @@ class Registered:
     follows_deadline: bool = False
     # a blocking hook with `handle_cached`: tried on the event loop first (see _run)
     cached: bool = False
+    # the hook narrows its stages call by call (`wants(stage)`; see HookChain.wants)
+    narrows: bool = False
 
 
 @dataclass(slots=True)
@@ -115,11 +117,7 @@ class HookChain:
     def wants(self, stage: Stage) -> bool:
         """False lets the proxy forward a call untouched without decoding it. A hook may narrow its
         `stages` call by call with `wants(stage)` (a remote hook with no server for the stage)."""
-        for reg in self._by_stage[stage]:
-            narrow = getattr(reg.hook, "wants", None)
-            if narrow is None or narrow(stage):
-                return True
-        return False
+        return any(not r.narrows or r.hook.wants(stage) for r in self._by_stage[stage])  # type: ignore[attr-defined]
 
     async def close(self) -> None:
         """Release what hooks hold (a remote hook's channels) once this chain is replaced or the
@@ -151,6 +149,8 @@ class HookChain:
 
     async def _run(self, ctx: HookContext, out: Outcome) -> None:
         regs = self._by_stage[ctx.stage]
+        if any(r.narrows for r in regs):  # a hook that does not want this call is not called
+            regs = tuple(r for r in regs if not r.narrows or r.hook.wants(ctx.stage))  # type: ignore[attr-defined]
         i = 0
         while i < len(regs) and out.error is None:
             if regs[i].is_async:
@@ -458,7 +458,8 @@ def build_chain(
         is_async = inspect.iscoroutinefunction(hook.handle)
         follows = is_async and not own_timeout and getattr(hook, "follows_call_deadline", False) is True
         cached = not is_async and callable(getattr(hook, "handle_cached", None))
-        regs.append(Registered(hook, policy, timeout_ms / 1000, is_async, follows, cached))
+        narrows = callable(getattr(hook, "wants", None))
+        regs.append(Registered(hook, policy, timeout_ms / 1000, is_async, follows, cached, narrows))
     explicit = {n: i for i, n in enumerate(hooks_cfg.order)}
     regs.sort(key=lambda r: (explicit.get(r.hook.name, len(explicit)), r.hook.priority, r.hook.name))
     patterns = [p.replace("{dev_root}", node.dev_root.rstrip("/") or "/") for p in hooks_cfg.allowed_host_paths]

@@ -8,13 +8,28 @@ import grpc
 from crihook import allocation as al
 from crihook.hooks.base import ContainerInfo, HookError, PodInfo
 
+_Answer = tuple[al.DeviceAllocation, ...] | None | str  # str: the annotation error
+_answers: dict[tuple[str | None, str | None, str, str], _Answer] = {}
+_MAX_ANSWERS = 4096
+
 
 def scheduled(pod: PodInfo, container: ContainerInfo, dtype: str) -> tuple[al.DeviceAllocation, ...] | None:
-    """See allocation.allocated_to; raises HookError(INVALID_ARGUMENT) for a malformed annotation."""
-    try:
-        return al.allocated_to(pod.annotations, container.name, dtype)
-    except al.AnnotationError as e:
-        raise HookError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+    """See allocation.allocated_to; raises HookError(INVALID_ARGUMENT) for a malformed annotation.
+    Answers are kept by annotation text: every hook of a CreateContainer asks, and the same pod's
+    containers carry the same text (DeviceAllocation is frozen, so sharing it is safe)."""
+    key = (pod.annotations.get(al.DEVICE_ALLOCATED), pod.annotations.get(al.CONTAINER_DEVICES), container.name, dtype)
+    answer = _answers.get(key, _answers)
+    if answer is _answers:
+        try:
+            answer = al.allocated_to(pod.annotations, container.name, dtype)
+        except al.AnnotationError as e:
+            answer = str(e)
+        if len(_answers) >= _MAX_ANSWERS:
+            _answers.clear()
+        _answers[key] = answer
+    if isinstance(answer, str):
+        raise HookError(grpc.StatusCode.INVALID_ARGUMENT, answer)
+    return answer  # type: ignore[return-value]
 
 
 def refuse(code: grpc.StatusCode, cause: str) -> HookError:

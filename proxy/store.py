@@ -176,44 +176,51 @@ class Store:
             self.pods, self.containers = {}, {}
             return "corrupt"
 
-    def _encode(self, reuse: bool = False) -> tuple[int, bytes]:
+    def _encode(self, reuse: bool = False) -> tuple[int, list[bytes]]:
         """The body in canonical JSON (what the checksum covers: json.dumps of {"containers": [...],
-        "pods": [...]} with sorted keys, compact), byte for byte, numbered so that an older encoding
-        never replaces a newer one on disk. Marks the store clean. `reuse`: records not changed
-        through this class's methods since the last encoding keep their encoded row (a node's
-        hundred pods are not encoded again for each one that starts); otherwise all are encoded."""
+        "pods": [...]} with sorted keys, compact), as pieces that join into it byte for byte, numbered
+        so that an older encoding never replaces a newer one on disk. Marks the store clean.
+        `reuse`: records not changed through this class's methods since the last encoding keep
+        their encoded row (a node's hundred pods are not encoded again for each one that starts);
+        otherwise all are encoded. The pieces are joined by the writer, off the event loop."""
         rows = self._rows if reuse else {}
-        parts = []
+        pieces = [b'{"containers":[']
         for kind, records, names in (
             ("containers", self.containers, _CONTAINER_FIELDS),
             ("pods", self.pods, _POD_FIELDS),
         ):
-            out = []
+            if kind == "pods":
+                pieces.append(b'],"pods":[')
+            comma = False
             for rid, rec in records.items():
                 row = rows.get((kind, rid))
                 if row is None:
                     row = rows[(kind, rid)] = _canonical(_row(rec, names))
-                out.append(row)
-            parts.append(b'"%s":[%s]' % (kind.encode(), b",".join(out)))
+                if comma:
+                    pieces.append(b",")
+                pieces.append(row)
+                comma = True
+        pieces.append(b"]}")
         self._rows = rows
         self._encoded += 1
         self._dirty = False
-        return self._encoded, b"{" + b",".join(parts) + b"}"
+        return self._encoded, pieces
 
-    def _write(self, seq: int, canonical: bytes) -> None:
+    def _write(self, seq: int, pieces: list[bytes]) -> None:
         """Write an encoding atomically: may block on the disk, so the event loop calls it through a
         worker thread. The body is encoded once; the file's "body" is those very bytes."""
         with self._write_lock:
             if seq <= self._written:
                 return
+            canonical = b"".join(pieces)
             checksum = "sha256:" + hashlib.sha256(canonical).hexdigest()
-            head = json.dumps({"version": FORMAT_VERSION, "checksum": checksum})
-            data = head[:-1].encode() + b', "body": ' + canonical + b"}"
+            head = json.dumps({"version": FORMAT_VERSION, "checksum": checksum})[:-1] + ', "body": '
+            data = [head.encode(), canonical, b"}"]
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             tmp = self.path.with_suffix(".tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                os.write(fd, data)
+                os.writev(fd, data)
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -244,9 +251,9 @@ class Store:
         next round."""
         while self._dirty:
             await asyncio.sleep(FLUSH_DELAY)
-            seq, canonical = self._encode(reuse=True)
+            seq, pieces = self._encode(reuse=True)
             try:
-                await asyncio.to_thread(self._write, seq, canonical)
+                await asyncio.to_thread(self._write, seq, pieces)
             except OSError as e:
                 self._dirty = True
                 log.error("store write failed", extra={"path": str(self.path), "error": str(e)})
