@@ -201,8 +201,10 @@ class Extender:
     def preempt(self, args: Any) -> dict[str, Any]:
         """ExtenderPreemptionResult {NodeNameToMetaVictims}: per candidate node the victims that
         free enough GPU (scheduler/preempt.py). kube-scheduler always reads the answer as
-        MetaVictims, whichever form it sent (HTTPExtender.ProcessPreemption, convertToVictims), and
-        refuses a node with no victims, so such nodes are left out."""
+        MetaVictims, whichever form it sent (HTTPExtender.ProcessPreemption, convertToVictims). A
+        node where no allowed victims make room is left out; one offered without victims that needs
+        none is answered without victims (newer kube-schedulers keep such placeholders for other
+        extenders; older ones never send them)."""
         if not isinstance(args, dict):
             raise BadRequest("expected ExtenderPreemptionArgs (a JSON object)")
         meta = args.get("NodeNameToMetaVictims")
