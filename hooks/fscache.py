@@ -24,6 +24,7 @@ import errno
 import os
 import struct
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -77,6 +78,8 @@ class FsMemo:
         self._libc = _libc()
         fd = self._libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC) if self._libc is not None else -1
         self._fd: int | None = fd if fd >= 0 else None
+        # a memo dropped without close() (a chain built and forgotten) still gives its descriptor back
+        self._finalizer = weakref.finalize(self, os.close, fd) if fd >= 0 else None
         self._wd: dict[str, int] = {}  # directory -> watch descriptor
         self._mask: dict[str, int] = {}  # directory -> events asked for
         self._dirs: dict[int, str] = {}
@@ -89,9 +92,9 @@ class FsMemo:
 
     def close(self) -> None:
         with self._lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+            if self._finalizer is not None:
+                self._finalizer()  # closes the descriptor, once
+            self._fd = None
             self._memo.clear()
 
     def sync(self) -> None:

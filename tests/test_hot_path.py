@@ -134,6 +134,21 @@ def test_a_removed_directory_drops_its_answers(memo: FsMemo, tmp_path: Path) -> 
         memo.recall(path)
 
 
+def test_memos_give_their_descriptors_back() -> None:
+    """A chain built and dropped without close() (a reload's old chain, a test's) must not use up
+    the user's inotify instances (128 by default)."""
+    import gc
+
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(200):
+        FsMemo()
+    gc.collect()
+    closed = FsMemo()
+    closed.close()
+    closed.close()
+    assert len(os.listdir("/proc/self/fd")) <= before
+
+
 # -- the gpu hook from the memo -------------------------------------------------------------------------
 
 
