@@ -11,7 +11,8 @@ on the best-fitting whole GPUs) and measured against the pods seen so far, in pe
   light pods and CPU-only pods where it is not needed, well before any node runs short;
 - p, scarcity: the GPU expected to be lost because the node can take fewer pods of a shape whose
   places are running out (places left against a Poisson forecast of the shape's arrivals until the
-  cluster is full);
+  cluster is full), plus the GPU taken from a set of GPU models that the pods pinned to it are
+  expected to run short of (shapes are keyed by the models they accept);
 - r, rarity: the shapes the node could host and no longer can, each weighted by its frequency
   times nodes / nodes that can still host it. It keeps the few nodes with the CPU and memory for
   the largest pods for those pods, long before their places run short. Until such pods are seen,
