@@ -94,6 +94,9 @@ class Call:
     modifies: bool
     records: list[HookRecord] = field(default_factory=list)
     pod: PodInfo | None = None
+    # what the hooks left (the views the forwarded request was written from): post() records a
+    # CreateContainer from it instead of decoding the request a second time
+    ctx: HookContext | None = None
 
 
 # -- protobuf -> views ---------------------------------------------------------------------------
@@ -315,6 +318,7 @@ class Interceptor:
         outcome = await self.chain.run(ctx)
         call.records = outcome.records
         call.pod = outcome.ctx.pod
+        call.ctx = outcome.ctx
         subject = _log_fields(outcome.ctx)
         if outcome.error is not None:
             log.warning(
@@ -399,7 +403,8 @@ class Interceptor:
                 self.janitor.notice(message)  # a task CRI lost track of blocks the removal: see orphans.py
             return
         try:
-            req = method.request.FromString(request)
+            created = method.name == "CreateContainer" and call.ctx is not None
+            req = None if created else method.request.FromString(request)
             resp = method.response.FromString(response or b"")
         except DecodeError as e:
             log.warning("undecodable lifecycle message", extra={"method": method.name, "error": str(e)})
@@ -437,8 +442,12 @@ class Interceptor:
             _log_event("pod sandbox started", pod, None, call.records)
             return None
         if name == "CreateContainer":
-            pod = pod_view(req.sandbox_config, pod_id=req.pod_sandbox_id)
-            c = container_view(req.config, resp.container_id)
+            if req is None:  # decoded once, in pre: the hooks' final views are what was forwarded
+                assert call.ctx is not None and call.ctx.container is not None
+                pod, c = call.ctx.pod, replace(call.ctx.container, id=resp.container_id)
+            else:
+                pod = pod_view(req.sandbox_config, pod_id=req.pod_sandbox_id)
+                c = container_view(req.config, resp.container_id)
             store.put_container(
                 ContainerRecord(
                     id=c.id,
