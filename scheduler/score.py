@@ -536,7 +536,7 @@ class DefaultPolicy:
         typical shapes only, which change far less often than the outlook: kept per node."""
         key = shape_key(req)
         memo = self.growths.get(key)
-        if memo is None:
+        if memo is None or memo.width != st.width:  # a node with more GPUs than any before
             if len(self.growths) >= MAX_SHAPES:
                 self.growths.clear()
             memo = self.growths[key] = RowMemo(st.width)

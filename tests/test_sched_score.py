@@ -273,3 +273,23 @@ def test_a_pinned_pool_about_to_run_out_costs_its_gpu_and_a_roomy_one_does_not()
     assert both is not None  # 4.6 pods expected of each, 2 places on T4, 4 on T4 or V100
     assert both[st_.model_ids["T4"]] > 1.4 and 0.5 < both[st_.model_ids["V100"]] < 0.9
     assert pools({(1000, 0, 100, 1, None): 5}, 5, future=8.0, st=st_, rows=rows) is None
+
+
+def test_scores_stay_right_when_a_node_with_more_gpus_joins() -> None:
+    """The per-node memos are laid out by GPU slot: a node wider than all before re-lays them, and a
+    one-GPU share is then scored on the new node's slots too."""
+    ds = DeviceShare()
+    ds.set_node(_node("a", 2, 64_000))
+    share = {"koordinator.sh/gpu-core": "25", "koordinator.sh/gpu-memory-ratio": "25", "koordinator.sh/gpu.shared": "1"}
+
+    def pod(uid: str) -> Pod:
+        return Pod(uid=uid, namespace="t", name=uid, containers=(Container("m", share),))
+
+    for i in range(4):  # the fifth pod seen re-derives nothing: the memos from before must serve
+        node = _best(ds, pod(f"s{i}"))
+        ds.reserve(ds.pre_filter(pod(f"s{i}")), node)
+    ds.set_node(_node("b", 8, 64_000))
+    req = ds.pre_filter(pod("late"))
+    scores = ds.score_nodes(req)
+    assert set(scores) == {"a", "b"} and all(0 <= v <= 100 for v in scores.values())
+    assert len(ds.reserve(req, "b").gpus) == 1
