@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import contextlib
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -215,6 +217,7 @@ def main() -> None:
         raise SystemExit(why)
     print(f"containerd {rt.name}: {rt.package_version()} (Debian {rt.suite})", flush=True)
     tmp = tempfile.mkdtemp(prefix="proxy-bench-")
+    atexit.register(shutil.rmtree, tmp, True)
     node = make_sim_node(Path(tmp) / "node", TOPOLOGY, char_devices=True)
     config_text = crihook_config(Path(tmp), node)
     env = {fakenvml.CONFIG_ENV: str(node.config)}
