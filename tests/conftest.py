@@ -17,13 +17,16 @@ from hypothesis import HealthCheck, settings
 if TYPE_CHECKING:
     from cri import Cri
 
-# Property and fuzz tests run hypothesis' default example count in the normal suite; bench/fuzz.sh
-# selects "fuzz" (CRIHOOK_HYPOTHESIS_PROFILE=fuzz, or pytest --hypothesis-profile=fuzz) for the long run.
+# Property and fuzz tests run hypothesis' default example count in the normal suite, without its
+# per-example deadline: that is a timing test in disguise, and on a loaded 2-core machine it failed
+# examples that pass alone. bench/fuzz.sh selects "fuzz" (CRIHOOK_HYPOTHESIS_PROFILE=fuzz, or pytest
+# --hypothesis-profile=fuzz) for the long run.
+_UNTIMED = [HealthCheck.too_slow]
+settings.register_profile("suite", deadline=None, suppress_health_check=_UNTIMED)
 settings.register_profile(
-    "fuzz", max_examples=10_000, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+    "fuzz", max_examples=10_000, deadline=None, suppress_health_check=[*_UNTIMED, HealthCheck.data_too_large]
 )
-if os.environ.get("CRIHOOK_HYPOTHESIS_PROFILE"):
-    settings.load_profile(os.environ["CRIHOOK_HYPOTHESIS_PROFILE"])
+settings.load_profile(os.environ.get("CRIHOOK_HYPOTHESIS_PROFILE", "suite"))
 
 
 # The containerd releases a test using the `containerd` fixture runs on, unless marked

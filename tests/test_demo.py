@@ -4,6 +4,7 @@ the containers get what the allocator chose, bad pods are refused, and nothing i
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -20,19 +21,22 @@ def run_demo(
     cwd: Path | None = None,
     env: dict[str, str] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """`crihook demo --json ARGS` (or `command`, such as `bash demo.sh`): each pod's outcome by name."""
-    before = set(Path(tempfile.gettempdir()).glob("crihook-demo-*"))
-    done = subprocess.run(
-        [*command, "--json", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        stdin=subprocess.DEVNULL,
-        cwd=cwd,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr
-    assert set(Path(tempfile.gettempdir()).glob("crihook-demo-*")) == before  # cleaned up
+    """`crihook demo --json ARGS` (or `command`, such as `bash demo.sh`): each pod's outcome by name.
+
+    The demo gets a temporary directory of its own (TMPDIR), so "left nothing behind" is checked on
+    what this run made, not on what other runs on the machine make meanwhile."""
+    with tempfile.TemporaryDirectory(prefix="crihook-demo-test-") as tmp:
+        done = subprocess.run(
+            [*command, "--json", *args],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+            env={**(os.environ if env is None else env), "TMPDIR": tmp},
+        )
+        assert done.returncode == 0, done.stderr
+        assert not [p.name for p in Path(tmp).glob("crihook-demo-*")]  # cleaned up
     return {o["pod"]: o for o in map(json.loads, done.stdout.splitlines())}
 
 
