@@ -28,7 +28,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))  # containerd.py: the OCI image writer of the test images
+sys.path.insert(0, str(ROOT))  # crihook/oci.py, the OCI writer, from this checkout without an install
 PACKAGE_DIRS = ("crihook", "proxy", "hooks", "scheduler", "devices", "proto")  # pyproject's package-dir
 
 REGISTRY = "ghcr.io/crihook/crihook"
@@ -171,7 +171,7 @@ def base_key() -> str:
 def cache_key() -> str:
     """A hash of everything the archive is built from: the base, crihook's sources, the OCI writer."""
     files = [ROOT / p for p in sources() if p.parts[0] in PACKAGE_DIRS or p.name in ("pyproject.toml", "README.md")]
-    return _key(Path(__file__).resolve(), ROOT / "tests" / "containerd.py", *files)
+    return _key(Path(__file__).resolve(), ROOT / "crihook" / "oci.py", *files)
 
 
 def cache_dir() -> Path:
@@ -188,7 +188,7 @@ def _keep_newest(cache: Path, pattern: str) -> None:
 def build(cache: Path | None = None) -> Path:
     """The OCI archive for this checkout, built when its inputs changed; the Debian part and the
     dependencies are built again only when this script or pyproject.toml changed."""
-    from containerd import oci_archive
+    from crihook.oci import oci_archive
 
     cache = cache or cache_dir()
     archive = cache / f"crihook-{version()}-{cache_key()}.oci.tar"
