@@ -948,6 +948,10 @@ _GROUP = re.compile(
 
 
 class _Server(ThreadingHTTPServer):
+    # socketserver's default listen backlog of 5 reset connections when a bench opened many at
+    # once; the real API server listens with Go's default, the kernel's somaxconn
+    request_queue_size = 4096
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that hangs up is normal (closed watches, pools); anything else is printed."""
         if not isinstance(sys.exc_info()[1], ConnectionError):
