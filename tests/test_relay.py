@@ -143,7 +143,9 @@ async def test_claimed_call_gets_the_client_deadline(setup) -> None:
     assert await unary(channel, "/t.S/Modify")(b"x", timeout=7.5) == b"echo:x"
     assert await unary(channel, "/t.S/Modify")(b"y") == b"echo:y"  # no deadline set by the client
     first, second = interceptor.deadlines
-    assert first is not None and before + 7.0 < first <= time.monotonic() + 7.5
+    # gRPC's client sends the time left when the header goes out, rounded up to a coarser unit
+    # (grpc-core's timeout encoding), so the relay may see a deadline a little past the client's own
+    assert first is not None and before + 7.0 < first <= time.monotonic() + 7.5 + 0.1
     assert second is None
 
 
