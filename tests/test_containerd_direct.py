@@ -184,7 +184,9 @@ def test_a_cancelled_start_settles_and_goes(containerd: Containerd, containerd_c
         container_id = cri.create_container(pod_id, container_config("main", pod), pod)
         with pytest.raises(grpc.RpcError) as cut:
             cri.runtime.StartContainer(api.StartContainerRequest(container_id=container_id), timeout=0.02)
-        assert cut.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        # Go's gRPC server resets the stream (RST_STREAM CANCEL) when the deadline it was sent runs
+        # out; when that reset beats the client's own timer the client reports CANCELLED
+        assert cut.value.code() in {grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
         refusals = set()
         deadline = time.monotonic() + 5
         while True:
