@@ -100,6 +100,16 @@ class ContainerdError(RuntimeError):
     """containerd did not come up, or a ctr command failed; the message carries its output."""
 
 
+def cut_by_deadline(error: grpc.RpcError) -> bool:
+    """True when a call failed because its deadline ran out. containerd 1.7+/2.x (grpc-go) reset the
+    stream with CANCEL when their copy of the deadline passes, which races the client's own timer:
+    the client reports CANCELLED when the reset arrives first, DEADLINE_EXCEEDED otherwise."""
+    code = error.code()
+    return code == grpc.StatusCode.DEADLINE_EXCEEDED or (
+        code == grpc.StatusCode.CANCELLED and "RST_STREAM" in (error.details() or "")
+    )
+
+
 def missing_requirements() -> str | None:
     """Why the containerd tests can not run here, or None when they can."""
     if os.geteuid() != 0:
