@@ -14,8 +14,9 @@ other pods started, each with a container) and every GPU the pods below ask for 
 GPU of another pod the scheduler placed (a phantom the conflict rule has to see through).
 
 Prints µs per call (p50, p99) two ways: `handle()` called directly, and a whole hook-chain run of
-the installed hooks (gpu, rdma, remote with no servers), which adds the worker-thread hand-off the
-proxy uses for blocking hooks. Each as wall time and as CPU time of the process: on a busy machine the
+the installed hooks (gpu, rdma, remote with no servers) as the proxy runs it: inline on the event
+loop while the hooks' cached node state answers (`handle_cached`), on a worker thread when a hook
+must read the file system. Each as wall time and as CPU time of the process: on a busy machine the
 wall-time tail is mostly waiting for a CPU, the CPU time is what the hook itself costs. Also counts
 NVML calls during the timed runs (expected: 0).
 """
