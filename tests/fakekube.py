@@ -783,22 +783,15 @@ class FakeKube:
             cur = self._objects["pods"].get((ns, name))
             if cur is None:
                 raise not_found(PODS, name)
-            want_uid = (binding.get("metadata") or {}).get("uid")
-            if want_uid and want_uid != cur["metadata"]["uid"]:
-                raise conflict(
-                    PODS,
-                    name,
-                    f"Precondition failed: UID in precondition: {want_uid}, "
-                    f"UID in object meta: {cur['metadata']['uid']}",
-                )
-            want_rv = (binding.get("metadata") or {}).get("resourceVersion")
-            if want_rv and want_rv != cur["metadata"]["resourceVersion"]:
-                raise conflict(
-                    PODS,
-                    name,
-                    f"Precondition failed: ResourceVersion in precondition: {want_rv}, "
-                    f"ResourceVersion in object meta: {cur['metadata']['resourceVersion']}",
-                )
+            for label, key in (("UID", "uid"), ("ResourceVersion", "resourceVersion")):
+                want = (binding.get("metadata") or {}).get(key)
+                if want and want != cur["metadata"][key]:
+                    raise conflict(
+                        PODS,
+                        name,
+                        f"Precondition failed: {label} in precondition: {want}, "
+                        f"{label} in object meta: {cur['metadata'][key]}",
+                    )
             if cur.get("spec", {}).get("nodeName"):
                 raise conflict(PODS, name, f'pod {name} is already assigned to node "{cur["spec"]["nodeName"]}"')
             new = copy.deepcopy(cur)
