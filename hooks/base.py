@@ -233,9 +233,7 @@ class Edit:
         if self.labels:
             out["labels"] = dict(self.labels)
         if self.resources is not None:
-            out["resources"] = {
-                k: v for k in ResourcesPatch.__slots__ if (v := getattr(self.resources, k)) is not None
-            }
+            out["resources"] = {k: v for k in ResourcesPatch.__slots__ if (v := getattr(self.resources, k)) is not None}
         if self.cgroup_parent:
             out["cgroup_parent"] = self.cgroup_parent
         return out
@@ -328,4 +326,3 @@ def _replace_keyed(items: tuple[_T, ...], remove: set[str], add: list[_T], key: 
     added = {key(a) for a in add}
     kept = [i for i in items if key(i) not in remove and key(i) not in added]
     return (*kept, *add)
-

@@ -106,7 +106,7 @@ def _read(listing: _Listing) -> Scan:
             continue
         names = declared(doc)
         if not names:
-            problems.append(f"{path}: not a CDI spec (no kind \"vendor/class\" with named devices)")
+            problems.append(f'{path}: not a CDI spec (no kind "vendor/class" with named devices)')
             continue
         specs.append(path)
         devices |= names

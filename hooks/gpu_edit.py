@@ -117,9 +117,7 @@ class NodeView:
     pods: SeenPods | None = None
 
 
-def gpu_edit(
-    pod: PodInfo, container: ContainerInfo, gpus: GpuLookup, node: NodeView, opts: GpuOptions
-) -> Edit | None:
+def gpu_edit(pod: PodInfo, container: ContainerInfo, gpus: GpuLookup, node: NodeView, opts: GpuOptions) -> Edit | None:
     """The edit for one CreateContainer. Raises HookError."""
     allocs = scheduled(pod, container, al.GPU)
     plugin = tuple(
@@ -229,9 +227,7 @@ def _plugin_gpu(dev_id: str, gpus: GpuLookup) -> GpuLike | None:
     return gpus.by_uuid(dev_id) if dev_id.startswith("GPU-") else None
 
 
-def _strip(
-    container: ContainerInfo, plugin: Sequence[PodDeviceEntry], chosen: Sequence[GpuLike], visible: str
-) -> Edit:
+def _strip(container: ContainerInfo, plugin: Sequence[PodDeviceEntry], chosen: Sequence[GpuLike], visible: str) -> Edit:
     """Remove every GPU the container would get some other way: what the device plugin injected
     for it, any /dev/nvidiaN node, and every CDI device naming a GPU not chosen, whether in
     CDI_devices or in a `cdi.k8s.io/*` annotation (the plugin's, an image's, a webhook's); then set
