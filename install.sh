@@ -229,7 +229,7 @@ kubelet_dropin() {
     [[ -n $exec_start ]] || die "kubelet.service has no ExecStart to extend; pass --skip-kubelet and point kubelet at crihook yourself"
     endpoints=$("$(r "$VENV")/bin/python" - "$(r "$CONFIG")" <<'PY'
 import sys
-from crihook.config import ConfigFileError, load
+from crihook.base.config import ConfigFileError, load
 try:
     c = load(sys.argv[1])
 except ConfigFileError as e:

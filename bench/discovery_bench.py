@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from fakekube import FakeKube
 
-from crihook import config as cfg
+from crihook.base import config as cfg
 from crihook.devices import report
 from crihook.devices.nvml import Nvml
 from crihook.devices.reporter import Reporter

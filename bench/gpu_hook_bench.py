@@ -39,9 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from gpu_fixtures import Entry, write_checkpoint
 
-from crihook import allocation as al
-from crihook.config import HooksConfig, NodeConfig
-from crihook.hooks.base import ContainerInfo, Device, HookContext, PodInfo, Stage
+from crihook.base import allocation as al
+from crihook.base.config import HooksConfig, NodeConfig
+from crihook.base.spec import Device
+from crihook.hooks.base import ContainerInfo, HookContext, PodInfo, Stage
 from crihook.hooks.chain import build_chain, discover_factories
 from crihook.proxy.serve import attach_store
 from crihook.proxy.store import ContainerRecord, PodRecord, Store

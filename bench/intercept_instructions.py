@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from proxy_bench import TOPOLOGY, all_gpus, crihook_config
 
-from crihook import config as cfgmod
+from crihook.base import config as cfgmod
 from crihook.hooks.chain import build_chain
 from crihook.proto import runtime_v1_pb2 as api
 from crihook.proxy.intercept import Interceptor

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import timeit
 
-from crihook.metrics import Counter, Histogram, Registry
+from crihook.base.metrics import Counter, Histogram, Registry
 
 METHODS = [f"/runtime.v1.RuntimeService/Method{i}" for i in range(30)]
 

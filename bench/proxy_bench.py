@@ -42,8 +42,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from containerd import RUNTIMES, running_containerd, runtime  # noqa: E402
 from cri import container_config, pod_config  # noqa: E402
 
-from crihook import allocation as al  # noqa: E402
-from crihook import config as cfgmod  # noqa: E402
+from crihook.base import allocation as al  # noqa: E402
+from crihook.base import config as cfgmod  # noqa: E402
 from crihook.hooks.chain import build_chain  # noqa: E402
 from crihook.proto import runtime_v1_pb2 as api  # noqa: E402
 from crihook.proxy.intercept import METHODS, Interceptor  # noqa: E402

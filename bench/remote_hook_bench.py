@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import uvloop
 from hookserver import HookServer, short_dir, write_config
 
-from crihook.config import HooksConfig, NodeConfig
+from crihook.base.config import HooksConfig, NodeConfig
 from crihook.hooks.base import ContainerInfo, HookContext, LinuxResources, PodInfo, Stage
 from crihook.hooks.chain import build_chain
 from crihook.hooks.remote import RemoteHook, create

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from crihook import quantity
+from crihook.base import quantity
 
 ANNOTATION = "scheduling.koordinator.sh/gpu-partitions"
 NVLINK = "NVLink"

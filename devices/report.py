@@ -17,12 +17,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from crihook import allocation as al
-from crihook import quantity
+from crihook.base import allocation as al
+from crihook.base import quantity
 from crihook.devices import partitions
+from crihook.devices.checkpoint import PodDeviceEntry
 from crihook.devices.nvml import NodeGpus
 from crihook.devices.rdma import RdmaNic
-from crihook.hooks.checkpoint import PodDeviceEntry
 
 GROUP = "scheduling.koordinator.sh"
 VERSION = "v1alpha1"

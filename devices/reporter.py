@@ -13,24 +13,21 @@ times, since it only means someone else wrote in between.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import random
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from crihook import config as cfg
-from crihook import log as logsetup
+from crihook.base import config as cfg
+from crihook.base.metrics import REPORTER_WRITES
 from crihook.devices import partitions, rdma, report
+from crihook.devices.checkpoint import CheckpointError, CheckpointReader
 from crihook.devices.nvml import GpuIndex, Nvml
-from crihook.hooks.checkpoint import CheckpointError, CheckpointReader
-from crihook.metrics import REPORTER_WRITES
 
 log = logging.getLogger("crihook.devices.reporter")
 
@@ -304,49 +301,3 @@ class Reporter:
 
 class _Conflict(Exception):
     """409 from a write: the object changed since we read it."""
-
-
-# -- `crihook report` --------------------------------------------------------------------------------
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default=str(cfg.DEFAULT_CONFIG), help="crihook configuration file")
-    p.add_argument("--kubeconfig", help='overrides reporter.kubeconfig ("in-cluster" for a pod)')
-    p.add_argument("--node-name", help="overrides node.name")
-    p.add_argument("--once", action="store_true", help="one round, print what was written, exit")
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        conf = cfg.load(args.config, {"reporter": {"kubeconfig": args.kubeconfig}, "node": {"name": args.node_name}})
-    except cfg.ConfigFileError as e:
-        print(f"crihook report: {e}", file=sys.stderr)
-        return 2
-    logsetup.setup(conf.proxy.log_level)
-    if not conf.reporter.kubeconfig:
-        print("crihook report: no kubeconfig (set reporter.kubeconfig or --kubeconfig)", file=sys.stderr)
-        return 2
-    try:
-        reporter = Reporter(conf, api_client_from(conf.reporter.kubeconfig))
-    except Exception as e:  # unreadable kubeconfig, bad partition table
-        print(f"crihook report: {e}", file=sys.stderr)
-        return 2
-    if not args.once:
-        reporter.start()
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            reporter.stop()
-            return 0
-    try:
-        done = reporter.run_once()
-    except ReportError as e:
-        print(f"crihook report: {e}", file=sys.stderr)
-        return 1
-    finally:
-        reporter.nvml.close()
-    gpus = f"{done.gpus} GPU(s)" + (f" (NVML: {done.reason})" if done.reason else "")
-    wrote = ", ".join(done.writes) or "nothing (already up to date)"
-    print(f"node {reporter.node_name}: {gpus}, {done.rdma} RDMA NIC(s); wrote {wrote}")
-    return 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 
-from crihook.allocation import PCI_ADDRESS
+from crihook.base.allocation import PCI_ADDRESS
 
 UNKNOWN = -1
 _HOST_BRIDGE = re.compile(r"pci[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}\Z")

@@ -11,9 +11,14 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import grpc
+
+from crihook.base.spec import Device, Mount
+
+if TYPE_CHECKING:
+    from crihook.devices.nvml import GpuIndex
 
 _T = TypeVar("_T")
 
@@ -39,23 +44,6 @@ class Stage(enum.StrEnum):
     @property
     def is_container(self) -> bool:
         return "Container" in self.value
-
-
-@dataclass(frozen=True, slots=True)
-class Mount:
-    container_path: str
-    host_path: str
-    readonly: bool = False
-    selinux_relabel: bool = False
-    # runtime.v1.MountPropagation: 0 private, 1 host-to-container, 2 bidirectional
-    propagation: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Device:
-    container_path: str
-    host_path: str
-    permissions: str = "rwm"
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +254,24 @@ class Hook(Protocol):
     priority: int  # lower runs first; ties broken by name
 
     def handle(self, ctx: HookContext) -> Edit | None: ...
+
+
+@runtime_checkable
+class NeedsStore(Protocol):
+    """A hook that asks about the node's other pods and containers (the gpu hook: which pods the
+    scheduler placed, which containers exist). The daemon hands it crihook's store once rebuilt."""
+
+    def attach_store(self, store: Any) -> None: ...
+
+
+@runtime_checkable
+class OwnsGpus(Protocol):
+    """A hook that keeps the node's GPU index. The daemon's device reporter refreshes the index each
+    round and publishes a device-plugin GPU only when `plugin_holds` says its holder really uses it."""
+
+    gpus: GpuIndex
+
+    def plugin_holds(self, pod_uid: str) -> bool: ...
 
 
 def apply_edit(ctx: HookContext, edit: Edit) -> HookContext:

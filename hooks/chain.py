@@ -19,10 +19,10 @@ from typing import Any
 
 import grpc
 
-from crihook.config import HooksConfig, NodeConfig
+from crihook.base.config import HooksConfig, NodeConfig
+from crihook.base.metrics import HOOK_FAILURES, HOOK_SECONDS
 from crihook.hooks.base import ConfigError, Edit, Hook, HookContext, HookError, Stage, apply_edit
 from crihook.hooks.fscache import NotCached
-from crihook.metrics import HOOK_FAILURES, HOOK_SECONDS
 
 log = logging.getLogger("crihook.hooks")
 

@@ -21,12 +21,12 @@ from typing import Any
 
 import grpc
 
-from crihook import allocation as al
-from crihook import kubelet
-from crihook.config import NodeConfig
+from crihook.base import allocation as al
+from crihook.base.config import NodeConfig
+from crihook.devices import kubelet
+from crihook.devices.checkpoint import Checkpoint, CheckpointError, CheckpointReader
 from crihook.hooks.base import ConfigError, Edit, HookContext, HookError, Stage
 from crihook.hooks.cdi import DEFAULT_SPEC_DIRS, GENERATE_FIX, CdiIndex
-from crihook.hooks.checkpoint import Checkpoint, CheckpointError, CheckpointReader
 from crihook.hooks.fscache import FsMemo, NotCached
 from crihook.hooks.gpu_edit import INJECT_MODES, GpuLookup, GpuOptions, HamiCore, NodeView, SeenPod, gpu_edit
 

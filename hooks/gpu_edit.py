@@ -17,9 +17,10 @@ from typing import Protocol
 
 import grpc
 
-from crihook import allocation as al
-from crihook.hooks.base import ContainerInfo, Device, Edit, HookError, Mount, PodInfo
-from crihook.hooks.checkpoint import Checkpoint, PodDeviceEntry, base_device_id
+from crihook.base import allocation as al
+from crihook.base.spec import Device, Mount
+from crihook.devices.checkpoint import Checkpoint, PodDeviceEntry, base_device_id
+from crihook.hooks.base import ContainerInfo, Edit, HookError, PodInfo
 from crihook.hooks.scheduled import refuse, scheduled
 
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"

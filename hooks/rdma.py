@@ -13,9 +13,10 @@ from typing import Any, NoReturn
 
 import grpc
 
-from crihook import allocation as al
-from crihook.config import NodeConfig
-from crihook.hooks.base import ConfigError, ContainerInfo, Device, Edit, HookContext, PodInfo, Stage
+from crihook.base import allocation as al
+from crihook.base.config import NodeConfig
+from crihook.base.spec import Device
+from crihook.hooks.base import ConfigError, ContainerInfo, Edit, HookContext, PodInfo, Stage
 from crihook.hooks.fscache import NotCached
 from crihook.hooks.scheduled import refuse, scheduled
 

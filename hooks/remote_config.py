@@ -18,9 +18,9 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any
 
+from crihook.base.metrics import HOOK_SERVER_FILES
 from crihook.hooks.base import Stage
 from crihook.hooks.remote_protocol import RPCS
-from crihook.metrics import HOOK_SERVER_FILES
 
 log = logging.getLogger("crihook.hooks.remote")
 

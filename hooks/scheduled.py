@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import grpc
 
-from crihook import allocation as al
+from crihook.base import allocation as al
 from crihook.hooks.base import ContainerInfo, HookError, PodInfo
 
 _Answer = tuple[al.DeviceAllocation, ...] | None | str  # str: the annotation error

@@ -18,7 +18,8 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from crihook.hooks.base import ContainerInfo, Device, HookContext, LinuxResources, Mount, PodInfo, Stage
+from crihook.base.spec import Device, Mount
+from crihook.hooks.base import ContainerInfo, HookContext, LinuxResources, PodInfo, Stage
 from crihook.hooks.chain import HookChain, HookRecord
 from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proxy.orphans import TaskJanitor

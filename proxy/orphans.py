@@ -19,7 +19,7 @@ from urllib.parse import unquote_to_bytes
 
 import grpc
 
-from crihook.metrics import ORPHAN_TASKS
+from crihook.base.metrics import ORPHAN_TASKS
 from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proto import runtime_v1_pb2_grpc as cri_grpc
 from crihook.proto import wire

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from crihook.metrics import BACKEND_SECONDS, CRI_CALLS
+from crihook.base.metrics import BACKEND_SECONDS, CRI_CALLS
 from crihook.proxy.hpack import Follower, HpackError, encode_literal
 
 log = logging.getLogger("crihook.proxy")

@@ -8,7 +8,6 @@ reaches a crihook that does not know the node's pods yet. SIGTERM drains in-flig
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -16,17 +15,16 @@ import os
 import signal
 import socket
 import stat
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from crihook import config as cfgmod
-from crihook import log as logmod
-from crihook import metrics
-from crihook.hooks.base import ConfigError
+from crihook.base import config as cfgmod
+from crihook.base import metrics
+from crihook.devices.nvml import GpuIndex
+from crihook.hooks.base import ConfigError, NeedsStore, OwnsGpus
 from crihook.hooks.chain import HookChain, build_chain
 from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proto import runtime_v1_pb2_grpc as cri_grpc
@@ -46,35 +44,6 @@ class StartupError(Exception):
     """Serving is impossible; the message is one line for the operator."""
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default=str(cfgmod.DEFAULT_CONFIG), help="TOML config file (default: %(default)s)")
-    p.add_argument("--listen", "--koord-runtimeproxy-endpoint", dest="listen", help="unix:///path of crihook's socket")
-    p.add_argument(
-        "--runtime-endpoint",
-        "--remote-runtime-service-endpoint",
-        dest="runtime_endpoint",
-        help="containerd's CRI socket (unix:///...)",
-    )
-    p.add_argument(
-        "--image-endpoint",
-        "--remote-image-service-endpoint",
-        dest="image_endpoint",
-        help="image service socket; default: the runtime endpoint",
-    )
-    p.add_argument("--state-dir", dest="state_dir", help="where the store lives")
-    p.add_argument("--log-level", dest="log_level", choices=logmod.LEVELS)
-
-
-def load_config(args: argparse.Namespace) -> cfgmod.Config:
-    overrides = {
-        "proxy": {
-            k: getattr(args, k, None)
-            for k in ("listen", "runtime_endpoint", "image_endpoint", "state_dir", "log_level")
-        }
-    }
-    return cfgmod.load(args.config, overrides)
-
-
 def unix_path(endpoint: str, what: str) -> str:
     if endpoint.startswith("unix://"):
         path = endpoint[len("unix://") :]
@@ -85,24 +54,6 @@ def unix_path(endpoint: str, what: str) -> str:
     if not path.startswith("/"):
         raise StartupError(f"{what} {endpoint!r} must be an absolute path")
     return path
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        cfg = load_config(args)
-        logmod.setup(cfg.proxy.log_level)
-    except (cfgmod.ConfigFileError, ValueError) as e:
-        print(f"crihook: {e}", file=sys.stderr)
-        return 2
-    try:
-        import uvloop
-
-        uvloop.run(Daemon(cfg, args.config).main())
-    except (StartupError, ConfigError) as e:
-        log.error("cannot start", extra={"error": str(e)})
-        print(f"crihook: {e}", file=sys.stderr)
-        return 1
-    return 0
 
 
 @dataclass
@@ -191,8 +142,9 @@ class Daemon:
         assert self.interceptor is not None
         old, self.interceptor.chain = self.interceptor.chain, chain
         if self.reporter is not None:
-            self.reporter.index = gpu_index(chain)
-            self.reporter.plugin_holds = plugin_holds(chain)
+            owner = gpu_owner(chain)
+            self.reporter.index = owner.gpus if owner else None
+            self.reporter.plugin_holds = owner.plugin_holds if owner else None
         # Calls already running keep the old chain's hooks until they finish: close it in the
         # background, once the longest a call can spend in it (every hook's budget) has passed.
         grace = sum(r.timeout for r in old.hooks) + 1.0
@@ -208,28 +160,17 @@ async def _close_later(chain: HookChain, grace: float) -> None:
 
 
 def attach_store(chain: HookChain, store: Store) -> None:
-    """Hands the store to hooks that ask about the node's other pods (the gpu hook: which pods the
-    scheduler placed, which containers exist)."""
     for reg in chain.hooks:
-        attach = getattr(reg.hook, "attach_store", None)
-        if attach is not None:
-            attach(store)
+        if isinstance(reg.hook, NeedsStore):
+            reg.hook.attach_store(store)
 
 
-def plugin_holds(chain: HookChain) -> Any:
-    """The gpu hook's rule for which checkpoint holders really use their device-plugin GPU, which
-    the reporter publishes (None without the hook: every entry is published)."""
-    return next((h for reg in chain.hooks if (h := getattr(reg.hook, "plugin_holds", None)) is not None), None)
-
-
-def gpu_index(chain: HookChain) -> Any:
-    """The gpu hook's GPU index, which the reporter's rounds keep fresh (None without the hook)."""
-    from crihook.devices.nvml import GpuIndex
-
+def gpu_owner(chain: HookChain) -> OwnsGpus | None:
+    """The hook keeping the GPU index, which the reporter's rounds keep fresh (None without one:
+    the reporter then reads NVML itself and publishes every checkpoint entry)."""
     for reg in chain.hooks:
-        gpus = getattr(reg.hook, "gpus", None)
-        if isinstance(gpus, GpuIndex):
-            return gpus
+        if isinstance(reg.hook, OwnsGpus) and isinstance(reg.hook.gpus, GpuIndex):
+            return reg.hook
     return None
 
 
@@ -240,14 +181,14 @@ def start_reporter(cfg: cfgmod.Config, chain: HookChain) -> Any:
         return None
     from crihook.devices.reporter import Reporter, api_client_from
 
-    index = gpu_index(chain)
+    owner = gpu_owner(chain)
     try:
         reporter = Reporter(
             cfg,
             api_client_from(cfg.reporter.kubeconfig),
-            nvml=index.nvml if index else None,
-            index=index,
-            plugin_holds=plugin_holds(chain),
+            nvml=owner.gpus.nvml if owner else None,
+            index=owner.gpus if owner else None,
+            plugin_holds=owner.plugin_holds if owner else None,
         )
     except Exception as e:  # unreadable kubeconfig or partition table: the operator's to fix
         log.error("device reporter not started", extra={"kubeconfig": cfg.reporter.kubeconfig, "error": str(e)})

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from crihook.metrics import STORE_OBJECTS
+from crihook.base.metrics import STORE_OBJECTS
 
 log = logging.getLogger("crihook.store")
 

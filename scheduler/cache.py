@@ -24,7 +24,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from crihook.allocation import CONTAINER_DEVICES, DEVICE_ALLOCATED, AnnotationError
+from crihook.base.allocation import CONTAINER_DEVICES, DEVICE_ALLOCATED, AnnotationError
 from crihook.scheduler.devices import DeviceError, node_from_device
 from crihook.scheduler.extender import ApiFailure
 from crihook.scheduler.fence import CLAIM_LABEL, claim_value

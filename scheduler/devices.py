@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from crihook import quantity
-from crihook.allocation import GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, PCI_ADDRESS, RDMA, RDMA_TYPE
-from crihook.errors import InputError
+from crihook.base import quantity
+from crihook.base.allocation import GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, PCI_ADDRESS, RDMA, RDMA_TYPE
+from crihook.base.errors import InputError
 
 TOPOLOGY = "gpu.crihook.io/topology"
 PARTITIONS = "scheduling.koordinator.sh/gpu-partitions"

@@ -18,8 +18,8 @@ import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from crihook import allocation
-from crihook.allocation import DEVICE_ALLOCATED, GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, DeviceAllocation
+from crihook.base import allocation
+from crihook.base.allocation import DEVICE_ALLOCATED, GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, DeviceAllocation
 
 FINISHED = ("Succeeded", "Failed")
 CLAIM_LABEL = "gpu.crihook.io/node"

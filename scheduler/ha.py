@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from crihook import metrics
+from crihook.base import metrics
 from crihook.scheduler.cache import ClusterCache
 from crihook.scheduler.extender import Extender
 from crihook.scheduler.leader import Elector, KubeLeaseApi, LeaseTiming

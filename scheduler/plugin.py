@@ -15,8 +15,8 @@ from typing import Protocol
 
 import numpy as np
 
-from crihook import allocation
-from crihook.allocation import (
+from crihook.base import allocation
+from crihook.base.allocation import (
     CONTAINER_DEVICES,
     DEVICE_ALLOCATED,
     GPU,

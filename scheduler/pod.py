@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from crihook.errors import InputError
+from crihook.base.errors import InputError
 
 
 class PodError(InputError):

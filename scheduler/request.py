@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
-from crihook import quantity
-from crihook.allocation import GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, GPU_SHARED, KOORD_GPU, NVIDIA_GPU, RDMA
-from crihook.errors import InputError
+from crihook.base import quantity
+from crihook.base.allocation import GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, GPU_SHARED, KOORD_GPU, NVIDIA_GPU, RDMA
+from crihook.base.errors import InputError
 from crihook.scheduler.pod import Container, Pod
 
 USE_GPUTYPE = "nvidia.com/use-gputype"

@@ -21,10 +21,8 @@ file descriptor, not a thread.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
-import ctypes
 import itertools
 import json
 import logging
@@ -32,7 +30,6 @@ import os
 import queue
 import select
 import selectors
-import signal
 import socket
 import ssl
 import threading
@@ -41,13 +38,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from crihook import log as crihook_log
-from crihook import metrics
-from crihook.metrics import is_loopback, parse_listen
-from crihook.scheduler import ha, webhook
+from crihook.base import metrics
+from crihook.base.metrics import is_loopback, parse_listen
+from crihook.scheduler import webhook
 from crihook.scheduler.extender import BadRequest, Extender
-from crihook.scheduler.plugin import DeviceShare, PluginConfig
-from crihook.scheduler.request import STRATEGIES
 
 log = logging.getLogger("crihook.scheduler")
 
@@ -62,10 +56,7 @@ HANDSHAKE_TIMEOUT = 10.0
 REQUEST_TIMEOUT = 15.0  # to read one request, head and body
 LINGER = 0.05  # seconds a worker waits for the next request on a connection before parking it
 IDLE_TIMEOUT = 120.0  # a kept-alive connection with no request for this long is closed
-API_CONNECTIONS = 32  # kept-alive connections to the API server, for binds in flight
-TLS_CHECK_EVERY = 1.0
-M_ARENA_MAX = -8  # mallopt's parameter number, from glibc's malloc.h
-MALLOC_ARENAS = 2  # seconds between looks at the certificate files
+TLS_CHECK_EVERY = 1.0  # seconds between looks at the certificate files
 
 Answer = tuple[int, bytes, str]  # HTTP status, body, content type
 TEXT = "text/plain"
@@ -508,102 +499,3 @@ def make_server(
     app: App, host: str, port: int, tls: TlsFiles | None, workers: int = WORKERS, max_connections: int = MAX_CONNECTIONS
 ) -> Server:
     return Server(app, (host, port), Certificates(tls) if tls is not None else None, workers, max_connections)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--listen", default=DEFAULT_LISTEN, help="HOST:PORT to serve on (default %(default)s)")
-    parser.add_argument("--tls-cert", default="", help="PEM certificate (chain) file; enables HTTPS")
-    parser.add_argument("--tls-key", default="", help="PEM private key file for --tls-cert")
-    parser.add_argument("--client-ca", default="", help="require client certificates signed by this CA")
-    parser.add_argument(
-        "--insecure-allow-plain-http", action="store_true", help="allow plain HTTP on a non-loopback address"
-    )
-    parser.add_argument("--kubeconfig", default="", help="kubeconfig file (default: in-cluster, else ~/.kube/config)")
-    parser.add_argument("--strategy", default="fragmentation", choices=STRATEGIES, help="node scoring strategy")
-    parser.add_argument(
-        "--scheduler-user",
-        action="append",
-        default=[],
-        help=f"user allowed to write allocation annotations (repeatable; default {DEFAULT_SCHEDULER_USER})",
-    )
-    parser.add_argument("--scheduler-name", default="", help="webhook: move GPU pods of the default scheduler here")
-    parser.add_argument("--log-level", default="info", choices=crihook_log.LEVELS)
-    ha.add_arguments(parser)
-
-
-def _api_client(kubeconfig: str) -> Any:
-    """A client whose connection pool holds as many connections as binds run at once: kube-scheduler
-    binds in parallel, and the client's default (5 per CPU) makes, and throws away, a new TLS
-    connection to the API server for every bind beyond it."""
-    from kubernetes import client, config
-
-    cfg = client.Configuration()
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config(client_configuration=cfg)
-    else:
-        config.load_kube_config(client_configuration=cfg)
-    cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize, API_CONNECTIONS)
-    return client.ApiClient(cfg)
-
-
-def limit_malloc_arenas() -> None:
-    """Cap glibc's malloc at MALLOC_ARENAS arenas unless MALLOC_ARENA_MAX says otherwise. Each thread
-    that allocates gets an arena of its own by default (up to 8 per core), and memory freed there
-    stays with the process: 5,000-node bench, 1,500 binds, RSS 156 -> 400 MiB with the default and
-    165 -> 250 MiB with two arenas, pods/s no lower. Called before any thread starts."""
-    if os.environ.get("MALLOC_ARENA_MAX"):
-        return
-    try:
-        mallopt = ctypes.CDLL(None).mallopt  # glibc; musl has no arenas and no mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt(M_ARENA_MAX, MALLOC_ARENAS)
-
-
-def run(args: argparse.Namespace) -> int:
-    from crihook.scheduler.cache import KubeApi
-
-    limit_malloc_arenas()
-    crihook_log.setup(args.log_level)
-    if bool(args.tls_cert) != bool(args.tls_key):
-        log.error("give both --tls-cert and --tls-key")
-        return 2
-    tls = TlsFiles(args.tls_cert, args.tls_key, args.client_ca) if args.tls_cert else None
-    if args.client_ca and tls is None:
-        log.error("--client-ca needs --tls-cert and --tls-key")
-        return 2
-    try:
-        host, port = check_listen(args.listen, tls, args.insecure_allow_plain_http)
-    except ValueError as e:
-        log.error(str(e))
-        return 2
-    api_client = _api_client(args.kubeconfig)
-
-    def new_plugin() -> DeviceShare:
-        return DeviceShare(PluginConfig(strategy=args.strategy))
-
-    extender = Extender(new_plugin(), KubeApi(api_client))
-    try:
-        replica = ha.build(args, api_client, extender, new_plugin)
-    except ValueError as e:
-        log.error(str(e))
-        return 2
-    users = tuple(args.scheduler_user) or (DEFAULT_SCHEDULER_USER,)
-    app = App(extender, webhook.WebhookConfig(users, args.scheduler_name), replica.ready)
-    try:
-        server = make_server(app, host, port, tls)
-    except (OSError, ssl.SSLError) as e:
-        log.error("can not serve", extra={"listen": args.listen, "error": str(e)})
-        return 2
-    replica.start()
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
-    log.info("scheduler listening", extra={"listen": args.listen, "tls": tls is not None})
-    stop.wait()
-    server.shutdown()
-    replica.stop()
-    return 0

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from crihook import quantity
-from crihook.allocation import (
+from crihook.base import quantity
+from crihook.base.allocation import (
     CONTAINER_DEVICES,
     DEVICE_ALLOCATED,
     GPU_CORE,

@@ -23,8 +23,8 @@ from typing import Any
 
 from fakekube import FakeKube
 
-from crihook import quantity
-from crihook.allocation import DEVICE_ALLOCATED, GPU, GPU_CORE, GPU_MEMORY, parse_device_allocated
+from crihook.base import quantity
+from crihook.base.allocation import DEVICE_ALLOCATED, GPU, GPU_CORE, GPU_MEMORY, parse_device_allocated
 from crihook.scheduler.cache import ClusterCache, KubeApi
 from crihook.scheduler.extender import Extender
 from crihook.scheduler.plugin import DeviceShare

@@ -58,8 +58,8 @@ from pathlib import Path
 
 import grpc
 
-import crihook.oci
-from crihook.oci import (  # noqa: F401  (re-exported: the tests build their images with it)
+import crihook.base.oci
+from crihook.base.oci import (  # noqa: F401  (re-exported: the tests build their images with it)
     ANNOTATION_REF_NAME,
     MEDIA_CONFIG,
     MEDIA_INDEX,
@@ -146,7 +146,7 @@ def _cached(name: str, inputs: Iterable[bytes], build: Callable[[], bytes]) -> P
     """The archive for these inputs, built once: its file name carries a hash of everything it came
     from, this module's code included."""
     key = hashlib.sha256()
-    for chunk in (Path(__file__).read_bytes(), Path(crihook.oci.__file__).read_bytes(), *inputs):
+    for chunk in (Path(__file__).read_bytes(), Path(crihook.base.oci.__file__).read_bytes(), *inputs):
         key.update(hashlib.sha256(chunk).digest())
     path = CACHE / f"{name}-{key.hexdigest()[:16]}.tar"
     if not path.exists():

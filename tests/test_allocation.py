@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from crihook import allocation as al
-from crihook.allocation import (
+from crihook.base import allocation as al
+from crihook.base.allocation import (
     CONTAINER_DEVICES,
     DEVICE_ALLOCATED,
     AnnotationError,

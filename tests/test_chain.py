@@ -12,8 +12,9 @@ from typing import Any
 import grpc
 import pytest
 
-from crihook.config import HooksConfig, NodeConfig
-from crihook.hooks.base import ContainerInfo, Device, Edit, HookContext, HookError, PodInfo, Stage
+from crihook.base.config import HooksConfig, NodeConfig
+from crihook.base.spec import Device
+from crihook.hooks.base import ContainerInfo, Edit, HookContext, HookError, PodInfo, Stage
 from crihook.hooks.chain import STUCK_PER_HOOK, HookChain, build_chain
 
 STAGE = Stage.PRE_CREATE_CONTAINER

@@ -24,10 +24,10 @@ from gpu_fixtures import fake_proc
 from hypothesis import given
 from hypothesis import strategies as st
 
-from crihook import doctor
-from crihook.config import NodeConfig, ProxyConfig
+from crihook.base.config import NodeConfig, ProxyConfig
+from crihook.cli import doctor
+from crihook.cli.doctor import Finding, Level
 from crihook.devices.nvml import GpuInfo, NodeGpus
-from crihook.doctor import Finding, Level
 from crihook.proxy.store import PodRecord, Store
 
 # -- pure parts -----------------------------------------------------------------------------------
@@ -407,7 +407,7 @@ def test_state_dir_checks(tmp_path: Path) -> None:
 def test_hook_server_checks(tmp_path: Path) -> None:
     """A server file crihook skips (Koordinator calls a server with an unknown policy as Ignore;
     crihook does not call it at all) is a failure doctor names, not only a log line."""
-    from crihook.config import Config, HooksConfig
+    from crihook.base.config import Config, HooksConfig
 
     confdir = tmp_path / "hookserver.d"
 

@@ -211,7 +211,7 @@ def test_http_endpoints(http_server: Any) -> None:
 
 
 def test_metrics_count_requests_by_path_and_status(http_server: Any) -> None:
-    from crihook import metrics
+    from crihook.base import metrics
 
     ok, bad = metrics.SCHEDULER_REQUESTS.value("/filter", "200"), metrics.SCHEDULER_REQUESTS.value("/filter", "400")
     timed = metrics.SCHEDULER_SECONDS.count("/filter")

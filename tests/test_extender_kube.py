@@ -16,7 +16,7 @@ import pytest
 from bindrun import Scheduler, start_scheduler
 from fakekube import FakeKube
 
-from crihook.allocation import CONTAINER_DEVICES, DEVICE_ALLOCATED, GPU, GPU_CORE, parse_device_allocated
+from crihook.base.allocation import CONTAINER_DEVICES, DEVICE_ALLOCATED, GPU, GPU_CORE, parse_device_allocated
 from crihook.scheduler.cache import ClusterCache
 from crihook.scheduler.plugin import DeviceShare
 

@@ -24,10 +24,11 @@ from gpu_fixtures import Entry, Inventory, gpus, nvidia_plugin_resp, write_check
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from crihook import allocation as al
-from crihook.hooks.base import Device, Edit, HookContext, ResourcesPatch, Stage
+from crihook.base import allocation as al
+from crihook.base.spec import Device
+from crihook.devices.checkpoint import CheckpointReader
+from crihook.hooks.base import Edit, HookContext, ResourcesPatch, Stage
 from crihook.hooks.chain import Allowlist, HookChain, Registered
-from crihook.hooks.checkpoint import CheckpointReader
 from crihook.hooks.gpu import GpuHook
 from crihook.hooks.gpu_edit import VISIBLE, GpuOptions
 from crihook.proto import runtime_v1_pb2 as cri

@@ -23,8 +23,8 @@ from gpu_fixtures import Entry, alloc_resp, checkpoint_doc, gpus, nvidia_plugin_
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from crihook import allocation as al
-from crihook.hooks.checkpoint import CheckpointError, parse_checkpoint
+from crihook.base import allocation as al
+from crihook.devices.checkpoint import CheckpointError, parse_checkpoint
 from crihook.proxy.store import ContainerRecord, PodRecord, Store
 
 KOORD_EXAMPLE = (

@@ -21,11 +21,11 @@ from cri import Cri, CriError, container_config, pod_config
 from daemon import Crihook, running_crihook
 from gpu_fixtures import write_checkpoint
 
-from crihook import allocation as al
-from crihook import doctor
-from crihook.config import NodeConfig
+from crihook.base import allocation as al
+from crihook.base.config import NodeConfig
+from crihook.cli import doctor
+from crihook.cli.doctor import Level
 from crihook.devices.nvml import GpuInfo, NodeGpus
-from crihook.doctor import Level
 from crihook.hooks.base import ConfigError
 from crihook.hooks.cdi import CdiIndex, declared
 from crihook.hooks.gpu import parse_options

@@ -13,8 +13,8 @@ from gpu_fixtures import Entry, alloc_resp, checkpoint_doc, write_checkpoint
 from hypothesis import given
 from hypothesis import strategies as st
 
-from crihook.hooks.base import Device, Mount
-from crihook.hooks.checkpoint import (
+from crihook.base.spec import Device, Mount
+from crihook.devices.checkpoint import (
     NO_TOPOLOGY,
     AllocResp,
     Checkpoint,

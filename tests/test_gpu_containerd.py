@@ -21,7 +21,7 @@ from cri import Cri, CriError, DeviceSpec, container_config, pod_config
 from daemon import Crihook, running_crihook
 from gpu_fixtures import Entry, write_checkpoint
 
-from crihook import allocation as al
+from crihook.base import allocation as al
 from crihook.simnode import fakenvml
 from crihook.simnode.node import (
     NVIDIA_MAJOR,

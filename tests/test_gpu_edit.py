@@ -14,9 +14,10 @@ from gpu_fixtures import Entry, Gpu, Inventory, alloc_resp, checkpoint_doc, gpus
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crihook import allocation as al
-from crihook.hooks.base import ContainerInfo, Device, Edit, HookContext, HookError, Mount, PodInfo, Stage, apply_edit
-from crihook.hooks.checkpoint import Checkpoint, parse_checkpoint
+from crihook.base import allocation as al
+from crihook.base.spec import Device, Mount
+from crihook.devices.checkpoint import Checkpoint, parse_checkpoint
+from crihook.hooks.base import ContainerInfo, Edit, HookContext, HookError, PodInfo, Stage, apply_edit
 from crihook.hooks.gpu_edit import GpuOptions, HamiCore, NodeView, SeenPod, gpu_edit
 
 POD_UID = "11111111-2222-3333-4444-555555555555"

@@ -13,12 +13,13 @@ import grpc
 import pytest
 from gpu_fixtures import Entry, Inventory, fake_proc, gpus, nvidia_plugin_resp, write_checkpoint
 
-from crihook import allocation as al
-from crihook.config import HooksConfig, NodeConfig
-from crihook.hooks import checkpoint as checkpoint_module
-from crihook.hooks.base import ConfigError, ContainerInfo, Device, Edit, HookContext, HookError, PodInfo, Stage
+from crihook.base import allocation as al
+from crihook.base.config import HooksConfig, NodeConfig
+from crihook.base.spec import Device
+from crihook.devices import checkpoint as checkpoint_module
+from crihook.devices.checkpoint import CheckpointReader
+from crihook.hooks.base import ConfigError, ContainerInfo, Edit, HookContext, HookError, PodInfo, Stage
 from crihook.hooks.chain import build_chain
-from crihook.hooks.checkpoint import CheckpointReader
 from crihook.hooks.gpu import GpuHook, PodDirs, StorePods, parse_options
 from crihook.hooks.gpu_edit import GpuOptions, HamiCore, SeenPod
 from crihook.simnode.node import make_dev_root

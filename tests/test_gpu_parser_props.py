@@ -17,8 +17,8 @@ from gpu_fixtures import Entry, alloc_resp, checkpoint_doc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crihook import allocation as al
-from crihook.hooks.checkpoint import CheckpointError, parse_checkpoint
+from crihook.base import allocation as al
+from crihook.devices.checkpoint import CheckpointError, parse_checkpoint
 
 Path = tuple[str | int, ...]
 

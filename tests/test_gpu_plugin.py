@@ -49,7 +49,7 @@ from daemon import Crihook, running_crihook
 from fakekube import ApiError, FakeKube
 from gpu_fixtures import Entry, fake_proc, write_checkpoint
 
-from crihook import allocation as al
+from crihook.base import allocation as al
 from crihook.proto import deviceplugin_v1beta1_pb2 as dp
 from crihook.proto import runtime_v1_pb2 as api
 from crihook.scheduler.devices import PLUGIN_HELD, node_from_device

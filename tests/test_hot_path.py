@@ -18,8 +18,8 @@ import pytest
 import test_gpu_hook
 from gpu_fixtures import Entry, nvidia_plugin_resp, write_checkpoint
 
-from crihook import allocation as al
-from crihook.config import HooksConfig, NodeConfig
+from crihook.base import allocation as al
+from crihook.base.config import HooksConfig, NodeConfig
 from crihook.hooks.base import ContainerInfo, HookContext, HookError, PodInfo, Stage
 from crihook.hooks.chain import build_chain
 from crihook.hooks.fscache import FsMemo, NotCached

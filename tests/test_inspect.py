@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from crihook import cli
-from crihook.inspect import find, render
+from crihook.cli.inspect import find, render
 from crihook.proxy.store import ContainerRecord, PodRecord, Store
 
 ALLOCATED = '{"gpu":[{"minor":3,"id":"GPU-5e1b","resources":{"koordinator.sh/gpu-core":"100"}}]}'

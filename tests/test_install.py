@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from crihook import config as cfg
+from crihook.base import config as cfg
 
 REPO = Path(__file__).resolve().parent.parent
 INSTALL = REPO / "install.sh"

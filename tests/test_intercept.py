@@ -8,8 +8,9 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from crihook.config import HooksConfig, NodeConfig
-from crihook.hooks.base import Device, Edit, HookContext, HookError, Mount, ResourcesPatch, Stage
+from crihook.base.config import HooksConfig, NodeConfig
+from crihook.base.spec import Device, Mount
+from crihook.hooks.base import Edit, HookContext, HookError, ResourcesPatch, Stage
 from crihook.hooks.chain import build_chain
 from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proto import wire

@@ -37,7 +37,7 @@ from fakekube import FakeKube
 from image_build import offline
 from test_reporter import check_against_crd
 
-from crihook import demo
+from crihook.cli import demo
 from crihook.simnode.fakenvml import CONFIG_ENV, TOPOLOGIES, build, compiler
 from crihook.simnode.node import make_sim_node
 

@@ -1,4 +1,4 @@
-"""crihook.metrics: exposition checked line by line against the text-format 0.0.4 rules, read
+"""crihook.base.metrics: exposition checked line by line against the text-format 0.0.4 rules, read
 back by the reference parser (prometheus_client), and served over loopback HTTP."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from crihook import metrics
-from crihook.metrics import Counter, Gauge, Histogram, Registry
+from crihook.base import metrics
+from crihook.base.metrics import Counter, Gauge, Histogram, Registry
 
 # -- a strict reader of the text format ----------------------------------------------------------
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_extender import cluster_plugin, fixture
 
-from crihook.allocation import DEVICE_ALLOCATED, GPU_CORE, GPU_MEMORY_RATIO
+from crihook.base.allocation import DEVICE_ALLOCATED, GPU_CORE, GPU_MEMORY_RATIO
 from crihook.scheduler import preempt
 from crihook.scheduler.extender import BadRequest, Extender
 from crihook.scheduler.pod import pod_from_json

@@ -21,7 +21,7 @@ from containerd import BUSYBOX_IMAGE, Containerd, cut_by_deadline
 from cri import Cri, CriError, container_config, pod_config
 from daemon import Crihook, CrihookError, install_hook_package, running_crihook
 
-from crihook.metrics import ORPHAN_TASKS
+from crihook.base.metrics import ORPHAN_TASKS
 from crihook.proto import runtime_v1_pb2 as api
 from crihook.proto import runtime_v1_pb2_grpc as api_grpc
 from crihook.proxy.orphans import TaskJanitor

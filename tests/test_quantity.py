@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from crihook import quantity
-from crihook.quantity import MAX_INT64, QuantityError
+from crihook.base import quantity
+from crihook.base.quantity import MAX_INT64, QuantityError
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from crihook import allocation as al
-from crihook.config import NodeConfig
-from crihook.hooks.base import ConfigError, ContainerInfo, Device, HookContext, HookError, PodInfo, Stage
+from crihook.base import allocation as al
+from crihook.base.config import NodeConfig
+from crihook.base.spec import Device
+from crihook.hooks.base import ConfigError, ContainerInfo, HookContext, HookError, PodInfo, Stage
 from crihook.hooks.rdma import canonical_pci, factory
 from crihook.simnode.node import make_rdma_sys
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from crihook.metrics import CRI_CALLS
+from crihook.base.metrics import CRI_CALLS
 from crihook.proxy.relay import Rejected, Relay, deadline_of
 
 

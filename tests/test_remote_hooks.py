@@ -18,12 +18,12 @@ import grpc
 import pytest
 from hookserver import HookServer, short_dir, write_config, write_raw
 
-from crihook.config import HooksConfig, NodeConfig
+from crihook.base.config import HooksConfig, NodeConfig
+from crihook.base.metrics import HOOK_SERVER_FILES
 from crihook.hooks.base import ConfigError, ContainerInfo, Edit, HookContext, LinuxResources, PodInfo, Stage
 from crihook.hooks.chain import HookChain, Outcome, build_chain
 from crihook.hooks.remote import RemoteHook, create
 from crihook.hooks.remote_protocol import SKIP_LABEL
-from crihook.metrics import HOOK_SERVER_FILES
 
 CREATE = "PreCreateContainerHook"
 RUN = "PreRunPodSandboxHook"

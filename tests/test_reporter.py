@@ -16,7 +16,7 @@ from fakekube import FakeKube
 from gpu_fixtures import Entry, write_checkpoint
 
 from crihook import cli
-from crihook import config as cfg
+from crihook.base import config as cfg
 from crihook.devices import partitions, report
 from crihook.devices import reporter as reporter_module
 from crihook.devices.nvml import GpuIndex, Nvml

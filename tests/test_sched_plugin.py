@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crihook.allocation import CONTAINER_DEVICES, DEVICE_ALLOCATED, parse_container_devices, parse_device_allocated
+from crihook.base.allocation import CONTAINER_DEVICES, DEVICE_ALLOCATED, parse_container_devices, parse_device_allocated
 from crihook.scheduler.devices import PCIE_LEVELS, DeviceError, Gpu, NodeDevices, node_from_device
 from crihook.scheduler.plugin import DeviceShare, Unschedulable
 from crihook.scheduler.pod import pod_from_json

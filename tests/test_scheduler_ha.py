@@ -20,7 +20,7 @@ from bindrun import SHAPES, audit, cluster, start_scheduler
 from fakekube import MICRO_TIME, FakeKube
 from harun import Replica, Service, Timing, burst, get, make_pods, replicas, schedule, time_to_ready, wait_leader
 
-from crihook import metrics
+from crihook.base import metrics
 from crihook.scheduler.cache import KubeApi
 from crihook.scheduler.extender import ApiFailure
 from crihook.scheduler.fence import CLAIM_LABEL
@@ -191,7 +191,7 @@ def _claim(name: str, shares: list[tuple[int, int]], bound: bool) -> dict[str, A
 
 
 def test_judging_the_claims_on_a_node() -> None:
-    from crihook.allocation import DeviceAllocation
+    from crihook.base.allocation import DeviceAllocation
     from crihook.scheduler.fence import claim_value, judge
 
     def ours(minor: int, core: int) -> list[DeviceAllocation]:
@@ -392,12 +392,13 @@ def test_a_replica_that_is_not_ready_sends_kept_alive_clients_back_to_the_servic
 def test_without_leader_election_one_replica_serves_from_the_start() -> None:
     import argparse
 
-    from crihook.scheduler import ha, server
+    from crihook.cli import scheduler as command
+    from crihook.scheduler import ha
     from crihook.scheduler.extender import Extender
     from crihook.scheduler.plugin import DeviceShare
 
     parser = argparse.ArgumentParser()
-    server.add_arguments(parser)
+    command.add_arguments(parser)
     with cluster(1) as kube:
         for argv, elects in ((["--no-leader-elect"], False), ([], True)):
             args = parser.parse_args(argv)

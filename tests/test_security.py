@@ -24,7 +24,8 @@ pytestmark = pytest.mark.containerd
 # A hook that tries to hand out the host path its container annotation names, as a device or mount.
 GRABBER = textwrap.dedent(
     """
-    from crihook.hooks.base import Device, Edit, Mount, Stage
+    from crihook.hooks.base import Edit, Stage
+    from crihook.base.spec import Device, Mount
 
     class Grabber:
         name = "grabber"

@@ -14,7 +14,7 @@ from fakekube import json_patch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from crihook.allocation import CONTAINER_DEVICES, DEVICE_ALLOCATED, GPU_SHARED
+from crihook.base.allocation import CONTAINER_DEVICES, DEVICE_ALLOCATED, GPU_SHARED
 from crihook.scheduler import webhook
 from crihook.scheduler.pod import pod_from_json
 from crihook.scheduler.request import RequestError, parse_request

@@ -28,7 +28,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # crihook/oci.py, the OCI writer, from this checkout without an install
+sys.path.insert(0, str(ROOT))  # crihook/base/oci.py, the OCI writer, from this checkout without an install
 PACKAGE_DIRS = ("crihook", "proxy", "hooks", "scheduler", "devices", "proto")  # pyproject's package-dir
 
 REGISTRY = "ghcr.io/crihook/crihook"
@@ -188,7 +188,7 @@ def _keep_newest(cache: Path, pattern: str) -> None:
 def build(cache: Path | None = None) -> Path:
     """The OCI archive for this checkout, built when its inputs changed; the Debian part and the
     dependencies are built again only when this script or pyproject.toml changed."""
-    from crihook.oci import oci_archive
+    from crihook.base.oci import oci_archive
 
     cache = cache or cache_dir()
     archive = cache / f"crihook-{version()}-{cache_key()}.oci.tar"

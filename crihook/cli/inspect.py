@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from crihook.config import DEFAULT_CONFIG, ConfigFileError, load
+from crihook.base.config import DEFAULT_CONFIG, ConfigFileError, load
 
 # Labels and annotations crihook's hooks read; the rest of a pod's metadata is noise here.
 RELEVANT_PREFIXES = (

@@ -23,11 +23,11 @@ from typing import Any
 import grpc
 import yaml
 
-from crihook import kubelet
-from crihook.config import DEFAULT_CONFIG, Config, ConfigFileError, NodeConfig, ProxyConfig, load
+from crihook.base.config import DEFAULT_CONFIG, Config, ConfigFileError, NodeConfig, ProxyConfig, load
+from crihook.devices import kubelet
+from crihook.devices.kubelet import flag_value, kubelet_argv
 from crihook.devices.nvml import NodeGpus, Nvml
 from crihook.hooks.cdi import DEFAULT_SPEC_DIRS, GENERATE_FIX, CdiIndex
-from crihook.kubelet import flag_value, kubelet_argv
 
 VERSION_METHOD = "/runtime.v1.RuntimeService/Version"
 KUBELET_API_VERSION = "0.1.0"  # what kubelet itself sends in VersionRequest
@@ -402,7 +402,7 @@ def check_checkpoint(node: NodeConfig, gpu_options: Mapping[str, Any] | None = N
     """The device-plugin checkpoint is readable where kubelet keeps it, and the gpu hook looks for
     pod directories where kubelet keeps them. The two do not move together: the checkpoint stays in
     /var/lib/kubelet/device-plugins whatever kubelet's --root-dir, the pods dir follows it."""
-    from crihook.hooks.checkpoint import CheckpointError, parse_checkpoint
+    from crihook.devices.checkpoint import CheckpointError, parse_checkpoint
 
     name = "device checkpoint"
     path = node.kubelet_checkpoint

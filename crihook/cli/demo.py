@@ -30,7 +30,7 @@ from typing import Any
 from crihook.simnode.fakenvml import TOPOLOGIES
 
 # The containerd harness of a source checkout (absent from an installed wheel)
-TESTS = Path(__file__).resolve().parent.parent / "tests"
+TESTS = Path(__file__).resolve().parents[2] / "tests"
 NODE = "demo-node"
 GiB = 1 << 30
 
@@ -150,7 +150,7 @@ class Runtime:
 @contextlib.contextmanager
 def embedded_runtime(work: Path) -> Iterator[Runtime]:
     """The in-process runtime on its own event loop thread."""
-    from crihook import embedded_runtime as er
+    from crihook.simnode import runtime as er
 
     sock = str(work / "runtime.sock")
     loop = asyncio.new_event_loop()

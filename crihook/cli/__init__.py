@@ -1,5 +1,6 @@
-"""The `crihook` command. Each subcommand lives in the module that owns the work and exposes
-`add_arguments(parser)` and `run(args) -> int`; modules load only when their subcommand runs."""
+"""The `crihook` command. Each subcommand is a module of this package exposing `add_arguments(parser)`
+and `run(args) -> int`; it parses flags and wires the packages below, which hold the work. A module
+loads only when its subcommand runs."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ from crihook import __version__
 
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("crihook.proxy.serve", "run the CRI proxy in front of containerd"),
-    "doctor": ("crihook.doctor", "check this node's setup and say how to fix what is wrong"),
-    "inspect": ("crihook.inspect", "show what crihook decided and did for a pod or container"),
-    "report": ("crihook.devices.reporter", "publish this node's GPUs and RDMA NICs as a Device and node resources"),
-    "scheduler": ("crihook.scheduler.server", "serve the kube-scheduler extender and the pod admission webhook"),
-    "simulate": ("crihook.scheduler.simulate", "replay a cluster trace through the GPU allocator"),
-    "demo": ("crihook.demo", "run pods through crihook on a simulated GPU node (no GPU or kubelet needed)"),
+    "serve": ("crihook.cli.serve", "run the CRI proxy in front of containerd"),
+    "doctor": ("crihook.cli.doctor", "check this node's setup and say how to fix what is wrong"),
+    "inspect": ("crihook.cli.inspect", "show what crihook decided and did for a pod or container"),
+    "report": ("crihook.cli.report", "publish this node's GPUs and RDMA NICs as a Device and node resources"),
+    "scheduler": ("crihook.cli.scheduler", "serve the kube-scheduler extender and the pod admission webhook"),
+    "simulate": ("crihook.cli.simulate", "replay a cluster trace through the GPU allocator"),
+    "demo": ("crihook.cli.demo", "run pods through crihook on a simulated GPU node (no GPU or kubelet needed)"),
 }
 
 

@@ -27,8 +27,8 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from crihook.errors import InputError
-from crihook.hooks.base import Device, Mount
+from crihook.base.errors import InputError
+from crihook.base.spec import Device, Mount
 from crihook.proto import deviceplugin_v1beta1_pb2 as dp
 
 log = logging.getLogger("crihook.checkpoint")

@@ -14,8 +14,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from crihook import quantity
-from crihook.errors import InputError
+from crihook.base import quantity
+from crihook.base.errors import InputError
 
 DEVICE_ALLOCATED = "scheduling.koordinator.sh/device-allocated"
 CONTAINER_DEVICES = "gpu.crihook.io/container-devices"

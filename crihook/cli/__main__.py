@@ -1,0 +1,7 @@
+"""`python -m crihook.cli`."""
+
+import sys
+
+from crihook.cli import main
+
+sys.exit(main())
