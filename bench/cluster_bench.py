@@ -45,14 +45,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bindrun import audit_objects
 from extender_bench import pct
-from fakekube import FakeKube
 
 from crihook.scheduler import simulate
 from crihook.scheduler.devices import GPU_MODEL
+from tests.support.bindrun import audit_objects
+from tests.support.fakekube import FakeKube
 
 NAMESPACE = "openb"
 # 8-GPU node kinds after the openb node list (model, CPU milli, memory MiB), share of the cluster,

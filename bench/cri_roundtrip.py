@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from containerd import running_containerd
-from cri import Cri, container_config, pod_config
+from tests.support.containerd import running_containerd
+from tests.support.cri import Cri, container_config, pod_config
 
 T = TypeVar("T")
 STEPS = (

@@ -1,5 +1,5 @@
 """Device discovery and reporting cost on the fake 8-GPU NVSwitch node (crihook.simnode's dgx-h100)
-against the fake API server (tests/fakekube.py), through the real pynvml and kubernetes client.
+against the fake API server (tests/support/fakekube.py), through the real pynvml and kubernetes client.
 
 Prints, per step, the median and 95th percentile over the rounds:
   - discovery: Nvml.snapshot with the pairwise topology (and how many NVML calls it makes),
@@ -23,15 +23,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from fakekube import FakeKube
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from crihook.base import config as cfg
 from crihook.devices import report
 from crihook.devices.nvml import Nvml
 from crihook.devices.reporter import Reporter
 from crihook.simnode import fakenvml
+from tests.support.fakekube import FakeKube
 
 NODE = "bench-node"
 

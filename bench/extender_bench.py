@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from crihook.scheduler import server, webhook
 from crihook.scheduler.devices import node_from_device
@@ -151,9 +151,8 @@ def bench_filter_prioritize(nodes: int, gpus: int, requests: int) -> None:
 
 
 def bench_binds(binds: int, threads: int) -> None:
-    from fakekube import FakeKube
-
     from crihook.scheduler.cache import ClusterCache, KubeApi
+    from tests.support.fakekube import FakeKube
 
     with FakeKube() as kube:
         nodes = max(1, binds // 8 + 1)

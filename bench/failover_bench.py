@@ -1,5 +1,5 @@
 """How long GPU scheduling stops when the leading `crihook scheduler` replica goes away, with two
-replicas against the fake API server and kube-scheduler's side played over HTTP (tests/harun.py):
+replicas against the fake API server and kube-scheduler's side played over HTTP (tests/support/harun.py):
 
 - kill: the leader is SIGKILLed halfway through a burst of binds; the time until the other replica
   answers /readyz (it has waited out the Lease and rebuilt its state from the API server);
@@ -27,12 +27,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from bindrun import SHAPES, audit, cluster, start_scheduler
-from harun import Service, Timing, burst, make_pods, replicas, time_to_ready, wait_leader
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from crihook.scheduler.cache import KubeApi
+from tests.support.bindrun import SHAPES, audit, cluster, start_scheduler
+from tests.support.harun import Service, Timing, burst, make_pods, replicas, time_to_ready, wait_leader
 
 NODES = 8
 

@@ -2,7 +2,7 @@
 
     python bench/fuzz.py [pytest -k expression]
 
-Runs tests/test_fuzz_*.py (annotation, checkpoint and store-file mutation, the CRI request decoder,
+Runs tests/reliability/test_fuzz_*.py (annotation, checkpoint and store-file mutation, the CRI request decoder,
 malformed HTTP/2 at the daemon's socket; the last needs root and containerd) with
 CRIHOOK_HYPOTHESIS_PROFILE=fuzz and prints, per target, the cases run and the failing cases
 (crashes) as hypothesis counted them. Exits non-zero when any target failed.
@@ -22,7 +22,7 @@ COUNTS = re.compile(r"(\d+) passing, (\d+) failing, and (\d+) invalid")
 
 
 def main() -> int:
-    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_fuzz_*.py"))
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "reliability").glob("test_fuzz_*.py"))
     cmd = [sys.executable, "-m", "pytest", *files, "-q", "-p", "no:cacheprovider", "--hypothesis-show-statistics"]
     if len(sys.argv) > 1:
         cmd += ["-k", sys.argv[1]]

@@ -35,9 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from gpu_fixtures import Entry, write_checkpoint
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from crihook.base import allocation as al
 from crihook.base.config import HooksConfig, NodeConfig
@@ -48,6 +46,7 @@ from crihook.proxy.serve import attach_store
 from crihook.proxy.store import ContainerRecord, PodRecord, Store
 from crihook.simnode import fakenvml
 from crihook.simnode.node import make_dev_root
+from tests.support.gpu_fixtures import Entry, write_checkpoint
 
 TOPOLOGY = "dgx-h100"
 

@@ -12,7 +12,7 @@ resident memory is sampled from /proc throughout.
 
 Faults (`--fault`): `containerd` kills containerd with SIGKILL a third of the way in and starts it
 again after a pause (probing crihook while it is gone); `crihook` kills crihook with SIGKILL and
-restarts it, and the store it rebuilt is compared with the runtime. tests/test_reliability_load.py
+restarts it, and the store it rebuilt is compared with the runtime. tests/reliability/test_load.py
 runs the same code for a few seconds; this script is the long run whose figures are in
 docs/reliability.md.
 """
@@ -35,13 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from containerd import Containerd, running_containerd
-from cri import POD_UID, Cri, CriError, container_config, pod_config
-from daemon import Crihook, CrihookError, install_hook_package, running_crihook
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from crihook.proto import runtime_v1_pb2 as api
+from tests.support.containerd import Containerd, running_containerd
+from tests.support.cri import POD_UID, Cri, CriError, container_config, pod_config
+from tests.support.daemon import Crihook, CrihookError, install_hook_package, running_crihook
 
 T = TypeVar("T")
 

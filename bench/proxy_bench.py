@@ -37,10 +37,7 @@ from pathlib import Path
 import grpc
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from containerd import RUNTIMES, running_containerd, runtime  # noqa: E402
-from cri import container_config, pod_config  # noqa: E402
+sys.path.insert(0, str(ROOT))
 
 from crihook.base import allocation as al  # noqa: E402
 from crihook.base import config as cfgmod  # noqa: E402
@@ -50,6 +47,8 @@ from crihook.proxy.intercept import METHODS, Interceptor  # noqa: E402
 from crihook.proxy.store import Store  # noqa: E402
 from crihook.simnode import fakenvml  # noqa: E402
 from crihook.simnode.node import SimNode, make_sim_node  # noqa: E402
+from tests.support.containerd import RUNTIMES, running_containerd, runtime  # noqa: E402
+from tests.support.cri import container_config, pod_config  # noqa: E402
 
 RUNTIME = "/runtime.v1.RuntimeService/"
 IMAGE = "/runtime.v1.ImageService/"

@@ -3,7 +3,7 @@
     .venv/bin/python bench/remote_hook_bench.py [--calls 2000]
 
 The `remote` hook runs in a hook chain on uvloop, as `crihook serve` runs it, against 0, 1 and 2
-hook servers (each its own process, the test server of tests/hookserver.py answering like koordlet:
+hook servers (each its own process, the test server of tests/support/hookserver.py answering like koordlet:
 the request echoed back, plus one variable of its own). The container is kubelet-sized: 30
 variables, 5 annotations, resources set. Prints µs per chain run (p50, p99, max). The servers are
 Python too, so the figures bound crihook's side from above: a Go server answers faster.
@@ -23,15 +23,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import uvloop
-from hookserver import HookServer, short_dir, write_config
 
 from crihook.base.config import HooksConfig, NodeConfig
 from crihook.hooks.base import ContainerInfo, HookContext, LinuxResources, PodInfo, Stage
 from crihook.hooks.chain import build_chain
 from crihook.hooks.remote import RemoteHook, create
+from tests.support.hookserver import HookServer, short_dir, write_config
 
 POD = PodInfo(
     name="bench",

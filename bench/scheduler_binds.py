@@ -12,9 +12,9 @@ import logging
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bindrun import run
+from tests.support.bindrun import run
 
 
 def main() -> int:

@@ -41,13 +41,13 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from extender_bench import SHAPES, loaded_cluster, pct, pod
-from tlsburst import Certs, burst, connect, http_request, make_certs, read_response
 
 from crihook.scheduler import server, webhook
 from crihook.scheduler.extender import Extender
+from tests.support.tlsburst import Certs, burst, connect, http_request, make_certs, read_response
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKLOG = 4096

@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from containerd import RUNTIMES, Containerd, missing_requirements, running_containerd, runtime
-from daemon import Crihook, running_crihook
-from fakenvml import fake_nvml  # noqa: F401  (the fake NVML library fixture, for every test area)
 from hypothesis import HealthCheck, settings
 
+from tests.support.containerd import RUNTIMES, Containerd, missing_requirements, running_containerd, runtime
+from tests.support.daemon import Crihook, running_crihook
+from tests.support.fakenvml import fake_nvml  # noqa: F401  (the fake NVML library fixture, for every test area)
+
 if TYPE_CHECKING:
-    from cri import Cri
+    from tests.support.cri import Cri
 
 # Property and fuzz tests run hypothesis' default example count in the normal suite, without its
 # per-example deadline: that is a timing test in disguise, and on a loaded 2-core machine it failed
@@ -116,7 +117,7 @@ def cdi_spec_dir(containerd: Containerd) -> Iterator[Path]:
 def containerd_cri(containerd: Containerd) -> Iterator[Cri]:
     """A CRI client straight to the session's containerd; every pod left over is removed afterwards
     (tasks CRI lost track of included), so each test starts from an empty runtime."""
-    from cri import Cri  # imports the generated CRI stubs: only tests that talk CRI pay for them
+    from tests.support.cri import Cri  # imports the generated CRI stubs: only tests that talk CRI pay for them
 
     with Cri(containerd.address) as client:
         yield client
@@ -134,7 +135,7 @@ def crihook_proxy(containerd: Containerd, tmp_path_factory: pytest.TempPathFacto
 @pytest.fixture
 def proxy_cri(crihook_proxy: Crihook, containerd: Containerd) -> Iterator[Cri]:
     """A CRI client that reaches containerd through crihook; pods left over are removed afterwards."""
-    from cri import Cri
+    from tests.support.cri import Cri
 
     with Cri(crihook_proxy.address) as client:
         yield client

@@ -3,7 +3,7 @@ builders for the configs kubelet sends.
 
 The builders fill what kubelet fills for a real pod (metadata, the `io.kubernetes.*` labels, a
 cgroup parent), so a hook sees the shape it will see on a node. Pods share the host's network
-namespace: the private containerd the demo and tests run has no CNI. tests/cri.py binds the test
+namespace: the private containerd the demo and tests run has no CNI. tests/support/cri.py binds the test
 containerd's image and cgroup root as defaults.
 """
 

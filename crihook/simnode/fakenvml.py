@@ -23,7 +23,7 @@ Topology file (see the three shipped ones):
      "pcie_levels": [[0, 40, …], …]}         # nvmlDeviceGetTopologyCommonAncestor, NxN by NVML index
 
 GPUs are listed in NVML index order (topologies/ holds the shipped ones). The test fixture
-`fake_nvml` (tests/fakenvml.py) gives each test its own copy of a topology, its sysfs tree and the
+`fake_nvml` (tests/support/fakenvml.py) gives each test its own copy of a topology, its sysfs tree and the
 environment variable.
 """
 

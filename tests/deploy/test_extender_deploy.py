@@ -1,0 +1,372 @@
+"""deploy/: every manifest parses and fits a minimal schema of its kind (the fields the API server or
+kube-scheduler would refuse it without), the pieces agree with each other and with the code (names,
+ports, paths, verbs, resource names, RBAC against what the scheduler calls), and every example pod
+goes through the admission webhook and the allocator's PreFilter."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from crihook.scheduler import ha, server, webhook
+from crihook.scheduler.extender import Extender
+from crihook.scheduler.pod import pod_from_json
+from crihook.scheduler.request import DEVICE_RESOURCES
+from tests.support.extender import cluster_plugin
+from tests.support.fakekube import json_patch
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+SCHEDULER = DEPLOY / "scheduler"
+EXAMPLES = DEPLOY / "examples"
+
+NAME = {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", "maxLength": 253}
+META = {"type": "object", "required": ["name"], "properties": {"name": NAME, "namespace": NAME}}
+NAMESPACED_META = {**META, "required": ["name", "namespace"]}
+QUANTITY = {"type": ["string", "integer"]}
+CONTAINER = {
+    "type": "object",
+    "required": ["name", "image"],
+    "properties": {
+        "name": NAME,
+        "image": {"type": "string", "minLength": 1},
+        "resources": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "limits": {"type": "object", "additionalProperties": QUANTITY},
+                "requests": {"type": "object", "additionalProperties": QUANTITY},
+            },
+        },
+    },
+}
+POD_SPEC = {
+    "type": "object",
+    "required": ["containers"],
+    "properties": {"containers": {"type": "array", "minItems": 1, "items": CONTAINER}},
+}
+RULE = {
+    "type": "object",
+    "required": ["apiGroups", "resources", "verbs"],
+    "properties": {
+        "apiGroups": {"type": "array", "items": {"type": "string"}},
+        "resources": {"type": "array", "items": {"type": "string", "not": {"const": "*"}}},
+        "verbs": {
+            "type": "array",
+            "items": {"enum": ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"]},
+        },
+    },
+}
+WEBHOOK = {
+    "type": "object",
+    "required": ["name", "admissionReviewVersions", "sideEffects", "clientConfig", "rules"],
+    "properties": {
+        "name": {"type": "string", "pattern": r"^[a-z0-9-]+(\.[a-z0-9-]+){2,}$"},
+        "admissionReviewVersions": {"type": "array", "contains": {"const": "v1"}},
+        "sideEffects": {"enum": ["None", "NoneOnDryRun"]},
+        "failurePolicy": {"enum": ["Fail", "Ignore"]},
+        "timeoutSeconds": {"type": "integer", "minimum": 1, "maximum": 30},
+        "clientConfig": {
+            "type": "object",
+            "required": ["service"],
+            "properties": {"service": {"type": "object", "required": ["name", "namespace", "path"]}},
+        },
+    },
+}
+SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
+    ("v1", "Pod"): {"required": ["metadata", "spec"], "properties": {"metadata": META, "spec": POD_SPEC}},
+    ("v1", "ServiceAccount"): {"required": ["metadata"], "properties": {"metadata": NAMESPACED_META}},
+    ("v1", "Service"): {
+        "required": ["metadata", "spec"],
+        "properties": {
+            "metadata": NAMESPACED_META,
+            "spec": {
+                "type": "object",
+                "required": ["selector", "ports"],
+                "properties": {
+                    "ports": {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["port"]}}
+                },
+            },
+        },
+    },
+    ("apps/v1", "Deployment"): {
+        "required": ["metadata", "spec"],
+        "properties": {
+            "metadata": NAMESPACED_META,
+            "spec": {
+                "type": "object",
+                "required": ["selector", "template"],
+                "properties": {
+                    "selector": {"type": "object", "required": ["matchLabels"]},
+                    "template": {"type": "object", "required": ["metadata", "spec"], "properties": {"spec": POD_SPEC}},
+                },
+            },
+        },
+    },
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"): {
+        "required": ["metadata", "rules"],
+        "properties": {"metadata": META, "rules": {"type": "array", "items": RULE}},
+    },
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): {
+        "required": ["metadata", "roleRef", "subjects"],
+        "properties": {
+            "metadata": META,
+            "roleRef": {"type": "object", "required": ["apiGroup", "kind", "name"]},
+            "subjects": {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["kind", "name"]}},
+        },
+    },
+    ("rbac.authorization.k8s.io/v1", "Role"): {
+        "required": ["metadata", "rules"],
+        "properties": {"metadata": NAMESPACED_META, "rules": {"type": "array", "items": RULE}},
+    },
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): {
+        "required": ["metadata", "roleRef", "subjects"],
+        "properties": {
+            "metadata": NAMESPACED_META,
+            "roleRef": {"type": "object", "required": ["apiGroup", "kind", "name"]},
+            "subjects": {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["kind", "name"]}},
+        },
+    },
+    ("policy/v1", "PodDisruptionBudget"): {
+        "required": ["metadata", "spec"],
+        "properties": {
+            "metadata": NAMESPACED_META,
+            "spec": {
+                "type": "object",
+                "required": ["selector"],
+                "properties": {"selector": {"required": ["matchLabels"]}},
+            },
+        },
+    },
+    ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration"): {
+        "required": ["metadata", "webhooks"],
+        "properties": {"metadata": META, "webhooks": {"type": "array", "minItems": 1, "items": WEBHOOK}},
+    },
+    ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration"): {
+        "required": ["metadata", "webhooks"],
+        "properties": {"metadata": META, "webhooks": {"type": "array", "minItems": 1, "items": WEBHOOK}},
+    },
+    ("kubescheduler.config.k8s.io/v1", "KubeSchedulerConfiguration"): {
+        "required": ["extenders"],
+        "properties": {
+            "extenders": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["urlPrefix"],
+                    "additionalProperties": False,  # a misspelt key would be silently ignored by kube-scheduler
+                    "properties": {
+                        k: {}
+                        for k in (
+                            "urlPrefix",
+                            "filterVerb",
+                            "preemptVerb",
+                            "prioritizeVerb",
+                            "bindVerb",
+                            "weight",
+                            "enableHTTPS",
+                            "tlsConfig",
+                            "httpTimeout",
+                            "nodeCacheCapable",
+                            "managedResources",
+                            "ignorable",
+                        )
+                    },
+                },
+            }
+        },
+    },
+}
+
+
+def docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def all_docs(root: Path) -> list[tuple[Path, dict[str, Any]]]:
+    return [(p, d) for p in sorted(root.glob("*.yaml")) for d in docs(p)]
+
+
+def one(kind: str) -> dict[str, Any]:
+    (doc,) = [d for _, d in all_docs(SCHEDULER) if d["kind"] == kind]
+    return doc
+
+
+@pytest.mark.parametrize(
+    "path", sorted(SCHEDULER.glob("*.yaml")) + sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name
+)
+def test_manifest_schema(path: Path) -> None:
+    found = docs(path)
+    assert found, f"{path.name} is empty"
+    for doc in found:
+        key = (doc.get("apiVersion"), doc.get("kind"))
+        assert key in SCHEMAS, f"{path.name}: no schema for {key}"
+        jsonschema.validate(doc, {"type": "object", **SCHEMAS[key]})
+
+
+def test_deployment_service_and_server_agree() -> None:
+    dep, svc = one("Deployment"), one("Service")
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert dep["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert svc["spec"]["selector"].items() <= labels.items()
+    # replicas with leader election (docs/scheduler.md, "Leadership"): only the leader is Ready, so the
+    # rollout must be free to take the old pods down before new ones are Ready
+    strategy = dep["spec"]["strategy"]
+    assert dep["spec"]["replicas"] == 2 and strategy["type"] == "RollingUpdate"
+    assert strategy["rollingUpdate"]["maxUnavailable"] >= dep["spec"]["replicas"]
+    anti = dep["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert anti[0]["labelSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    pdb = one("PodDisruptionBudget")
+    assert pdb["spec"]["selector"] == dep["spec"]["selector"] and pdb["spec"]["maxUnavailable"] == 1
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert svc["spec"]["ports"][0]["targetPort"] in ports
+    args = dict(a.split("=", 1) for a in c["args"][1:])
+    assert c["args"][0] == "scheduler"
+    assert (
+        server.check_listen(args["--listen"], server.TlsFiles(args["--tls-cert"], args["--tls-key"]), False)[1]
+        == ports["https"]
+    )
+    sa = one("ServiceAccount")
+    assert dep["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+    assert args["--scheduler-user"] == f"system:serviceaccount:{sa['metadata']['namespace']}:{sa['metadata']['name']}"
+    assert args["--scheduler-user"] == server.DEFAULT_SCHEDULER_USER
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"]["scheme"] == "HTTPS"
+    assert {c["readinessProbe"]["httpGet"]["path"], c["livenessProbe"]["httpGet"]["path"]} == {"/readyz", "/healthz"}
+
+
+def test_rbac_is_exactly_what_the_scheduler_uses() -> None:
+    role = one("ClusterRole")
+    granted = {
+        (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+    }
+    watched = {
+        (g, r, v)
+        for g, r in [("scheduling.koordinator.sh", "devices"), ("", "nodes"), ("", "pods")]
+        for v in ("get", "list", "watch")
+    }
+    assert granted == watched | {("", "pods", "patch"), ("", "pods/binding", "create")}
+    leader = one("Role")  # leader election: the Lease scheduler/leader.py reads, creates and replaces
+    lease = {
+        (g, r, v, tuple(rule.get("resourceNames", ())))
+        for rule in leader["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    assert lease == {("coordination.k8s.io", "leases", "create", ())} | {
+        ("coordination.k8s.io", "leases", v, (ha.DEFAULT_LEASE,)) for v in ("get", "update")
+    }
+    rb = one("RoleBinding")
+    assert (
+        rb["roleRef"]["name"] == leader["metadata"]["name"] and rb["subjects"] == one("ClusterRoleBinding")["subjects"]
+    )
+    (c,) = one("Deployment")["spec"]["template"]["spec"]["containers"]
+    assert f"--lease-namespace={leader['metadata']['namespace']}" in c["args"]
+    binding, sa = one("ClusterRoleBinding"), one("ServiceAccount")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": sa["metadata"]["namespace"]}
+    ]
+
+
+def test_scheduler_config_extender_stanza() -> None:
+    (ext,) = one("KubeSchedulerConfiguration")["extenders"]
+    svc = one("Service")
+    assert ext["urlPrefix"] == (
+        f"https://{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc:{svc['spec']['ports'][0]['port']}"
+    )
+    routes = server.App(Extender(cluster_plugin()), webhook.WebhookConfig(), lambda: True).routes
+    for verb in ("filterVerb", "prioritizeVerb", "preemptVerb", "bindVerb"):
+        assert "/" + ext[verb] in routes
+    assert ext["nodeCacheCapable"] is True and ext["enableHTTPS"] is True and 1 <= ext["weight"] <= 100
+    assert [m["name"] for m in ext["managedResources"]] == list(DEVICE_RESOURCES)
+    assert all(m["ignoredByScheduler"] is True for m in ext["managedResources"])
+
+
+def test_webhooks_point_at_the_server() -> None:
+    svc = one("Service")
+    paths = {}
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        for wh in one(kind)["webhooks"]:
+            s = wh["clientConfig"]["service"]
+            assert (s["name"], s["namespace"], s["port"]) == (
+                svc["metadata"]["name"],
+                svc["metadata"]["namespace"],
+                svc["spec"]["ports"][0]["port"],
+            )
+            assert wh["rules"][0]["resources"] == ["pods"]
+            assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]} in (
+                wh["namespaceSelector"]["matchExpressions"]
+            )
+            paths[kind] = (s["path"], wh["rules"][0]["operations"])
+    assert paths == {
+        "MutatingWebhookConfiguration": ("/mutate", ["CREATE"]),
+        "ValidatingWebhookConfiguration": ("/validate", ["CREATE", "UPDATE"]),
+    }
+
+
+def as_api_server_sends(pod: dict[str, Any]) -> dict[str, Any]:
+    """What admission sees after the API server's defaulting: quantities as strings, and requests of
+    extended resources defaulted from limits."""
+    pod = copy.deepcopy(pod)
+    pod["metadata"].setdefault("namespace", "default")
+    for c in pod["spec"]["containers"]:
+        res = c.setdefault("resources", {})
+        res["limits"] = {k: str(v) for k, v in (res.get("limits") or {}).items()}
+        res["requests"] = {**res["limits"], **{k: str(v) for k, v in (res.get("requests") or {}).items()}}
+    return pod
+
+
+def admitted(pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod after the mutating webhook, checked allowed by the validating one."""
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-1",
+            "operation": "CREATE",
+            "namespace": "default",
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "userInfo": {"username": "alice"},
+            "object": pod,
+        },
+    }
+    resp = webhook.mutate(review, webhook.WebhookConfig())["response"]
+    assert resp["allowed"] is True and resp["uid"] == "u-1"
+    if "patch" in resp:
+        pod = json_patch(pod, json.loads(base64.b64decode(resp["patch"])))
+    review["request"]["object"] = pod
+    v = webhook.validate(review, webhook.WebhookConfig())["response"]
+    assert v["allowed"] is True, v.get("status")
+    return pod
+
+
+EXAMPLE_PODS = [(p.name, d) for p, d in all_docs(EXAMPLES)]
+
+
+def test_every_seed_has_examples() -> None:
+    assert {n.split("-")[0] for n, _ in EXAMPLE_PODS} == {"000", "001", "002", "004"}
+
+
+@pytest.mark.parametrize(("file", "pod"), EXAMPLE_PODS, ids=[d["metadata"]["name"] for _, d in EXAMPLE_PODS])
+def test_example_pods_admit_and_prefilter(file: str, pod: dict[str, Any]) -> None:
+    plugin = cluster_plugin()  # gpu-node-1: 8 x A100 80GB, gpu-node-2: 4 x V100 32GB, no RDMA NICs
+    final = admitted(as_api_server_sends(pod))
+    final["metadata"]["uid"] = "uid-" + final["metadata"]["name"]
+    req = plugin.pre_filter(pod_from_json(final))
+    assert req.wants_devices
+    fit, failed = plugin.filter_nodes(req, ["gpu-node-1", "gpu-node-2"])
+    if req.rdma:
+        assert fit == [] and all("RDMA" in r for r in failed.values())
+    else:
+        assert fit, failed

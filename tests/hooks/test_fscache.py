@@ -1,0 +1,364 @@
+"""The intercepted calls' fast path: file-system answers remembered until inotify reports a change
+(hooks.fscache), hooks answering from them on the event loop, and the guarantees that must survive
+it: a remembered answer is never used after the change kubelet made before its call, and a stalled
+file system (a hook's read, the store's fsync) never freezes the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from crihook.base import allocation as al
+from crihook.base.config import HooksConfig, NodeConfig
+from crihook.hooks.base import ContainerInfo, HookContext, HookError, PodInfo, Stage
+from crihook.hooks.chain import build_chain
+from crihook.hooks.fscache import FsMemo, NotCached
+from crihook.hooks.gpu import GpuHook
+from crihook.hooks.rdma import RdmaHook
+from crihook.hooks.remote import RemoteHook
+from crihook.proxy.store import ContainerRecord, PodRecord, Store, read_file
+from tests.hooks import test_gpu as test_gpu_hook
+from tests.support.gpu_fixtures import Entry, nvidia_plugin_resp, write_checkpoint
+
+BOX = test_gpu_hook.BOX  # minors 2..5
+POD = "0b1c2d3e-0000-4000-8000-000000000001"
+OTHER = "0b1c2d3e-0000-4000-8000-000000000002"
+
+# -- the memo ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def memo() -> Any:
+    m = FsMemo()
+    if not m.enabled:
+        pytest.skip("no inotify here")
+    yield m
+    m.close()
+
+
+def test_an_answer_is_kept_until_its_name_changes(memo: FsMemo, tmp_path: Path) -> None:
+    path = str(tmp_path / "nvidia0")
+    with pytest.raises(NotCached):
+        memo.recall(path)
+    assert memo.answer(path, lambda: os.path.exists(path)) is False
+    memo.sync()
+    assert memo.recall(path) is False
+    (tmp_path / "other").touch()  # another name in the same directory: the answer stands
+    memo.sync()
+    assert memo.recall(path) is False
+    (tmp_path / "nvidia0").touch()
+    memo.sync()
+    with pytest.raises(NotCached):
+        memo.recall(path)
+    assert memo.answer(path, lambda: os.path.exists(path)) is True
+    (tmp_path / "nvidia0").unlink()
+    memo.sync()
+    with pytest.raises(NotCached):
+        memo.recall(path)
+
+
+def test_contents_answers_follow_writes_and_renames(memo: FsMemo, tmp_path: Path) -> None:
+    f = tmp_path / "checkpoint"
+    f.write_text("one")
+    assert memo.answer(str(f), f.read_text, contents=True) == "one"
+    memo.sync()
+    assert memo.recall(str(f)) == "one"
+    with open(f, "a") as out:  # written in place
+        out.write("+")
+    memo.sync()
+    with pytest.raises(NotCached):
+        memo.recall(str(f))
+    assert memo.answer(str(f), f.read_text, contents=True) == "one+"
+    tmp = tmp_path / "checkpoint.tmp"  # replaced by rename, the way kubelet writes its checkpoint
+    tmp.write_text("two")
+    memo.sync()
+    assert memo.recall(str(f)) == "one+"  # another name: not yet
+    tmp.rename(f)
+    memo.sync()
+    with pytest.raises(NotCached):
+        memo.recall(str(f))
+
+
+def test_a_change_during_the_read_is_not_remembered(memo: FsMemo, tmp_path: Path) -> None:
+    path = str(tmp_path / "dev0")
+
+    def racing() -> bool:
+        seen = os.path.exists(path)
+        Path(path).touch()  # changed after it was read
+        return seen
+
+    assert memo.answer(path, racing) is False
+    memo.sync()
+    with pytest.raises(NotCached):
+        memo.recall(path)
+
+
+def test_errors_are_remembered_and_missing_directories_are_not(memo: FsMemo, tmp_path: Path) -> None:
+    f = str(tmp_path / "bad")
+
+    def fail() -> None:
+        raise ValueError("damaged")
+
+    with pytest.raises(ValueError):
+        memo.answer(f, fail, contents=True)
+    with pytest.raises(ValueError, match="damaged"):
+        memo.recall(f)
+    gone = str(tmp_path / "no-such-dir" / "x")
+    assert memo.answer(gone, lambda: os.path.exists(gone)) is False
+    with pytest.raises(NotCached):
+        memo.recall(gone)
+
+
+def test_a_removed_directory_drops_its_answers(memo: FsMemo, tmp_path: Path) -> None:
+    d = tmp_path / "pods"
+    d.mkdir()
+    path = str(d / POD)
+    memo.answer(path, lambda: os.path.exists(path))
+    d.rmdir()
+    memo.sync()
+    with pytest.raises(NotCached):
+        memo.recall(path)
+    d.mkdir()  # watched afresh on the next real read
+    memo.answer(path, lambda: os.path.exists(path))
+    (d / POD).mkdir()
+    memo.sync()
+    with pytest.raises(NotCached):
+        memo.recall(path)
+
+
+def test_memos_give_their_descriptors_back() -> None:
+    """A chain built and dropped without close() (a reload's old chain, a test's) must not use up
+    the user's inotify instances (128 by default)."""
+    import gc
+
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(200):
+        FsMemo()
+    gc.collect()
+    closed = FsMemo()
+    closed.close()
+    closed.close()
+    assert len(os.listdir("/proc/self/fd")) <= before
+
+
+# -- the gpu hook from the memo -------------------------------------------------------------------------
+
+
+class Node(test_gpu_hook.Node):
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.checkpoint.parent.mkdir()  # kubelet makes it at start; the file comes with a device plugin
+
+    def hook(self, memo: FsMemo | None = None, **options: Any) -> GpuHook:  # type: ignore[override]
+        hook = super().hook(**options)
+        hook.memo = memo
+        return hook
+
+
+def ctx(uid: str, *minors: int) -> HookContext:
+    annotations = {al.DEVICE_ALLOCATED: json.dumps({"gpu": [{"minor": m} for m in minors]})}
+    pod = PodInfo("p", "ml", uid, annotations=annotations if minors else {})
+    return HookContext(Stage.PRE_CREATE_CONTAINER, pod, ContainerInfo("cuda"))
+
+
+def outcome(fn: Any, c: HookContext) -> Any:
+    try:
+        return fn(c)
+    except HookError as e:
+        return e.code, e.reason
+
+
+def test_the_cached_answer_is_the_read_answer_after_every_change(memo: FsMemo, tmp_path: Path) -> None:
+    """After each change kubelet (or an admin) makes on the node, the hook answering from the memo
+    either says NotCached or says exactly what reading the files says."""
+    node = Node(tmp_path)
+    hook = node.hook(memo)
+    cases = [ctx(POD, 2), ctx(OTHER), ctx(POD, 3, 4)]
+    plugin_on_2 = [Entry(OTHER, "cuda", [BOX[0].uuid], resp=nvidia_plugin_resp(BOX[:1]))]
+    steps = [
+        lambda: None,
+        lambda: write_checkpoint(node.checkpoint, plugin_on_2),  # kubelet's Allocate for OTHER: a conflict
+        lambda: (node.kubelet / "pods" / OTHER).mkdir(),  # ...held by a live pod
+        lambda: (node.dev / "nvidia4").unlink(),  # a device node goes
+        lambda: (node.kubelet / "pods" / OTHER).rmdir(),  # the holder is cleaned up
+        lambda: write_checkpoint(node.checkpoint, []),
+        lambda: node.checkpoint.write_text("{damaged"),
+        lambda: node.checkpoint.unlink(),
+    ]
+    answered = 0
+    for step in steps:
+        step()
+        for c in cases:
+            for _ in range(2):  # the first may miss; the second has what the first read
+                try:
+                    cached = outcome(hook.handle_cached, c)
+                except NotCached:
+                    outcome(hook.handle, c)
+                    continue
+                answered += 1
+                assert cached == outcome(hook.handle, c), (step, c)
+    assert answered >= len(steps) * len(cases) // 2
+
+
+def test_without_a_memo_every_call_reads(tmp_path: Path) -> None:
+    hook = Node(tmp_path).hook(None)
+    with pytest.raises(NotCached):
+        hook.handle_cached(ctx(POD, 2))
+
+
+def test_rdma_answers_on_the_loop_only_without_rdma_devices() -> None:
+    hook = RdmaHook(NodeConfig())
+    assert hook.handle_cached(ctx(POD, 2)) is None
+    rdma = {al.DEVICE_ALLOCATED: '{"rdma": [{"minor": 0, "id": "0000:4b:00.0"}]}'}
+    c = HookContext(Stage.PRE_CREATE_CONTAINER, PodInfo("p", "ml", POD, annotations=rdma), ContainerInfo("c"))
+    with pytest.raises(NotCached):
+        hook.handle_cached(c)
+
+
+# -- in the chain --------------------------------------------------------------------------------------
+
+
+def gpu_chain(hook: GpuHook, timeout_ms: int = 300) -> Any:
+    cfg = HooksConfig(options={"gpu": {"timeout_ms": timeout_ms}}, allowed_host_paths=("/**",))
+    return build_chain(cfg, NodeConfig(), factories={"gpu": lambda opts: hook})
+
+
+async def test_a_warm_gpu_hook_runs_on_the_event_loop(memo: FsMemo, tmp_path: Path) -> None:
+    hook = Node(tmp_path).hook(memo)
+    threads: list[int] = []
+    real = hook.handle
+    hook.handle = lambda c: (threads.append(threading.get_ident()), real(c))[1]  # type: ignore[method-assign]
+    chain = gpu_chain(hook)
+    first = await chain.run(ctx(POD, 2))
+    assert threads and threads[0] != threading.get_ident()  # cold: read on a worker thread
+    second = await chain.run(ctx(POD, 2))
+    assert len(threads) == 1  # warm: answered on the loop, no hand-off
+    assert first.ctx == second.ctx and first.error is second.error is None
+    assert [r.result for r in second.records] == ["ok"]
+
+
+async def test_a_stalled_file_system_never_freezes_the_event_loop(memo: FsMemo, tmp_path: Path) -> None:
+    """A read that hangs (an NFS server gone, a disk stuck) holds a worker thread and the hook's
+    decision lock. The event loop keeps serving: other calls of the hook do not wait on that lock
+    there (they go to a thread and time out on their own budget), and the hung call fails at its
+    timeout."""
+    node = Node(tmp_path)
+    hook = node.hook(memo)
+    hook.attach_store(Store(tmp_path / "state"))
+    release = threading.Event()
+    stalled = threading.Event()
+
+    def exists(path: str) -> bool:
+        stalled.set()
+        release.wait(10)
+        return os.path.exists(path)
+
+    hook.exists = exists
+    chain = gpu_chain(hook, timeout_ms=300)
+    try:
+        hung = asyncio.create_task(chain.run(ctx(POD, 2)))
+        assert await asyncio.to_thread(stalled.wait, 10), "the hook never read"
+        other = asyncio.create_task(chain.run(ctx(OTHER, 3)))
+        ticks = []
+        for _ in range(20):
+            t = time.perf_counter()
+            await asyncio.sleep(0.005)
+            ticks.append(time.perf_counter() - t)
+        assert max(ticks) < 0.25, f"the event loop stalled {max(ticks) * 1000:.0f} ms"
+        for task in (hung, other):
+            out = await task
+            assert out.error is not None and out.error.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    finally:
+        release.set()
+
+
+# -- calls no hook wants go through undecoded -------------------------------------------------------------
+
+
+async def test_remote_hook_wants_only_stages_its_servers_take(tmp_path: Path) -> None:
+    hook = RemoteHook(str(tmp_path), reload_interval=3600)
+    assert not hook.wants(Stage.PRE_RUN_POD_SANDBOX)
+    (tmp_path / "a.json").write_text(
+        '{"remote-endpoint": "/run/x.sock", "failure-policy": "Ignore", "runtime-hooks": ["PreRunPodSandbox"]}'
+    )
+    await hook.reload()
+    assert hook.wants(Stage.PRE_RUN_POD_SANDBOX) and not hook.wants(Stage.PRE_START_CONTAINER)
+    due = RemoteHook(str(tmp_path), reload_interval=0)  # a re-read is due: the next call goes through
+    assert due.wants(Stage.PRE_START_CONTAINER)
+    await hook.close()
+    await due.close()
+
+
+# -- the store's writes -------------------------------------------------------------------------------------
+
+
+async def test_a_stalled_disk_never_freezes_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = Store(tmp_path / "state")
+    release = threading.Event()
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (release.wait(10), real_fsync(fd)))
+    store.put_pod(PodRecord("s1", "p", "ns", POD, annotations={"a": "1"}))
+    try:
+        t = time.perf_counter()
+        await asyncio.sleep(0.3)  # the write is due after 50 ms and hangs in fsync
+        assert time.perf_counter() - t < 0.6
+        assert not (tmp_path / "state" / "store.json").exists()
+        store.put_pod(PodRecord("s2", "q", "ns", OTHER))  # changes meanwhile go in the next write
+    finally:
+        release.set()
+    for _ in range(100):
+        await asyncio.sleep(0.02)
+        if store._flush_task is not None and store._flush_task.done():
+            break
+    body = read_file(tmp_path / "state" / "store.json")
+    assert sorted(p["id"] for p in body["pods"]) == ["s1", "s2"]
+    assert body["pods"][0]["annotations"] in ({"a": "1"}, {})
+    await store.close()
+
+
+def test_the_store_file_is_what_it_was(tmp_path: Path) -> None:
+    """One encoding serves the checksum and the file; an older reader still verifies it."""
+    store = Store(tmp_path)
+    store.pods["s1"] = PodRecord("s1", "p", "ns", POD, labels={"é": "ü"}, hooks=[{"hook": "gpu", "ms": 0.1}])
+    store.save()
+    again = Store(tmp_path)
+    assert again.load() == "ok" and again.pods == store.pods
+
+
+async def test_rows_kept_between_writes_encode_what_a_full_encoding_does(tmp_path: Path) -> None:
+    """The store encodes only the records changed since its last write; the result is the same
+    bytes as encoding everything (and so passes the checksum a reader computes)."""
+    store = Store(tmp_path)
+    for i in range(5):
+        store.put_pod(PodRecord(f"s{i}", f"p{i}", "ns", f"uid-{i}"))
+        store.put_container(ContainerRecord(f"c{i}", f"s{i}", "app"))
+    store._encode(reuse=True)
+    store.set_pod_state("s1", "notready")
+    store.add_hook_records("c2", [{"hook": "gpu", "result": "ok"}])
+    store.set_container_state("c3", "running")
+    store.set_container_resources("c0", {"cpu_shares": 2})
+    store.remove_pod("s4")
+    store.remove_container("c1")
+    store.put_pod(PodRecord("s5", "p5", "ns", "uid-5", labels={"ü": "é"}))
+    kept = b"".join(store._encode(reuse=True)[1])
+    assert kept == b"".join(store._encode()[1])
+    body = json.loads(kept)
+    assert [c["id"] for c in body["containers"]] == ["c0", "c2", "c3"]
+    assert body["containers"][1]["hooks"] == [{"hook": "gpu", "result": "ok"}]
+    assert [(p["id"], p["state"]) for p in body["pods"]] == [
+        ("s0", "ready"),
+        ("s1", "notready"),
+        ("s2", "ready"),
+        ("s3", "ready"),
+        ("s5", "ready"),
+    ]
+    await store.close()
+    assert read_file(tmp_path / "store.json") == body

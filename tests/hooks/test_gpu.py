@@ -1,0 +1,428 @@
+"""The gpu hook at its I/O edge: options, the checkpoint file, device nodes under dev_root, pod
+liveness from kubelet's pod directories, and the hook inside a real hook chain (allowlist included)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from crihook.base import allocation as al
+from crihook.base.config import HooksConfig, NodeConfig
+from crihook.base.spec import Device
+from crihook.devices import checkpoint as checkpoint_module
+from crihook.devices.checkpoint import CheckpointReader
+from crihook.hooks.base import ConfigError, ContainerInfo, Edit, HookContext, HookError, PodInfo, Stage
+from crihook.hooks.chain import build_chain
+from crihook.hooks.gpu import GpuHook, PodDirs, StorePods, parse_options
+from crihook.hooks.gpu_edit import GpuOptions, HamiCore, SeenPod
+from crihook.simnode.node import make_dev_root
+from tests.support.gpu_fixtures import Entry, Inventory, fake_proc, gpus, nvidia_plugin_resp, write_checkpoint
+
+POD_UID = "0b1c2d3e-0000-4000-8000-000000000001"
+OTHER_UID = "0b1c2d3e-0000-4000-8000-000000000002"
+BOX = gpus(4, minor_offset=2)  # minors 2..5
+
+
+class Node:
+    """A node in a temporary directory: dev root, kubelet root with checkpoint and pod directories."""
+
+    def __init__(self, root: Path) -> None:
+        self.dev = make_dev_root(root / "dev", [g.minor for g in BOX])
+        self.kubelet = root / "kubelet"
+        self.checkpoint = self.kubelet / "device-plugins" / "kubelet_internal_checkpoint"
+        (self.kubelet / "pods").mkdir(parents=True)
+        self.proc = fake_proc(root, ["kubelet", f"--root-dir={self.kubelet}"])
+        self.config = NodeConfig(
+            dev_root=str(self.dev), kubelet_checkpoint=str(self.checkpoint), proc_root=str(self.proc)
+        )
+        self.inventory = Inventory(BOX)
+
+    def pod_dir(self, uid: str) -> None:
+        (self.kubelet / "pods" / uid).mkdir()
+
+    def hook(self, **options: Any) -> GpuHook:
+        settings = parse_options(options, self.config)
+        reader = CheckpointReader(str(self.checkpoint), sleep=lambda s: None)
+        return GpuHook(settings.opts, self.inventory, reader, PodDirs(settings.pods_dir, str(self.proc)))
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    return Node(tmp_path)
+
+
+def pod(annotations: Mapping[str, str] | None = None, uid: str = POD_UID, **kw: Any) -> PodInfo:
+    return PodInfo("train", "ml", uid, annotations=dict(annotations or {}), **kw)
+
+
+def allocated(*minors: int) -> dict[str, str]:
+    return {al.DEVICE_ALLOCATED: json.dumps({"gpu": [{"minor": m} for m in minors]})}
+
+
+def handle(hook: GpuHook, p: PodInfo, c: ContainerInfo | None = None) -> Edit | None:
+    return hook.handle(HookContext(Stage.PRE_CREATE_CONTAINER, p, c or ContainerInfo("cuda")))
+
+
+def refusal(hook: GpuHook, p: PodInfo, c: ContainerInfo | None = None) -> HookError:
+    with pytest.raises(HookError) as info:
+        handle(hook, p, c)
+    return info.value
+
+
+# -- options ----------------------------------------------------------------------------------------
+
+
+def test_defaults_follow_the_node(node: Node) -> None:
+    s = parse_options({"node": node.config}, node.config)
+    assert s.opts == GpuOptions(dev_root=str(node.dev))
+    assert s.pods_dir is None  # the running kubelet's, found when first needed
+    assert PodDirs(s.pods_dir, str(node.proc)).directory() == str(node.kubelet / "pods")
+
+
+def test_options(node: Node) -> None:
+    s = parse_options(
+        {
+            "inject": "cdi",
+            "deny_unallocated": False,
+            "plugin_resources": ["example.com/gpu"],
+            "hami_core": {"library": "/opt/hami/libvgpu.so", "cache_root": "/var/cache/hami", "lock_dir": ""},
+            "kubelet_pods_dir": "/srv/kubelet/pods/",
+        },
+        node.config,
+    )
+    assert s.opts.inject == "cdi" and s.opts.deny_unallocated is False
+    assert s.opts.plugin_resources == ("example.com/gpu",)
+    assert s.opts.hami_core == HamiCore(library="/opt/hami/libvgpu.so", cache_root="/var/cache/hami", lock_dir="")
+    assert s.pods_dir == "/srv/kubelet/pods"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"inject": "env"}, r"inject must be one of 'env\+devices', 'cdi', not 'env'"),
+        ({"deny_unallocated": "yes"}, r"deny_unallocated must be true or false"),
+        ({"plugin_resources": "nvidia.com/gpu"}, r"plugin_resources must be a list"),
+        ({"plugin_resources": [""]}, r"plugin_resources must be a list"),
+        ({"hami_core": "/opt"}, r"hami_core must be a table"),
+        ({"hami_core": {"libary": "/x"}}, r"hami_core: unknown option\(s\) libary"),
+        ({"hami_core": {"library": "lib/vgpu.so"}}, r"hami_core.library must be an absolute, normalised path"),
+        ({"hami_core": {"cache_root": "/a/../etc"}}, r"hami_core.cache_root must be an absolute"),
+        ({"hami_core": {"library": ""}}, r"hami_core.library must be an absolute"),
+        ({"kubelet_pods_dir": 3}, r"kubelet_pods_dir must be an absolute"),
+        ({"verbose": True}, r"unknown option\(s\) verbose \(known: inject, deny_unallocated"),
+    ],
+)
+def test_bad_options_are_named(node: Node, options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_options(options, node.config)
+
+
+# -- the checkpoint file ----------------------------------------------------------------------------
+
+
+def test_no_checkpoint_file_means_no_device_plugin(node: Node) -> None:
+    edit = handle(node.hook(), pod(allocated(3)))
+    assert edit is not None and edit.env["NVIDIA_VISIBLE_DEVICES"] == BOX[1].uuid
+    assert [d.host_path for d in edit.add_devices] == [
+        f"{node.dev}/nvidia3",
+        f"{node.dev}/nvidiactl",
+        f"{node.dev}/nvidia-uvm",
+        f"{node.dev}/nvidia-uvm-tools",
+    ]
+    assert edit.add_devices[0] == Device("/dev/nvidia3", f"{node.dev}/nvidia3", "rw")
+
+
+def test_gpu_held_by_a_live_plugin_pod_then_freed(node: Node) -> None:
+    write_checkpoint(node.checkpoint, [Entry(OTHER_UID, "trainer", [BOX[1].uuid])])
+    node.pod_dir(OTHER_UID)
+    hook = node.hook()
+    err = refusal(hook, pod(allocated(3)))
+    assert err.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert err.reason == (
+        f"annotation {al.DEVICE_ALLOCATED}: GPU minor 3 ({BOX[1].uuid}) is held by live pod {OTHER_UID} "
+        "container trainer through the device plugin (nvidia.com/gpu, kubelet checkpoint)"
+    )
+    (node.kubelet / "pods" / OTHER_UID).rmdir()  # kubelet cleaned the pod up; its entry lingers
+    edit = handle(hook, pod(allocated(3)))
+    assert edit is not None and edit.env["NVIDIA_VISIBLE_DEVICES"] == BOX[1].uuid
+
+
+def test_checkpoint_parsed_only_when_it_changes(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    parsed: list[int] = []
+    real = checkpoint_module.parse_checkpoint
+    monkeypatch.setattr(checkpoint_module, "parse_checkpoint", lambda data: parsed.append(1) or real(data))
+    write_checkpoint(node.checkpoint, [Entry(POD_UID, "cuda", [BOX[0].uuid], resp=nvidia_plugin_resp(BOX[:1]))])
+    hook = node.hook()
+    for _ in range(5):
+        assert handle(hook, pod()) is None  # the device plugin's allocation stands
+    assert len(parsed) == 1
+    write_checkpoint(node.checkpoint, [Entry(OTHER_UID, "cuda", [BOX[0].uuid])])
+    edit = handle(hook, pod())
+    assert edit is not None and edit.env == {"NVIDIA_VISIBLE_DEVICES": "void"}
+    assert len(parsed) == 2
+
+
+def test_damaged_checkpoint_fails_closed_until_repaired(node: Node) -> None:
+    node.checkpoint.parent.mkdir(parents=True)
+    node.checkpoint.write_text('{"Data": {"PodDeviceEntries": {}}}')
+    hook = node.hook()
+    for p in (pod(allocated(2)), pod()):
+        err = refusal(hook, p)
+        assert err.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert err.reason == (
+            f"kubelet checkpoint: Data.PodDeviceEntries: expected a list ({node.checkpoint}); "
+            "can not tell which GPUs the device plugin handed out"
+        )
+    write_checkpoint(node.checkpoint, [])
+    edit = handle(hook, pod(allocated(2)))
+    assert edit is not None and edit.env["NVIDIA_VISIBLE_DEVICES"] == BOX[0].uuid
+
+
+# -- device nodes, refusals, isolation between pods -------------------------------------------------
+
+
+def test_missing_device_node_under_dev_root(node: Node) -> None:
+    (node.dev / "nvidia4").unlink()
+    err = refusal(node.hook(), pod(allocated(2, 4)))
+    assert err.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"device node {node.dev}/nvidia4 of minor 4 is missing on this node" in err.reason
+
+
+def test_one_bad_pod_does_not_affect_another(node: Node) -> None:
+    hook = node.hook()
+    forged = pod({al.DEVICE_ALLOCATED: json.dumps({"gpu": [{"minor": 2, "id": "GPU-forged"}]})}, uid=OTHER_UID)
+    malformed = pod({al.DEVICE_ALLOCATED: '{"gpu": [{"minor": -1}]}'}, uid=OTHER_UID)
+    good = pod(allocated(2, 5))
+    want = f"{BOX[3].uuid},{BOX[0].uuid}"
+    for _ in range(3):
+        assert refusal(hook, forged).code == grpc.StatusCode.FAILED_PRECONDITION
+        assert refusal(hook, malformed).code == grpc.StatusCode.INVALID_ARGUMENT
+        edit = handle(hook, good)
+        assert edit is not None and edit.env["NVIDIA_VISIBLE_DEVICES"] == want
+
+
+def test_cdi_mode_from_options(node: Node) -> None:
+    edit = handle(node.hook(inject="cdi"), pod(allocated(4)))
+    assert edit is not None
+    assert edit.add_cdi_devices == [f"nvidia.com/gpu={BOX[2].uuid}"] and edit.add_devices == []
+
+
+def test_deny_unallocated_switch(node: Node) -> None:
+    leaky = ContainerInfo("cuda", devices=(Device("/dev/nvidia3", "/dev/nvidia3"),))
+    edit = handle(node.hook(), pod(), leaky)
+    assert edit is not None and edit.env == {"NVIDIA_VISIBLE_DEVICES": "void"}
+    assert edit.remove_devices == {"/dev/nvidia3"}
+    assert handle(node.hook(deny_unallocated=False), pod(), leaky) is None
+
+
+def test_pod_dirs(tmp_path: Path) -> None:
+    live = PodDirs(str(tmp_path))
+    (tmp_path / POD_UID).mkdir()
+    assert live(POD_UID)
+    assert not live(OTHER_UID)
+    assert live("../../etc")  # can not be checked: counts as live
+    assert live("")
+
+
+# -- inside the hook chain --------------------------------------------------------------------------
+
+HAMI = {"koordinator.sh/gpu-isolation-provider": "HAMi-core"}
+SHARED = {al.DEVICE_ALLOCATED: json.dumps({"gpu": [{"minor": 3, "resources": {al.GPU_MEMORY_RATIO: "50"}}]})}
+
+
+def chain_run(node: Node, hooks: HooksConfig, p: PodInfo) -> Any:
+    def make(options: Mapping[str, Any]) -> GpuHook:
+        settings = parse_options(options, options["node"])
+        reader = CheckpointReader(str(node.checkpoint))
+        return GpuHook(settings.opts, node.inventory, reader, PodDirs(settings.pods_dir, str(node.proc)))
+
+    chain = build_chain(hooks, node.config, {"gpu": make})
+    ctx = HookContext(Stage.PRE_CREATE_CONTAINER, p, ContainerInfo("cuda", envs=(("NVIDIA_VISIBLE_DEVICES", "all"),)))
+    return asyncio.run(chain.run(ctx))
+
+
+def test_chain_applies_the_edit_within_the_default_allowlist(node: Node) -> None:
+    out = chain_run(node, HooksConfig(), pod(allocated(3)))
+    assert out.error is None
+    assert out.ctx.container.env("NVIDIA_VISIBLE_DEVICES") == BOX[1].uuid
+    assert out.ctx.container.devices[0].host_path == f"{node.dev}/nvidia3"
+
+
+def test_chain_names_pod_container_annotation_and_cause(node: Node) -> None:
+    out = chain_run(node, HooksConfig(), pod(allocated(9)))
+    assert out.error is not None and out.error.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert out.error.reason == (
+        f"hook gpu: pod ml/train container cuda: annotation {al.DEVICE_ALLOCATED}: "
+        "gpu minor 9: no such GPU on this node"
+    )
+
+
+def test_hami_core_library_must_be_allowlisted(node: Node) -> None:
+    hami = {"library": "/opt/hami/libvgpu.so", "preload_file": "/opt/hami/ld.so.preload", "cache_root": "/opt/hami/c"}
+    narrow = HooksConfig(options={"gpu": {"hami_core": hami}})
+    out = chain_run(node, narrow, pod(SHARED, labels=HAMI))
+    assert out.error is not None and out.error.code == grpc.StatusCode.PERMISSION_DENIED
+    assert "host path '/opt/hami/libvgpu.so' is outside the allowed device and mount paths" in out.error.reason
+
+    allowed = (*HooksConfig().allowed_host_paths, "/opt/hami/*", "/tmp/vgpulock")
+    wide = HooksConfig(allowed_host_paths=allowed, options={"gpu": {"hami_core": hami}})
+    out = chain_run(node, wide, pod(SHARED, labels=HAMI))
+    assert out.error is None
+    c = out.ctx.container
+    assert c.env("CUDA_DEVICE_MEMORY_LIMIT_0") == f"{(16 << 30) // 2 // (1 << 20)}m"
+    assert c.env("CUDA_DEVICE_SM_LIMIT") == "100"
+    assert {(m.container_path, m.host_path, m.readonly) for m in c.mounts} == {
+        ("/opt/hami/libvgpu.so", "/opt/hami/libvgpu.so", True),
+        ("/etc/ld.so.preload", "/opt/hami/ld.so.preload", True),
+        ("/tmp/vgpu", f"/opt/hami/c/{POD_UID}_cuda", False),
+        ("/tmp/vgpulock", "/tmp/vgpulock", False),
+    }
+
+
+# -- the registered hook, with NVML answered by the fake library -----------------------------------
+
+
+def test_registered_hook_over_nvml_makes_no_nvml_call_when_warm(tmp_path: Path, fake_nvml: Any) -> None:
+    from crihook.hooks.chain import discover_factories
+
+    fake = fake_nvml("dgx-h100")
+    dev = make_dev_root(tmp_path / "dev", [g["minor"] for g in fake.doc["gpus"]])
+    node_cfg = NodeConfig(
+        dev_root=str(dev),
+        sys_root=str(fake.sys_root),
+        kubelet_checkpoint=str(tmp_path / "kubelet" / "device-plugins" / "kubelet_internal_checkpoint"),
+        nvml_library=str(fake.library),
+    )
+    hook = discover_factories()["gpu"]({"node": node_cfg})
+    assert (hook.name, hook.priority, hook.stages) == ("gpu", 200, frozenset({Stage.PRE_CREATE_CONTAINER}))
+    last = fake.doc["gpus"][-1]
+    p = pod({al.DEVICE_ALLOCATED: json.dumps({"gpu": [{"minor": last["minor"], "id": last["uuid"]}]})})
+    first = handle(hook, p)
+    assert first is not None and first.env["NVIDIA_VISIBLE_DEVICES"] == last["uuid"]
+    calls = fake.call_count()
+    for _ in range(3):
+        assert handle(hook, p) == first
+    assert fake.call_count() == calls
+
+
+# -- kubelet's directories --------------------------------------------------------------------------
+
+
+def test_pods_dir_follows_kubelets_root_dir_not_the_checkpoint(tmp_path: Path) -> None:
+    # kubelet keeps the checkpoint in /var/lib/kubelet/device-plugins whatever --root-dir says, while
+    # the pods dir is <root dir>/pods (pkg/kubelet/kubelet_getters.go getPodsDir)
+    live = PodDirs(None, str(fake_proc(tmp_path, None)))
+    assert live.directory() == "/var/lib/kubelet/pods"  # kubelet not running yet: its default, asked again
+    fake_proc(tmp_path, ["kubelet", "--config=/etc/kubernetes/kubelet.yaml", "--root-dir", f"{tmp_path}/data/kubelet"])
+    assert live.directory() == str(tmp_path / "data" / "kubelet" / "pods")
+    (tmp_path / "data" / "kubelet" / "pods" / POD_UID).mkdir(parents=True)
+    assert live(POD_UID) and not live(OTHER_UID)
+
+
+def test_missing_pods_dir_counts_as_live_and_is_said_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    live = PodDirs(str(tmp_path / "nowhere" / "pods"))
+    with caplog.at_level("WARNING", logger="crihook.hooks.gpu"):
+        assert live(OTHER_UID) and live(POD_UID)
+    said = [r for r in caplog.records if "kubelet pods dir missing" in r.getMessage()]
+    assert len(said) == 1 and said[0].dir == str(tmp_path / "nowhere" / "pods")
+    (tmp_path / "nowhere" / "pods").mkdir(parents=True)
+    assert not live(OTHER_UID)
+
+
+def test_checkpoint_in_a_missing_directory_is_said(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    reader = CheckpointReader(str(tmp_path / "no-such-dir" / "kubelet_internal_checkpoint"))
+    with caplog.at_level("WARNING", logger="crihook.checkpoint"):
+        assert reader.read().entries == () and reader.read().entries == ()
+    assert [r.dir for r in caplog.records if "checkpoint directory missing" in r.getMessage()] == [
+        str(tmp_path / "no-such-dir")
+    ]
+    caplog.clear()
+    (tmp_path / "no-such-dir").mkdir()
+    with caplog.at_level("WARNING", logger="crihook.checkpoint"):
+        assert reader.read().entries == ()  # kubelet without device plugins writes no checkpoint: silent
+    assert not caplog.records
+
+
+def test_store_pods_reads_crihooks_store(tmp_path: Path) -> None:
+    from crihook.proxy.store import ContainerRecord, PodRecord, Store
+
+    store = Store(tmp_path)
+    placed = allocated(3) | {"other": "x"}
+    store.pods["s1"] = PodRecord("s1", "a", "ml", POD_UID, annotations=placed)
+    store.pods["s2"] = PodRecord("s2", "b", "ml", OTHER_UID, attempt=0)
+    store.pods["s3"] = PodRecord("s3", "b", "ml", OTHER_UID, attempt=1)  # the sandbox recreated
+    store.pods["s4"] = PodRecord("s4", "c", "ml", "bad-uid", annotations={al.DEVICE_ALLOCATED: "{"})
+    store.containers["c1"] = ContainerRecord("c1", "s1", "cuda")
+    store.containers["c2"] = ContainerRecord("c2", "s2", "trainer")
+    store.containers["c3"] = ContainerRecord("c3", "s3", "sidecar")
+    pods = StorePods(store)
+    assert pods.get(POD_UID) == SeenPod(True, frozenset({3}), frozenset({"cuda"}))
+    assert pods.get(OTHER_UID) == SeenPod(False, frozenset(), frozenset({"trainer", "sidecar"}))
+    assert pods.get("bad-uid") == SeenPod(True, frozenset(), frozenset())  # refused by the hook: never a holder
+    assert pods.get("unknown") is None
+    assert sorted(uid for uid, _ in pods.allocated()) == sorted([POD_UID, "bad-uid"])
+
+
+def test_hook_with_the_store_ignores_phantoms_and_guards_plugin_pods(node: Node, tmp_path: Path) -> None:
+    from crihook.proxy.store import ContainerRecord, PodRecord, Store
+
+    store = Store(tmp_path / "state")
+    # OTHER_UID was placed by the scheduler on minor 2; kubelet's plugin gave it minor 3 (a phantom)
+    store.pods["s2"] = PodRecord("s2", "b", "ml", OTHER_UID, annotations=allocated(2))
+    store.containers["c2"] = ContainerRecord("c2", "s2", "trainer")
+    write_checkpoint(
+        node.checkpoint,
+        [
+            Entry(OTHER_UID, "trainer", [BOX[1].uuid], resp=nvidia_plugin_resp(BOX[1:2])),
+            Entry(POD_UID, "cuda", [BOX[0].uuid], resp=nvidia_plugin_resp(BOX[:1])),
+        ],
+    )
+    node.pod_dir(OTHER_UID)
+    hook = node.hook()
+    assert refusal(hook, pod(allocated(3))).code == grpc.StatusCode.FAILED_PRECONDITION  # no store: counts
+    hook.attach_store(store)
+    edit = handle(hook, pod(allocated(3)))
+    assert edit is not None and edit.env["NVIDIA_VISIBLE_DEVICES"] == BOX[1].uuid
+    # a device-plugin pod (no annotation) that the plugin gave minor 2, which OTHER_UID uses
+    err = refusal(hook, pod())
+    assert err.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert err.reason == (
+        f"the device plugin gave this container GPU minor 2 ({BOX[0].uuid}), which live pod {OTHER_UID} uses as "
+        "the scheduler placed it; it can start once that pod is gone"
+    )
+
+
+def test_containers_created_at_once_can_not_share_a_gpu(node: Node, tmp_path: Path) -> None:
+    """Kubelet creates containers of different pods at the same time; the store shows a container
+    only once the runtime created it. The hook remembers what it let through meanwhile."""
+    from crihook.proxy.store import PodRecord, Store
+
+    store = Store(tmp_path / "state")
+    store.pods["s1"] = PodRecord("s1", "placed", "ml", POD_UID, annotations=allocated(2))
+    store.pods["s2"] = PodRecord("s2", "bound", "ml", OTHER_UID)
+    # the plugin gave the placed pod minor 5 (a phantom) and the spec.nodeName pod minor 2
+    write_checkpoint(
+        node.checkpoint,
+        [
+            Entry(POD_UID, "cuda", [BOX[3].uuid], resp=nvidia_plugin_resp(BOX[3:4])),
+            Entry(OTHER_UID, "cuda", [BOX[0].uuid], resp=nvidia_plugin_resp(BOX[:1])),
+        ],
+    )
+    node.pod_dir(POD_UID)
+    node.pod_dir(OTHER_UID)
+    hook = node.hook()
+    hook.attach_store(store)
+    now = [100.0]
+    hook.clock = lambda: now[0]
+    edit = handle(hook, pod(allocated(2)))  # let through; its CreateContainer is still on its way
+    assert edit is not None and edit.env["NVIDIA_VISIBLE_DEVICES"] == BOX[0].uuid
+    err = refusal(hook, pod(uid=OTHER_UID))
+    assert err.code == grpc.StatusCode.FAILED_PRECONDITION and f"which live pod {POD_UID} uses" in err.reason
+    now[0] += 31  # the claim lapses; the store never showed the container (a later hook refused it)
+    assert handle(hook, pod(uid=OTHER_UID)) is None  # the plugin's allocation stands

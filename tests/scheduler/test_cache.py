@@ -1,0 +1,265 @@
+"""The cache and the bind path through the real `kubernetes` client against the fake API server:
+list+watch, resourceVersion conflicts, 404s, 410s, rollback on failure, restart, and many concurrent
+binds to one node with zero double allocation."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from crihook.base.allocation import CONTAINER_DEVICES, DEVICE_ALLOCATED, GPU, GPU_CORE, parse_device_allocated
+from crihook.scheduler.cache import ClusterCache
+from crihook.scheduler.plugin import DeviceShare
+from tests.support.bindrun import Scheduler, start_scheduler
+from tests.support.extender import FIXTURES
+from tests.support.fakekube import FakeKube
+
+NODE = "gpu-node-1"  # 8 GPUs
+
+
+def fixture(name: str) -> Any:
+    return json.loads((FIXTURES / name).read_text())
+
+
+def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def kube() -> Iterator[FakeKube]:
+    with FakeKube() as k:
+        for n in fixture("cluster_nodes.json")["items"]:
+            k.create("nodes", n)
+        for d in fixture("cluster_devices.json")["items"]:
+            k.create("devices", d)
+        yield k
+
+
+@pytest.fixture
+def sched(kube: FakeKube) -> Iterator[Scheduler]:
+    s = start_scheduler(kube)
+    yield s
+    s.stop()
+
+
+def make_pod(kube: FakeKube, name: str, resources: dict[str, str], ns: str = "team-a") -> dict[str, Any]:
+    return kube.create(
+        "pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "containers": [
+                    {"name": "main", "image": "x", "resources": {"limits": resources, "requests": resources}}
+                ]
+            },
+        },
+    )
+
+
+WHOLE = {"nvidia.com/gpu": "1"}
+HALF = {"koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "50", "koordinator.sh/gpu.shared": "1"}
+
+
+def bind_args(pod: dict[str, Any], node: str = NODE) -> dict[str, str]:
+    m = pod["metadata"]
+    return {"PodName": m["name"], "PodNamespace": m["namespace"], "PodUID": m["uid"], "Node": node}
+
+
+def filter_args(pod: dict[str, Any], nodes: list[str]) -> dict[str, Any]:
+    return {"Pod": pod, "Nodes": None, "NodeNames": nodes}
+
+
+def gpus_of(kube: FakeKube, ns: str, name: str) -> list[int]:
+    anns = kube.get("pods", name, ns)["metadata"].get("annotations") or {}
+    return [a.minor for a in parse_device_allocated(anns[DEVICE_ALLOCATED]).get(GPU, ())]
+
+
+def test_cache_loads_nodes_devices_and_pods(sched: Scheduler) -> None:
+    assert set(sched.plugin.st.rows) == {"gpu-node-1", "gpu-node-2"}
+    assert len(sched.plugin.st.nodes[sched.plugin.st.rows[NODE]].gpus) == 8
+
+
+def test_bind_writes_annotations_then_binding(kube: FakeKube, sched: Scheduler) -> None:
+    pod = make_pod(kube, "p0", {"nvidia.com/gpu": "2"})
+    assert sched.ext.filter(filter_args(pod, [NODE]))["NodeNames"] == [NODE]
+    kube.requests.clear()
+    assert sched.ext.bind(bind_args(pod)) == {"Error": ""}
+    got = kube.get("pods", "p0", "team-a")
+    assert got["spec"]["nodeName"] == NODE
+    allocs = parse_device_allocated(got["metadata"]["annotations"][DEVICE_ALLOCATED])
+    assert len(allocs[GPU]) == 2 and all(a.id.startswith("GPU-") and a.resources[GPU_CORE] == 100 for a in allocs[GPU])
+    assert json.loads(got["metadata"]["annotations"][CONTAINER_DEVICES]) == {
+        "main": {"gpu": [a.minor for a in allocs[GPU]]}
+    }
+    writes = [(r.method, r.path.rsplit("/", 1)[-1]) for r in kube.requests if r.method != "GET"]
+    assert writes == [("PATCH", "p0"), ("POST", "binding")]
+    # the watch brings the bound pod back: it stays charged exactly once
+    eventually(lambda: sched.cache.pods.get(got["metadata"]["uid"]) == NODE)
+    assert sched.plugin.held[got["metadata"]["uid"]].node == NODE
+
+
+def test_bind_retry_is_idempotent(kube: FakeKube, sched: Scheduler) -> None:
+    pod = make_pod(kube, "p0", WHOLE)
+    assert sched.ext.bind(bind_args(pod)) == {"Error": ""}
+    first = kube.get("pods", "p0", "team-a")["metadata"]["annotations"]
+    kube.requests.clear()
+    assert sched.ext.bind(bind_args(pod)) == {"Error": ""}
+    assert [r.method for r in kube.requests] == ["GET"]  # nothing written twice
+    assert kube.get("pods", "p0", "team-a")["metadata"]["annotations"] == first
+    other = bind_args(pod, "gpu-node-2")
+    assert "already bound to node gpu-node-1" in sched.ext.bind(other)["Error"]
+
+
+def test_bind_of_a_missing_pod(sched: Scheduler) -> None:
+    err = sched.ext.bind({"PodName": "gone", "PodNamespace": "team-a", "PodUID": "u", "Node": NODE})["Error"]
+    assert "404" in err and "not found" in err
+    assert sched.plugin.held == {}
+
+
+def test_bind_of_a_recreated_pod(kube: FakeKube, sched: Scheduler) -> None:
+    pod = make_pod(kube, "p0", WHOLE)
+    args = bind_args(pod)
+    kube.delete("pods", "p0", "team-a")
+    make_pod(kube, "p0", WHOLE)
+    assert "created again" in sched.ext.bind(args)["Error"]
+    assert kube.get("pods", "p0", "team-a")["spec"].get("nodeName") is None
+
+
+@pytest.mark.parametrize(("code", "path"), [(500, "/binding"), (409, "/binding"), (409, "/pods/p0"), (500, "/pods/p0")])
+def test_failed_bind_rolls_back(kube: FakeKube, sched: Scheduler, code: int, path: str) -> None:
+    pod = make_pod(kube, "p0", {"nvidia.com/gpu": "8"})
+    kube.fail_next(1, code, method="POST" if path == "/binding" else "PATCH", path=path)
+    err = sched.ext.bind(bind_args(pod))["Error"]
+    assert str(code) in err and "injected fault" in err
+    assert pod["metadata"]["uid"] not in sched.plugin.held
+    # every GPU is free again: the same pod binds on the retry
+    assert sched.ext.bind(bind_args(pod)) == {"Error": ""}
+    assert sorted(gpus_of(kube, "team-a", "p0")) == list(range(8))
+
+
+def test_unschedulable_bind_writes_nothing(kube: FakeKube, sched: Scheduler) -> None:
+    big = make_pod(kube, "big", {"nvidia.com/gpu": "8"})
+    assert sched.ext.bind(bind_args(big)) == {"Error": ""}
+    pod = make_pod(kube, "p1", WHOLE)
+    kube.requests.clear()
+    err = sched.ext.bind(bind_args(pod))["Error"]
+    assert "0 of 8 GPUs" in err
+    assert [r.method for r in kube.requests] == ["GET"]
+
+
+def test_pod_deletion_frees_devices(kube: FakeKube, sched: Scheduler) -> None:
+    big = make_pod(kube, "big", {"nvidia.com/gpu": "8"})
+    assert sched.ext.bind(bind_args(big)) == {"Error": ""}
+    small = make_pod(kube, "small", WHOLE)
+    assert sched.ext.filter(filter_args(small, [NODE]))["NodeNames"] == []
+    kube.delete("pods", "big", "team-a")
+    eventually(lambda: sched.ext.filter(filter_args(small, [NODE]))["NodeNames"] == [NODE])
+
+
+def test_finished_pod_frees_devices(kube: FakeKube, sched: Scheduler) -> None:
+    big = make_pod(kube, "big", {"nvidia.com/gpu": "8"})
+    assert sched.ext.bind(bind_args(big)) == {"Error": ""}
+    eventually(lambda: big["metadata"]["uid"] in sched.cache.pods)
+    kube.patch("pods", "big", {"status": {"phase": "Succeeded"}}, "team-a", subresource="status")
+    eventually(lambda: big["metadata"]["uid"] not in sched.plugin.held)
+
+
+def test_device_changes_reach_the_allocator(kube: FakeKube, sched: Scheduler) -> None:
+    dev = kube.get("devices", NODE)
+    for d in dev["spec"]["devices"]:
+        d["health"] = False
+    kube.put("devices", dev)
+    pod = make_pod(kube, "p0", WHOLE)
+    eventually(lambda: sched.ext.filter(filter_args(pod, [NODE]))["NodeNames"] == [])
+    assert "unhealthy" in sched.ext.filter(filter_args(pod, [NODE]))["FailedAndUnresolvableNodes"][NODE]
+    kube.delete("devices", NODE)
+    eventually(lambda: NODE not in sched.plugin.st.rows)
+    kube.delete("devices", "gpu-node-2")
+    kube.delete("nodes", "gpu-node-2")
+    eventually(lambda: sched.plugin.st.rows == {})
+
+
+def test_restart_loses_nothing(kube: FakeKube, sched: Scheduler) -> None:
+    pods = [make_pod(kube, f"p{i}", HALF) for i in range(5)] + [make_pod(kube, "w", {"nvidia.com/gpu": "4"})]
+    for p in pods:
+        assert sched.ext.bind(bind_args(p)) == {"Error": ""}
+    before = {uid: (h.node, sorted(h.gpus)) for uid, h in sched.plugin.held.items()}
+    free_before = sched.plugin.st.core_free.copy()
+    sched.stop()
+    fresh = start_scheduler(kube)
+    try:
+        after = {uid: (h.node, sorted(h.gpus)) for uid, h in fresh.plugin.held.items()}
+        assert after == before
+        row_old, row_new = sched.plugin.st.rows[NODE], fresh.plugin.st.rows[NODE]
+        assert (fresh.plugin.st.core_free[row_new][:8] == free_before[row_old][:8]).all()
+    finally:
+        fresh.stop()
+
+
+def test_watch_expiry_relists(kube: FakeKube, sched: Scheduler) -> None:
+    big = make_pod(kube, "big", {"nvidia.com/gpu": "8"})
+    assert sched.ext.bind(bind_args(big)) == {"Error": ""}
+    eventually(lambda: big["metadata"]["uid"] in sched.cache.pods)
+    lists = sum(1 for r in kube.requests if r.method == "GET" and "watch=" not in r.query)
+    # the deletion never reaches the open watches, and etcd compacts past it: each watch ends with
+    # 410 Expired, and only a fresh list can tell the cache the pod is gone
+    kube.pause_watches()
+    kube.delete("pods", "big", "team-a")
+    kube.compact()
+    eventually(lambda: sum(1 for r in kube.requests if r.method == "GET" and "watch=" not in r.query) == lists + 3)
+    eventually(lambda: big["metadata"]["uid"] not in sched.plugin.held)
+    kube.pause_watches(False)
+    # and the cache goes on watching from the new lists
+    kube.create("devices", {**kube.get("devices", NODE), "metadata": {"name": "gpu-node-3"}})
+    kube.create("nodes", {"metadata": {"name": "gpu-node-3"}})
+    eventually(lambda: "gpu-node-3" in sched.plugin.st.rows)
+
+
+def test_not_ready_until_listed(kube: FakeKube) -> None:
+    kube.fail_next(3, 500, method="GET", path="/devices")
+    api_client = kube.api_client()
+    plugin = DeviceShare()
+    cache = ClusterCache(api_client, plugin, threading.Lock())
+    cache.start()
+    try:
+        assert not cache.ready()
+        assert cache.wait_ready(15)
+        assert NODE in plugin.st.rows
+    finally:
+        cache.stop()
+
+
+@pytest.mark.parametrize(("resources", "fits"), [(WHOLE, 8), (HALF, 16)])
+def test_concurrent_binds_never_share_a_gpu(
+    kube: FakeKube, sched: Scheduler, resources: dict[str, str], fits: int
+) -> None:
+    pods = [make_pod(kube, f"race-{i}", resources) for i in range(fits + 12)]
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda p: sched.ext.bind(bind_args(p)), pods))
+    ok = [p for p, r in zip(pods, results, strict=True) if not r["Error"]]
+    assert len(ok) == fits
+    core_on: dict[int, int] = {}
+    for p in pods:
+        got = kube.get("pods", p["metadata"]["name"], "team-a")
+        anns = got["metadata"].get("annotations") or {}
+        if p in ok:
+            assert got["spec"]["nodeName"] == NODE
+            for a in parse_device_allocated(anns[DEVICE_ALLOCATED])[GPU]:
+                core_on[a.minor] = core_on.get(a.minor, 0) + a.resources[GPU_CORE]
+        else:
+            assert not got["spec"].get("nodeName")
+    assert sorted(core_on) == list(range(8)) and all(v == 100 for v in core_on.values())
+    # the failed binds left nothing reserved
+    eventually(lambda: set(sched.plugin.held) == {p["metadata"]["uid"] for p in ok})

@@ -1,0 +1,320 @@
+"""Extender verbs with request bodies shaped exactly as kube-scheduler sends them (fixtures), over the
+real allocator, and the HTTP(S) server around them."""
+
+from __future__ import annotations
+
+import copy
+import http.client
+import json
+import shutil
+import ssl
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from crihook.scheduler import server as srv
+from crihook.scheduler import webhook
+from crihook.scheduler.extender import MAX_EXTENDER_PRIORITY, BadRequest, Extender, to_extender_score
+from tests.support.extender import cluster_plugin, fixture
+
+FILTER_RESULT_KEYS = {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
+
+
+@pytest.fixture
+def ext() -> Extender:
+    return Extender(cluster_plugin())
+
+
+def test_filter_node_names(ext: Extender) -> None:
+    args = fixture("filter_node_names.json")
+    out = ext.filter(args)
+    assert set(out) == FILTER_RESULT_KEYS
+    assert out["Nodes"] is None and out["Error"] == "" and out["FailedNodes"] == {}
+    assert out["NodeNames"] == ["gpu-node-1", "gpu-node-2"]
+    assert list(out["FailedAndUnresolvableNodes"]) == ["cpu-node-1"]
+    assert "no Device" in out["FailedAndUnresolvableNodes"]["cpu-node-1"]
+
+
+def test_filter_full_nodes_keeps_node_objects(ext: Extender) -> None:
+    args = fixture("filter_nodes.json")  # 4 whole GPUs, nvidia.com/use-gputype: A100
+    out = ext.filter(args)
+    assert out["NodeNames"] is None and out["Error"] == ""
+    assert out["Nodes"] == {"metadata": {}, "items": [args["Nodes"]["items"][0]]}
+    failed = out["FailedAndUnresolvableNodes"]
+    assert set(failed) == {"gpu-node-2", "cpu-node-1"}
+    assert "nvidia.com/use-gputype" in failed["gpu-node-2"]
+
+
+def test_pods_without_devices_pass_straight_through(ext: Extender) -> None:
+    for name in ("filter_node_names.json", "filter_nodes.json"):
+        args = fixture(name)
+        for c in args["Pod"]["spec"]["containers"]:
+            c["resources"] = {"requests": {"cpu": "1"}}
+        out = ext.filter(args)
+        assert out["FailedAndUnresolvableNodes"] == {} and out["Error"] == ""
+        assert out["NodeNames"] == args["NodeNames"] and out["Nodes"] == args["Nodes"]
+        assert all(p["Score"] == 0 for p in ext.prioritize(args))
+
+
+def test_invalid_request_fails_every_node_with_the_reason(ext: Extender) -> None:
+    args = fixture("filter_node_names.json")
+    args["Pod"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "1"
+    out = ext.filter(args)
+    assert out["NodeNames"] == [] and out["Error"] == ""
+    reasons = set(out["FailedAndUnresolvableNodes"].values())
+    assert len(reasons) == 1 and "nvidia.com/gpu can not be combined" in reasons.pop()
+    assert out["FailedAndUnresolvableNodes"].keys() == set(args["NodeNames"])
+
+
+def test_not_ready_answers_an_error() -> None:
+    e = Extender(cluster_plugin(), ready=lambda: False)
+    out = e.filter(fixture("filter_node_names.json"))
+    assert "not ready" in out["Error"] and out["NodeNames"] == []
+    assert all(p["Score"] == 0 for p in e.prioritize(fixture("prioritize_node_names.json")))
+
+
+def test_prioritize(ext: Extender) -> None:
+    args = fixture("prioritize_node_names.json")
+    out = ext.prioritize(args)
+    assert [p["Host"] for p in out] == args["NodeNames"]
+    assert all(set(p) == {"Host", "Score"} and 0 <= p["Score"] <= MAX_EXTENDER_PRIORITY for p in out)
+    expected = ext.plugin.score_nodes(ext.plugin.pre_filter(_pod(args)), args["NodeNames"])
+    assert [p["Score"] for p in out] == [to_extender_score(expected[n]) for n in args["NodeNames"]]
+    # a node that can not take the pod scores 0
+    args["NodeNames"].append("cpu-node-1")
+    assert ext.prioritize(args)[-1] == {"Host": "cpu-node-1", "Score": 0}
+
+
+def _pod(args: dict[str, Any]) -> Any:
+    from crihook.scheduler.pod import pod_from_json
+
+    return pod_from_json(args["Pod"])
+
+
+def test_prioritize_prefers_the_partly_used_node_for_a_share(ext: Extender) -> None:
+    """After a share lands on gpu-node-2, the next share scores that node higher (fragmentation)."""
+    args = fixture("prioritize_node_names.json")
+    req = ext.plugin.pre_filter(_pod(args))
+    first = {p["Host"]: p["Score"] for p in ext.prioritize(args)}
+    ext.plugin.reserve(req, "gpu-node-2")
+    nxt = copy.deepcopy(args)
+    nxt["Pod"]["metadata"]["uid"] = "another"
+    after = {p["Host"]: p["Score"] for p in ext.prioritize(nxt)}
+    assert after["gpu-node-2"] >= first["gpu-node-2"]
+
+
+@given(st.floats(-50, 150, allow_nan=False))
+def test_score_scale(score: float) -> None:
+    s = to_extender_score(score)
+    assert 0 <= s <= MAX_EXTENDER_PRIORITY
+    if 0 <= score <= 100:
+        assert abs(s - score / 10) <= 0.5
+
+
+@pytest.mark.parametrize(
+    "body",
+    [[], {"NodeNames": "n1"}, {"Nodes": {"items": [{"metadata": {}}]}}, {"Nodes": []}],
+)
+def test_bad_filter_bodies(ext: Extender, body: Any) -> None:
+    with pytest.raises(BadRequest):
+        ext.filter(body)
+
+
+@pytest.mark.parametrize("missing", ["PodName", "PodNamespace", "PodUID", "Node"])
+def test_bad_bind_bodies(ext: Extender, missing: str) -> None:
+    body = fixture("bind.json")
+    del body[missing]
+    with pytest.raises(BadRequest, match=missing):
+        ext.bind(body)
+
+
+def test_bind_without_api_is_an_error(ext: Extender) -> None:
+    assert "no API server" in ext.bind(fixture("bind.json"))["Error"]
+
+
+# --- HTTP ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def http_server(ext: Extender) -> Iterator[tuple[str, int]]:
+    ready = threading.Event()
+    app = srv.App(ext, webhook.WebhookConfig(), ready.is_set)
+    server = srv.make_server(app, "127.0.0.1", 0, None)
+    t = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    t.start()
+    server.ready_flag = ready  # type: ignore[attr-defined]
+    yield server  # type: ignore[misc]
+    server.shutdown()
+    server.server_close()
+
+
+def post(conn: http.client.HTTPConnection, path: str, body: Any) -> tuple[int, Any]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    conn.request("POST", path, data, {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    raw = r.read()
+    return r.status, json.loads(raw) if r.getheader("Content-Type") == "application/json" else raw
+
+
+def test_http_endpoints(http_server: Any) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", http_server.server_address[1], timeout=10)
+    conn.request("GET", "/healthz")
+    assert conn.getresponse().read() == b"ok\n"
+    conn.request("GET", "/readyz")
+    r = conn.getresponse()
+    r.read()
+    assert r.status == 503
+    http_server.ready_flag.set()
+    conn.request("GET", "/readyz")
+    r = conn.getresponse()
+    r.read()
+    assert r.status == 200
+    # one kept-alive connection carries every call, as kube-scheduler's client does
+    code, out = post(conn, "/filter", fixture("filter_node_names.json"))
+    assert code == 200 and out["NodeNames"] == ["gpu-node-1", "gpu-node-2"]
+    code, out = post(conn, "/prioritize", fixture("prioritize_node_names.json"))
+    assert code == 200 and [p["Host"] for p in out] == ["gpu-node-1", "gpu-node-2"]
+    code, out = post(conn, "/mutate", fixture("admission_create.json"))
+    assert code == 200 and out["response"]["patchType"] == "JSONPatch"
+    code, out = post(conn, "/validate", fixture("admission_create.json"))
+    assert code == 200 and out["response"]["uid"] == fixture("admission_create.json")["request"]["uid"]
+    code, _ = post(conn, "/filter", b"{not json")
+    assert code == 400
+    code, _ = post(conn, "/bind", {"PodName": "x"})
+    assert code == 400
+    code, out = post(conn, "/preempt", {})
+    assert code == 200 and out == {"NodeNameToMetaVictims": {}}
+    code, _ = post(conn, "/unknown", {})
+    assert code == 404
+
+
+def test_metrics_count_requests_by_path_and_status(http_server: Any) -> None:
+    from crihook.base import metrics
+
+    ok, bad = metrics.SCHEDULER_REQUESTS.value("/filter", "200"), metrics.SCHEDULER_REQUESTS.value("/filter", "400")
+    timed = metrics.SCHEDULER_SECONDS.count("/filter")
+    conn = http.client.HTTPConnection("127.0.0.1", http_server.server_address[1], timeout=10)
+    assert post(conn, "/filter", fixture("filter_node_names.json"))[0] == 200
+    assert post(conn, "/filter", b"{not json")[0] == 400
+    assert metrics.SCHEDULER_REQUESTS.value("/filter", "200") == ok + 1
+    assert metrics.SCHEDULER_REQUESTS.value("/filter", "400") == bad + 1
+    assert metrics.SCHEDULER_SECONDS.count("/filter") == timed + 2
+    conn.request("GET", "/metrics")
+    r = conn.getresponse()
+    text = r.read().decode()
+    assert r.status == 200 and r.getheader("Content-Type") == metrics.CONTENT_TYPE
+    assert f'crihook_scheduler_requests_total{{path="/filter",code="200"}} {int(ok) + 1}' in text
+    assert 'crihook_scheduler_request_duration_seconds_count{path="/filter"}' in text
+
+
+def test_plain_http_only_on_loopback() -> None:
+    assert srv.check_listen("127.0.0.1:9443", None, False) == ("127.0.0.1", 9443)
+    assert srv.check_listen("[::1]:9443", None, False) == ("::1", 9443)
+    with pytest.raises(ValueError, match="refusing plain HTTP"):
+        srv.check_listen("0.0.0.0:9443", None, False)
+    assert srv.check_listen("0.0.0.0:9443", None, True) == ("0.0.0.0", 9443)
+    assert srv.check_listen("0.0.0.0:9443", srv.TlsFiles("c", "k"), False) == ("0.0.0.0", 9443)
+
+
+def test_cli_refuses_plain_public_listener(capsys: pytest.CaptureFixture[str]) -> None:
+    from crihook.cli import main
+
+    assert main(["scheduler", "--listen", "0.0.0.0:9443"]) == 2
+    assert "refusing plain HTTP" in capsys.readouterr().err
+    assert main(["scheduler", "--tls-cert", "/x.pem"]) == 2
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
+def test_https_with_client_certificates(ext: Extender, tmp_path: Path) -> None:
+    def make(name: str, ca: tuple[Path, Path] | None) -> tuple[Path, Path]:
+        key, crt = tmp_path / f"{name}.key", tmp_path / f"{name}.crt"
+        if ca is None:
+            subprocess.run(
+                [
+                    "openssl",
+                    "req",
+                    "-x509",
+                    "-newkey",
+                    "rsa:2048",
+                    "-nodes",
+                    "-keyout",
+                    key,
+                    "-out",
+                    crt,
+                    "-days",
+                    "1",
+                    "-subj",
+                    f"/CN={name}",
+                    "-addext",
+                    "subjectAltName=IP:127.0.0.1",
+                ],
+                check=True,
+                capture_output=True,
+            )
+        else:
+            csr = tmp_path / f"{name}.csr"
+            subprocess.run(
+                [
+                    "openssl",
+                    "req",
+                    "-newkey",
+                    "rsa:2048",
+                    "-nodes",
+                    "-keyout",
+                    key,
+                    "-out",
+                    csr,
+                    "-subj",
+                    f"/CN={name}",
+                ],
+                check=True,
+                capture_output=True,
+            )
+            subprocess.run(
+                [
+                    "openssl",
+                    "x509",
+                    "-req",
+                    "-in",
+                    csr,
+                    "-CA",
+                    ca[1],
+                    "-CAkey",
+                    ca[0],
+                    "-CAcreateserial",
+                    "-out",
+                    crt,
+                    "-days",
+                    "1",
+                ],
+                check=True,
+                capture_output=True,
+            )
+        return key, crt
+
+    ca_key, ca_crt = make("ca", None)
+    srv_key, srv_crt = make("server", None)
+    cli_key, cli_crt = make("kube-scheduler", (ca_key, ca_crt))
+    tls = srv.TlsFiles(str(srv_crt), str(srv_key), str(ca_crt))
+    server = srv.make_server(srv.App(ext, webhook.WebhookConfig(), lambda: True), "127.0.0.1", 0, tls)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    port = server.server_address[1]
+    try:
+        good = ssl.create_default_context(cafile=str(srv_crt))
+        good.load_cert_chain(str(cli_crt), str(cli_key))
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=good, timeout=10)
+        code, out = post(conn, "/filter", fixture("filter_node_names.json"))
+        assert code == 200 and out["NodeNames"] == ["gpu-node-1", "gpu-node-2"]
+        anonymous = ssl.create_default_context(cafile=str(srv_crt))
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=anonymous, timeout=10)
+        with pytest.raises((ssl.SSLError, ConnectionError, http.client.HTTPException)):
+            post(conn, "/filter", fixture("filter_node_names.json"))
+    finally:
+        server.shutdown()
+        server.server_close()
