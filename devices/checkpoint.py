@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf.message import DecodeError
 
@@ -36,6 +36,7 @@ log = logging.getLogger("crihook.checkpoint")
 MAX_CHECKPOINT_BYTES = 64 << 20  # thousands of pods' entries fit in a few MiB
 NO_TOPOLOGY = -1  # the NUMA key kubelet uses when a plugin reports no topology, and for the old list layout
 _REPLICA = re.compile(r"::[0-9]+\Z")
+_K = TypeVar("_K")
 
 
 class CheckpointError(InputError):
@@ -126,7 +127,7 @@ def parse_checkpoint(data: bytes) -> Checkpoint:
     return Checkpoint(entries, registered)
 
 
-def _typed(value: Any, kind: type, where: str, name: str) -> Any:
+def _typed(value: Any, kind: type[_K], where: str, name: str) -> _K:
     """Go's zero value for null or absent, as kubelet's own decoder gives."""
     if value is None:
         return kind()

@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from crihook.base import quantity
 
@@ -43,11 +43,24 @@ _LAYOUT: dict[int, tuple[tuple[int, ...], ...]] = {
 }
 
 
+class Partition(TypedDict):
+    """One GPU set a pod may be given, in the annotation's JSON shape."""
+
+    minors: list[int]
+    gpuLinkType: NotRequired[str]
+    ringBusBandwidth: NotRequired[str]  # a quantity
+    allocationScore: NotRequired[int]
+
+
+# GPU count (as a decimal string, the annotation's key) -> the sets of that many GPUs
+PartitionTable = dict[str, list[Partition]]
+
+
 class PartitionTableError(ValueError):
     """A partition table that can not be used; str() names the field."""
 
 
-def builtin_table(model_name: str, minors_by_index: Sequence[int], nvswitch: bool) -> dict[str, list[dict]] | None:
+def builtin_table(model_name: str, minors_by_index: Sequence[int], nvswitch: bool) -> PartitionTable | None:
     """The table for a node of 8 GPUs of one built-in model on NVSwitches; None for any other node."""
     if len(minors_by_index) != 8 or not nvswitch:
         return None
@@ -68,7 +81,7 @@ def builtin_table(model_name: str, minors_by_index: Sequence[int], nvswitch: boo
     }
 
 
-def parse_table(data: str | bytes, where: str) -> dict[str, list[dict]]:
+def parse_table(data: str | bytes, where: str) -> PartitionTable:
     """A table from JSON, checked field by field. Raises PartitionTableError naming `where` and the field."""
     try:
         doc = json.loads(data)
@@ -76,7 +89,7 @@ def parse_table(data: str | bytes, where: str) -> dict[str, list[dict]]:
         raise PartitionTableError(f"{where}: not valid JSON ({e})") from None
     if not isinstance(doc, dict) or not doc:
         raise PartitionTableError(f"{where}: expected a non-empty object of GPU count -> partitions")
-    table: dict[str, list[dict]] = {}
+    table: PartitionTable = {}
     for key, parts in doc.items():
         if not (isinstance(key, str) and key.isdigit() and int(key) > 0):
             raise PartitionTableError(f"{where}: key {key!r} is not a positive GPU count")
@@ -86,7 +99,7 @@ def parse_table(data: str | bytes, where: str) -> dict[str, list[dict]]:
     return dict(sorted(table.items(), key=lambda kv: int(kv[0])))
 
 
-def _partition(p: Any, size: int, where: str) -> dict:
+def _partition(p: Any, size: int, where: str) -> Partition:
     if not isinstance(p, dict):
         raise PartitionTableError(f"{where}: expected an object")
     unknown = set(p) - {"minors", "gpuLinkType", "ringBusBandwidth", "allocationScore"}
@@ -101,7 +114,7 @@ def _partition(p: Any, size: int, where: str) -> dict:
         raise PartitionTableError(f"{where}.minors: expected a list of distinct GPU minors")
     if len(minors) != size:
         raise PartitionTableError(f"{where}.minors: {len(minors)} GPUs under the key for {size}")
-    out: dict[str, Any] = {"minors": minors}
+    out: Partition = {"minors": minors}
     if "gpuLinkType" in p:
         if not isinstance(p["gpuLinkType"], str):
             raise PartitionTableError(f"{where}.gpuLinkType: expected a string")
@@ -122,8 +135,8 @@ def _partition(p: Any, size: int, where: str) -> dict:
 
 
 def table_for_node(
-    configured: Mapping[str, list[dict]] | None, model_name: str, minors_by_index: Sequence[int], nvswitch: bool
-) -> dict[str, list[dict]] | None:
+    configured: Mapping[str, list[Partition]] | None, model_name: str, minors_by_index: Sequence[int], nvswitch: bool
+) -> PartitionTable | None:
     """The operator's table when there is one and it names only GPUs of this node, else the
     built-in one for the node's model. Raises PartitionTableError for a configured table naming a
     minor the node does not have."""

@@ -54,7 +54,7 @@ class Observed:
     nics: Sequence[RdmaNic] = ()
     # device-plugin checkpoint entries; None when the checkpoint could not be read (keep what is published)
     plugin_entries: Sequence[PodDeviceEntry] | None = ()
-    partition_table: Mapping[str, list[dict]] | None = None  # the operator's, from config
+    partition_table: Mapping[str, list[partitions.Partition]] | None = None  # the operator's, from config
     # resources a device plugin has registered with kubelet (the checkpoint's RegisteredDevices);
     # None when the checkpoint could not be read
     plugin_resources: frozenset[str] | None = frozenset()

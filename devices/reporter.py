@@ -26,7 +26,7 @@ from typing import Any
 from crihook.base import config as cfg
 from crihook.base.metrics import REPORTER_WRITES
 from crihook.devices import partitions, rdma, report
-from crihook.devices.checkpoint import CheckpointError, CheckpointReader
+from crihook.devices.checkpoint import CheckpointError, CheckpointReader, PodDeviceEntry
 from crihook.devices.nvml import GpuIndex, Nvml
 
 log = logging.getLogger("crihook.devices.reporter")
@@ -50,7 +50,7 @@ class Round:
     reason: str = ""  # why NVML gave no GPUs
 
 
-def load_partition_table(path: str) -> dict[str, list[dict]] | None:
+def load_partition_table(path: str) -> partitions.PartitionTable | None:
     if not path:
         return None
     try:
@@ -174,6 +174,7 @@ class Reporter:
         if self.index is not None:
             self.index.update(snapshot)
         nics = rdma.discover(self.config.node.sys_root, self._rdma_links)
+        entries: tuple[PodDeviceEntry, ...] | None
         plugins: frozenset[str] | None
         try:
             checkpoint = self._checkpoint.read()
@@ -233,7 +234,7 @@ class Reporter:
                 self._stop.wait(0.05 * (attempt + 1))
 
     def _get_device(self) -> dict[str, Any] | None:
-        from kubernetes.client.rest import ApiException
+        from kubernetes.client.exceptions import ApiException
 
         try:
             return self._raw(
@@ -249,7 +250,7 @@ class Reporter:
             raise ReportError(f"read Device {self.node_name}: {_api_reason(e)}") from None
 
     def _custom_call(self, verb: str, body: dict[str, Any]) -> dict[str, Any]:
-        from kubernetes.client.rest import ApiException
+        from kubernetes.client.exceptions import ApiException
 
         g, v, p = report.GROUP, report.VERSION, report.PLURAL
         try:
@@ -286,7 +287,8 @@ class Reporter:
 
     @staticmethod
     def _raw(resp: Any) -> dict[str, Any]:
-        return json.loads(resp.data) if hasattr(resp, "data") else resp
+        doc: dict[str, Any] = json.loads(resp.data) if hasattr(resp, "data") else resp
+        return doc
 
     def _wrote(self, done: Round, what: str) -> None:
         done.writes.append(what)

@@ -123,7 +123,7 @@ class FsMemo:
         head, name = os.path.split(path)
         generation = self._watch(head, CONTENTS if contents else ENTRIES)
         try:
-            value: Any = compute()
+            value = compute()
         except Exception as e:
             self._keep(head, name, generation, (None, e))
             raise

@@ -18,8 +18,9 @@ def scheduled(pod: PodInfo, container: ContainerInfo, dtype: str) -> tuple[al.De
     Answers are kept by annotation text: every hook of a CreateContainer asks, and the same pod's
     containers carry the same text (DeviceAllocation is frozen, so sharing it is safe)."""
     key = (pod.annotations.get(al.DEVICE_ALLOCATED), pod.annotations.get(al.CONTAINER_DEVICES), container.name, dtype)
-    answer = _answers.get(key, _answers)
-    if answer is _answers:
+    if key in _answers:
+        answer = _answers[key]
+    else:
         try:
             answer = al.allocated_to(pod.annotations, container.name, dtype)
         except al.AnnotationError as e:
@@ -29,7 +30,7 @@ def scheduled(pod: PodInfo, container: ContainerInfo, dtype: str) -> tuple[al.De
         _answers[key] = answer
     if isinstance(answer, str):
         raise HookError(grpc.StatusCode.INVALID_ARGUMENT, answer)
-    return answer  # type: ignore[return-value]
+    return answer
 
 
 def refuse(code: grpc.StatusCode, cause: str) -> HookError:

@@ -102,7 +102,9 @@ class TaskJanitor:
         """One task-service call; False when the task has not exited yet, NOT_FOUND (gone) is done."""
         assert self.channel is not None
         try:
-            await self.channel.unary_unary(TASKS + method)(request, timeout=CALL_TIMEOUT, metadata=self.metadata)
+            # the requests are encoded by hand and only the status is read: bytes both ways
+            call = self.channel.unary_unary(TASKS + method, request_serializer=None, response_deserializer=None)
+            await call(request, timeout=CALL_TIMEOUT, metadata=self.metadata)
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.FAILED_PRECONDITION or _still_running(e):
                 return False
@@ -114,7 +116,7 @@ class TaskJanitor:
         if self.clearing:
             await asyncio.gather(*self.clearing.values(), return_exceptions=True)
         if self.channel is not None:
-            await self.channel.close()
+            await self.channel.close(grace=None)
 
 
 def _still_running(error: grpc.aio.AioRpcError) -> bool:

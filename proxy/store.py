@@ -281,12 +281,12 @@ class Store:
                 live.cgroup_parent = live.cgroup_parent or known.cgroup_parent
             pods[live.id] = live
         containers: dict[str, ContainerRecord] = {}
-        for live in live_containers:
-            known = self.containers.get(live.id)
-            if known is not None:
-                live.hooks, live.created = known.hooks, known.created or live.created
-                live.envs, live.resources = known.envs, known.resources
-            containers[live.id] = live
+        for live_c in live_containers:
+            known_c = self.containers.get(live_c.id)
+            if known_c is not None:
+                live_c.hooks, live_c.created = known_c.hooks, known_c.created or live_c.created
+                live_c.envs, live_c.resources = known_c.envs, known_c.resources
+            containers[live_c.id] = live_c
         stats = {
             "pods": len(pods),
             "containers": len(containers),

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from crihook.base.allocation import CONTAINER_DEVICES, DEVICE_ALLOCATED, AnnotationError
 from crihook.scheduler.devices import DeviceError, node_from_device
@@ -50,10 +50,17 @@ class Expired(Exception):
 
 def _failure(e: ApiException) -> ApiFailure:
     try:
-        message = json.loads(e.body).get("message") or e.reason
+        message = json.loads(e.body or "").get("message") or e.reason
     except (TypeError, ValueError, AttributeError):
         message = e.reason or str(e)
     return ApiFailure(int(e.status or 0), f"{e.status} {message}")
+
+
+def json_body(resp: Any) -> dict[str, Any]:
+    """The JSON object a call made with _preload_content=False answered: the client then returns
+    urllib3's response, not the model its annotations name."""
+    doc: dict[str, Any] = json.loads(resp.data)
+    return doc
 
 
 class KubeApi:
@@ -83,14 +90,15 @@ class KubeApi:
             )
         except ApiException as e:
             raise _failure(e) from None
-        return json.loads(resp.data).get("items") or []
+        items: list[dict[str, Any]] = json_body(resp).get("items") or []
+        return items
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         try:
             resp = self.core.read_namespaced_pod(name, namespace, _preload_content=False, _request_timeout=self.timeout)
         except ApiException as e:
             raise _failure(e) from None
-        return json.loads(resp.data)
+        return json_body(resp)
 
     def annotate_pod(
         self,
@@ -115,7 +123,7 @@ class KubeApi:
             )
         except ApiException as e:
             raise _failure(e) from None
-        return str((json.loads(resp.data).get("metadata") or {}).get("resourceVersion") or "")
+        return str((json_body(resp).get("metadata") or {}).get("resourceVersion") or "")
 
     def clear_claim(self, namespace: str, name: str, resource_version: str) -> None:
         """Take the claim label and the allocation annotations off an unbound pod, if it has not
@@ -204,10 +212,10 @@ class Reflector:
 
     def _list(self) -> str:
         resp = self.list_call(_preload_content=False, _request_timeout=READ_TIMEOUT, **self.selector)
-        body = json.loads(resp.data)
-        self.replace(body.get("items") or [])
+        doc = json_body(resp)
+        self.replace(doc.get("items") or [])
         self.synced.set()
-        return str((body.get("metadata") or {}).get("resourceVersion") or "")
+        return str((doc.get("metadata") or {}).get("resourceVersion") or "")
 
     def _watch(self, rv: str) -> str:
         resp = self.list_call(
@@ -224,7 +232,7 @@ class Reflector:
             if self._stop.is_set():  # stop() ran before the stream was there to end
                 return rv
             for ev in _events(resp):
-                kind, obj = ev.get("type"), ev.get("object") or {}
+                kind, obj = ev.get("type") or "", ev.get("object") or {}
                 if kind == "ERROR":
                     if obj.get("code") == 410:
                         raise Expired()

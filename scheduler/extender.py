@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -34,6 +34,7 @@ from crihook.base import metrics
 from crihook.scheduler import fence, preempt
 from crihook.scheduler.plugin import DeviceShare, Unschedulable
 from crihook.scheduler.pod import PodError, pod_from_json
+from crihook.scheduler.preempt import Victim
 from crihook.scheduler.request import PodRequest, RequestError
 
 log = logging.getLogger("crihook.scheduler")
@@ -221,13 +222,15 @@ class Extender:
             req = self._request(args.get("Pod"))
         except (PodError, RequestError):
             return {"NodeNameToMetaVictims": {}}  # filter has said why
-        pod = args.get("Pod") if isinstance(args.get("Pod"), dict) else {}
+        pod = args.get("Pod")
+        if not isinstance(pod, dict):
+            pod = {}
         priority = (pod.get("spec") or {}).get("priority") or 0
         out: dict[str, Any] = {}
         with self.lock:
             for node, (vs, pdb) in victims.items():
                 if not req.wants_devices:
-                    chosen: list[preempt.Victim] | None = vs
+                    chosen: list[Victim] | None = vs
                 else:
                     chosen = preempt.choose(self.plugin, req, node, vs, self._lower(node, priority))
                 if chosen is not None:
@@ -237,16 +240,16 @@ class Extender:
                     out[node] = {"Pods": [{"UID": v.uid} for v in chosen], "NumPDBViolations": min(pdb, ours)}
         return {"NodeNameToMetaVictims": out}
 
-    def _lower(self, node: str, priority: int) -> list[preempt.Victim]:
+    def _lower(self, node: str, priority: int) -> list[Victim]:
         """Pods on `node` holding GPUs with a lower priority than the preemptor's. Caller holds the lock."""
         held = self.plugin.held
         return [
-            preempt.Victim(uid, self.priorities.get(uid, 0))
+            Victim(uid, self.priorities.get(uid, 0))
             for uid in self.plugin.by_node.get(node, ())
             if held[uid].gpus and self.priorities.get(uid, 0) < priority
         ]
 
-    def _victims(self, node: str, v: Any, meta: bool) -> tuple[list[preempt.Victim], int]:
+    def _victims(self, node: str, v: Any, meta: bool) -> tuple[list[Victim], int]:
         where = f"ExtenderPreemptionArgs.{'NodeNameToMetaVictims' if meta else 'NodeNameToVictims'}[{node}]"
         if not isinstance(v, dict) or not isinstance(v.get("Pods") or [], list):
             raise BadRequest(f"{where} must be an object with a Pods list")
@@ -263,13 +266,13 @@ class Extender:
                 uid, priority = m.get("uid"), spec.get("priority") or 0
             if not isinstance(uid, str) or not uid or not isinstance(priority, int):
                 raise BadRequest(f"{where}.Pods[{i}] has no UID" + ("" if meta else " (metadata.uid) or priority"))
-            out.append(preempt.Victim(uid, priority))
+            out.append(Victim(uid, priority))
         return out, pdb
 
     # --- bind ---
 
     @contextmanager
-    def _pod_lock(self, uid: str):  # type: ignore[no-untyped-def]
+    def _pod_lock(self, uid: str) -> Iterator[None]:
         with self._pod_locks_guard:
             lock, users = self._pod_locks.get(uid, (threading.Lock(), 0))
             self._pod_locks[uid] = (lock, users + 1)
@@ -288,10 +291,12 @@ class Extender:
         """ExtenderBindingResult: {"Error": ""} when the pod is bound to the node."""
         if not isinstance(args, dict):
             raise BadRequest("expected ExtenderBindingArgs (a JSON object)")
-        fields = {k: args.get(k) for k in ("PodName", "PodNamespace", "PodUID", "Node")}
-        for k, v in fields.items():
+        fields: dict[str, str] = {}
+        for k in ("PodName", "PodNamespace", "PodUID", "Node"):
+            v = args.get(k)
             if not isinstance(v, str) or not v:
                 raise BadRequest(f"ExtenderBindingArgs.{k} is missing")
+            fields[k] = v
         name, ns, uid, node = fields["PodName"], fields["PodNamespace"], fields["PodUID"], fields["Node"]
         if self.api is None:
             return {"Error": "crihook scheduler has no API server connection to bind with"}
@@ -309,10 +314,11 @@ class Extender:
         return {"Error": error}
 
     def _bind(self, ns: str, name: str, uid: str, node: str) -> str:
-        assert self.api is not None
+        api = self.api
+        assert api is not None
         key = f"{ns}/{name}"
         try:
-            pod_json = self.api.get_pod(ns, name)
+            pod_json = api.get_pod(ns, name)
         except ApiFailure as e:
             return f"pod {key}: {e}"
         meta = pod_json.get("metadata") or {}
@@ -350,7 +356,7 @@ class Extender:
                 # withdrawn so it stands in no other bind's way (best effort: a claim left in the way
                 # is cleared by the next bind that meets it)
                 with contextlib.suppress(ApiFailure):
-                    self.api.clear_claim(ns, name, claimed)
+                    api.clear_claim(ns, name, claimed)
             return error
 
         def leading() -> bool:
@@ -365,12 +371,12 @@ class Extender:
             rv = str(meta.get("resourceVersion") or "")
             if annotations:
                 labels = {fence.CLAIM_LABEL: fence.claim_value(node)} if fenced else None
-                rv = self.api.annotate_pod(ns, name, uid, annotations, rv, labels)
+                rv = api.annotate_pod(ns, name, uid, annotations, rv, labels)
                 claimed = rv if fenced else ""
             if fenced:
                 # this replica's memory may be behind the API server (a failover, a pause, a slow
                 # watch): the claims on the node as the API server has them decide (scheduler/fence.py)
-                why, in_way = fence.judge(uid, alloc.gpus, self.api.claims(node), lambda m: memory.get(m, 0))
+                why, in_way = fence.judge(uid, alloc.gpus, api.claims(node), lambda m: memory.get(m, 0))
                 if why:
                     metrics.SCHEDULER_BINDS_REFUSED.inc("stale_view")
                     return undo(f"pod {key} on node {node}: {why}; not binding on a stale view")
@@ -380,11 +386,11 @@ class Extender:
                         "clearing an unbound claim on the same GPUs",
                         extra={"pod": key, "node": node, "claim": f"{m.get('namespace')}/{m.get('name')}"},
                     )
-                    self.api.clear_claim(str(m.get("namespace")), str(m.get("name")), str(m.get("resourceVersion")))
+                    api.clear_claim(str(m.get("namespace")), str(m.get("name")), str(m.get("resourceVersion")))
             if not leading():
                 metrics.SCHEDULER_BINDS_REFUSED.inc("not_leader")
                 return undo(NOT_LEADER)
-            self.api.bind_pod(ns, name, uid, node, rv)
+            api.bind_pod(ns, name, uid, node, rv)
         except ApiFailure as e:
             if e.code == 409 and self._bound_to(ns, name, uid, node):
                 return ""  # a concurrent duplicate of this bind won

@@ -28,7 +28,7 @@ class Shape:
     count: int
     models: tuple[str, ...] | None = None
 
-    def key(self) -> tuple:
+    def key(self) -> tuple[int, int, int, bool, tuple[str, ...]]:
         return (self.cpu, self.pct, self.count, self.models is not None, self.models or ())
 
 
@@ -108,7 +108,8 @@ def frag_of(typ: Typical, s: Stats) -> np.ndarray:
     all idle GPU when the next pod of it does not fit (too little CPU, too few GPUs with room of a
     model it accepts), else the idle GPU on the GPUs too small for one share or of a refused model."""
     usable = (s.nfit >= typ.count) & (s.cpu[..., None] >= typ.cpu) & (typ.pct > 0)  # CPU-only shapes use no GPU
-    return np.where(usable, s.small, s.total[..., None]) @ typ.weight
+    frag: np.ndarray = np.where(usable, s.small, s.total[..., None]) @ typ.weight
+    return frag
 
 
 def node_frag(typ: Typical, cpu_left: np.ndarray, left: np.ndarray, model: np.ndarray | None = None) -> np.ndarray:

@@ -24,7 +24,6 @@ time to rebuild the state from the API server.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -212,10 +211,10 @@ class KubeLeaseApi:
         self.timeout = timeout
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
-        from kubernetes.client.rest import ApiException
+        from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
-        from crihook.scheduler.cache import _failure
+        from crihook.scheduler.cache import _failure, json_body
 
         try:
             resp = fn(*args, _preload_content=False, _request_timeout=self.timeout)
@@ -223,7 +222,7 @@ class KubeLeaseApi:
             raise _failure(e) from None
         except (HTTPError, OSError) as e:  # refused, reset, timed out: the API server is away
             raise ApiFailure(0, f"{type(e).__name__}: {e}") from None
-        return json.loads(resp.data)
+        return json_body(resp)
 
     def get(self) -> dict[str, Any] | None:
         try:

@@ -28,7 +28,7 @@ from crihook.base.allocation import (
     DeviceAllocation,
 )
 from crihook.scheduler import topology
-from crihook.scheduler.devices import NodeDevices
+from crihook.scheduler.devices import Gpu, Nic, NodeDevices
 from crihook.scheduler.pod import Pod
 from crihook.scheduler.request import STRATEGIES, PodRequest, RequestError, Selectors, parse_request
 
@@ -542,7 +542,7 @@ class DeviceShare:
             self._memo = (req, st.generation, rows, ok, fits, where)
         return ok, fits
 
-    def _gpus_for_nics(self, req: PodRequest, row: int, fits: np.ndarray) -> list:
+    def _gpus_for_nics(self, req: PodRequest, row: int, fits: np.ndarray) -> list[Gpu]:
         nd = self.st.nodes[row]
         assert nd is not None
         cols = self._choose(req, row, fits) or []
@@ -586,7 +586,7 @@ class DeviceShare:
         left = self.st.left(np.array([row]))[0]
         return {g.minor for i, g in enumerate(nd.gpus) if left[i] < 100 or not g.healthy}
 
-    def _pick_nics(self, req: PodRequest, row: int, gpus: Sequence) -> list[int] | None:
+    def _pick_nics(self, req: PodRequest, row: int, gpus: Sequence[Gpu]) -> list[int] | None:
         if not req.rdma:
             return []
         nd = self.st.nodes[row]
@@ -601,11 +601,14 @@ class DeviceShare:
                     return None
                 # the fullest NIC that still fits: keeps whole NICs for whole-NIC pods
                 out.append(min(near, key=lambda n: (free[n.minor], n.minor)).minor)
-            return out if len(out) >= req.rdma else out + self._more_nics(nics, out, req.rdma - len(out), free)
+            if len(out) >= req.rdma:
+                return out
+            more = self._more_nics(nics, out, req.rdma - len(out), free)
+            return None if more is None else out + more
         return self._more_nics(nics, [], req.rdma, free)
 
     @staticmethod
-    def _more_nics(nics: Sequence, taken: list[int], k: int, free: dict[int, int]) -> list[int] | None:
+    def _more_nics(nics: Sequence[Nic], taken: list[int], k: int, free: dict[int, int]) -> list[int] | None:
         rest = sorted((n for n in nics if n.minor not in taken), key=lambda n: (free[n.minor], n.minor))
         return [n.minor for n in rest[:k]] if len(rest) >= k else None
 
@@ -635,10 +638,10 @@ class DeviceShare:
             nd = st.nodes[r]
             assert nd is not None
             for col, g in enumerate(nd.gpus):
-                why = sel.refuses(g.model, g.uuid) if usable[i, col] and not fits[i, col] else None
-                if why and not refused[i, col]:
+                refusal = sel.refuses(g.model, g.uuid) if usable[i, col] and not fits[i, col] else None
+                if refusal and not refused[i, col]:
                     refused[i, col] = True
-                    texts[i][str(why)] = texts[i].get(str(why), 0) + 1
+                    texts[i][str(refusal)] = texts[i].get(str(refusal), 0) + 1
         rest = usable & ~refused & ~fits
         core_short = rest & (st.core_free[rows] < req.core)
         counts = np.stack(
@@ -655,7 +658,7 @@ class DeviceShare:
         ).tolist()
         share = "whole GPU" if not req.shared else f"{req.core}% core and {req.ratio or req.memory}"
         share += "" if not req.shared else ("% memory" if req.ratio else " bytes memory")
-        tails: dict[tuple, str] = {}
+        tails: dict[tuple[int, int, int, int, int, tuple[tuple[str, int], ...]], str] = {}
         out: dict[str, str] = {}
         for i, (name, row, c) in enumerate(zip(names, rows.tolist(), counts, strict=True)):
             n_fit, n_gpus, sick, core, mem, cpu_short, mem_short = c
@@ -673,9 +676,9 @@ class DeviceShare:
                 key = (n_fit, n_gpus, sick, core, mem, tuple(sorted(whys.items())))
                 tail = tails.get(key)
                 if tail is None:
-                    why = {"unhealthy": sick, "not enough free GPU core": core, "not enough free GPU memory": mem}
-                    why.update(key[5])
-                    detail = "; ".join(f"{n} {r}" for r, n in sorted(why.items()) if n)
+                    causes = {"unhealthy": sick, "not enough free GPU core": core, "not enough free GPU memory": mem}
+                    causes.update(key[5])
+                    detail = "; ".join(f"{n} {r}" for r, n in sorted(causes.items()) if n)
                     tail = tails[key] = f"{n_fit} of {n_gpus} GPUs can take a {share}, {req.count} needed ({detail})"
                 out[name] = f"node {name}: {tail}"
             elif req.rdma:

@@ -82,7 +82,8 @@ def share_options(left: np.ndarray, fits: np.ndarray, model: np.ndarray) -> Opti
     same node: a placement there measures the same, and ties go to the lowest slot anyway."""
     same = (left[:, :, None] == left[:, None, :]) & (model[:, :, None] == model[:, None, :]) & fits[:, None, :]
     dup = np.tril(same, k=-1).any(axis=2)  # an equal fitting slot before it
-    return np.nonzero(fits & ~dup)
+    nodes, slots = np.nonzero(fits & ~dup)
+    return nodes, slots
 
 
 def options(st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> Options:
@@ -115,7 +116,8 @@ def per_node(q: np.ndarray, opts: Options, shape: tuple[int, int]) -> tuple[np.n
 
 def growth(typ: Typical, before: Stats, after: Stats, opts: Options) -> np.ndarray:
     """FGD's fragmentation growth of each option (N,), in percent of a GPU."""
-    return frag_of(typ, after) - frag_of(typ, before)[opts[0]]
+    grown: np.ndarray = frag_of(typ, after) - frag_of(typ, before)[opts[0]]
+    return grown
 
 
 def bucket(growth: np.ndarray) -> np.ndarray:
@@ -137,7 +139,7 @@ class RowMemo:
         self.width, self.dtype = width, dtype
         self.epoch = -1
         self.version = np.zeros(0, np.int64)
-        self.value = np.zeros((0, width), dtype)
+        self.value: np.ndarray = np.zeros((0, width), dtype)
 
     def get(self, st: Cluster, rows: np.ndarray, compute: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         """(K, width) for the rows; compute(positions in rows) gives the stale ones."""
@@ -153,10 +155,14 @@ class RowMemo:
             stale = rows[pos]
             self.value[stale] = compute(pos)
             self.version[stale] = st.version[stale]
-        return self.value[rows]
+        value: np.ndarray = self.value[rows]
+        return value
 
 
-def shape_key(req: PodRequest) -> tuple:
+ShapeKey = tuple[int, int, int, int, int, int, Selectors]
+
+
+def shape_key(req: PodRequest) -> ShapeKey:
     """What a request's scores depend on besides the nodes."""
     return (req.count, req.core, req.ratio, req.memory, req.cpu_milli, req.host_memory, req.selectors)
 
@@ -177,7 +183,7 @@ class ShapeCache:
     changes one node, so the next pod of the same shape recomputes one row, not the cluster."""
 
     def __init__(self) -> None:
-        self.entries: dict[tuple, _Entry] = {}
+        self.entries: dict[ShapeKey, _Entry] = {}
 
     def clear(self) -> None:
         self.entries.clear()
@@ -285,10 +291,10 @@ class Outlook:
         if not self.seen or not rows.size:
             return
         seen = self.resolved(st.model_names)
-        counts = Counter(seen)
+        counts: dict[tuple[int, int, int, int, tuple[str, ...] | None], float] = dict(seen)
         prior = node_shapes(st, rows) if PRIOR else set()
         for shape in prior:
-            counts[shape] += PRIOR
+            counts[shape] = counts.get(shape, 0) + PRIOR
         every = Places.of(list(counts), st.model_names)
         places = every.count(host_cpu(st, rows), st.hmem_free[rows], st.left(rows), st.model[rows])
         freq = np.array(list(counts.values()), dtype=np.float64) / (self.seen + PRIOR * len(prior))
@@ -405,7 +411,8 @@ class Places:
         """(K, M) places by CPU and memory; shapes share few distinct sizes, so each is divided once."""
         by_cpu = np.where(self.cpus > 0, np.maximum(cpu, 0)[:, None] // np.maximum(self.cpus, 1), BIG)
         by_mem = np.where(self.mems > 0, np.maximum(hmem, 0)[:, None] // np.maximum(self.mems, 1), BIG)
-        return np.minimum(np.take(by_cpu, self.cpu_at, axis=1), np.take(by_mem, self.mem_at, axis=1))
+        host: np.ndarray = np.minimum(np.take(by_cpu, self.cpu_at, axis=1), np.take(by_mem, self.mem_at, axis=1))
+        return host
 
     def _by_shape(self, gpu: np.ndarray) -> np.ndarray:
         """GPU room per distinct part (..., U) -> per shape (..., M); BIG for CPU-only shapes."""
@@ -425,7 +432,10 @@ class Places:
         if self.acc is not None and model is not None:
             mixed = ((model != model[:, :1]) & (left > 0)).any(axis=1)
             if mixed.any():
-                return (np.take(self.div[np.clip(left, 0, 100)], self.pct_at, axis=-1) * self.acc[model]).sum(axis=1)
+                by_slot: np.ndarray = (
+                    np.take(self.div[np.clip(left, 0, 100)], self.pct_at, axis=-1) * self.acc[model]
+                ).sum(axis=1)
+                return by_slot
         room = np.take(self.div[np.clip(left, 0, 100)].sum(axis=1), self.pct_at, axis=-1)
         if self.acc is not None and model is not None:
             room = room * self.acc[model[:, 0]]
@@ -435,7 +445,8 @@ class Places:
         """(K, M) for K node states: CPU left (K,), memory left (K,), percent idle per slot (K, G),
         model id per slot (K, G)."""
         gpu = self._room(left, model) // self.cnt
-        return np.minimum(self._host(cpu, hmem), self._by_shape(gpu))
+        places: np.ndarray = np.minimum(self._host(cpu, hmem), self._by_shape(gpu))
+        return places
 
     def count_options(
         self, cpu: np.ndarray, hmem: np.ndarray, left: np.ndarray, model: np.ndarray | None, pct: int, opts: Options
@@ -445,7 +456,8 @@ class Places:
         slot_model = None if model is None else model[k, g]
         moved = self._slot(left[k, g] - pct, slot_model) - self._slot(left[k, g], slot_model)
         gpu = (self._room(left, model)[k] + moved) // self.cnt
-        return np.minimum(self._host(cpu[k], hmem[k]), self._by_shape(gpu))
+        places: np.ndarray = np.minimum(self._host(cpu[k], hmem[k]), self._by_shape(gpu))
+        return places
 
 
 def node_shapes(st: Cluster, rows: np.ndarray) -> set[tuple[int, int, int, int, None]]:
@@ -477,7 +489,8 @@ def soft_deficit(cpu: np.ndarray, gpu: np.ndarray, rho: float) -> np.ndarray:
     percent: about 0 with a surplus of several TAU, about the deficit once it is large, and exactly
     0 with no idle GPU (nothing left to strand, however little CPU is left)."""
     r = max(rho, 1.0)
-    return TAU * (np.logaddexp(0.0, (r * gpu - cpu) / TAU) - np.logaddexp(0.0, -cpu / TAU)) / r
+    deficit: np.ndarray = TAU * (np.logaddexp(0.0, (r * gpu - cpu) / TAU) - np.logaddexp(0.0, -cpu / TAU)) / r
+    return deficit
 
 
 class DefaultPolicy:
@@ -493,7 +506,7 @@ class DefaultPolicy:
         self.retype = False  # the typical shapes too
         self.models = 0  # GPU models the cluster had when the shapes were resolved
         self.cache = ShapeCache()
-        self.growths: dict[tuple, RowMemo] = {}  # FGD growth per request shape, while `typ` holds
+        self.growths: dict[ShapeKey, RowMemo] = {}  # FGD growth per request shape, while `typ` holds
 
     def observe(self, req: PodRequest) -> None:
         """Learn the workload: the typical shapes at 1, 2, 4 … pods, then every `refresh`; the

@@ -85,7 +85,8 @@ def _int(row: dict[str, str], col: str, path: Path, line: int) -> int:
 def read_nodes(path: Path) -> list[TraceNode]:
     out = []
     for line, r in _rows(path, ("sn", "cpu_milli", "memory_mib", "gpu", "model")):
-        n = TraceNode(r["sn"], *(_int(r, c, path, line) for c in ("cpu_milli", "memory_mib", "gpu")), r["model"] or "")
+        cpu, memory, gpus = (_int(r, c, path, line) for c in ("cpu_milli", "memory_mib", "gpu"))
+        n = TraceNode(r["sn"], cpu, memory, gpus, r["model"] or "")
         if n.gpus:
             out.append(n)
     if not out:
@@ -96,11 +97,10 @@ def read_nodes(path: Path) -> list[TraceNode]:
 def read_pods(path: Path) -> list[TracePod]:
     out = []
     for line, r in _rows(path, ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")):
-        p = TracePod(
-            r["name"],
-            *(_int(r, c, path, line) for c in ("cpu_milli", "memory_mib", "num_gpu", "gpu_milli")),
-            gpu_spec=r.get("gpu_spec") or "",
+        cpu, memory, num_gpu, gpu_milli = (
+            _int(r, c, path, line) for c in ("cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
         )
+        p = TracePod(r["name"], cpu, memory, num_gpu, gpu_milli, gpu_spec=r.get("gpu_spec") or "")
         if (p.num_gpu and not 0 < p.gpu_milli <= 1000) or p.gpu_milli % 10:
             raise TraceError(f"{path}:{line}: gpu_milli {p.gpu_milli} is not a multiple of 10 in 10..1000")
         if p.num_gpu > 1 and p.gpu_milli != 1000:

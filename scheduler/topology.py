@@ -43,15 +43,14 @@ def best_set(links: Links, free: Sequence[int], k: int, load: Mapping[int, int] 
         sets = _greedy(links, free, k)
     pairs = max(1, k * (k - 1) // 2)
     if load is not None:
-        return list(
-            max(
-                sets,
-                key=lambda s: (
-                    set_affinity(links, s) / pairs - LOAD_WEIGHT * sum(load[m] for m in s) / 100 / k,
-                    [-m for m in s],
-                ),
-            )
+        shared = max(
+            sets,
+            key=lambda s: (
+                set_affinity(links, s) / pairs - LOAD_WEIGHT * sum(load[m] for m in s) / 100 / k,
+                [-m for m in s],
+            ),
         )
+        return list(shared)
     rest_cache: dict[tuple[int, ...], tuple[int, int]] = {}
 
     def key(s: tuple[int, ...]) -> tuple[tuple[int, int], tuple[int, int], list[int]]:
@@ -60,7 +59,8 @@ def best_set(links: Links, free: Sequence[int], k: int, load: Mapping[int, int] 
             rest_cache[rest] = link_key(links, rest)
         return (link_key(links, s), rest_cache[rest], [-m for m in s])
 
-    return list(max(sets, key=key))
+    best = max(sets, key=key)
+    return list(best)
 
 
 def link_key(links: Links, gpus: Sequence[int]) -> tuple[int, int]:

@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 import time
+from typing import TextIO
 
 # logging level -> syslog priority (journald)
 _PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
@@ -46,7 +47,7 @@ class KeyValueFormatter(logging.Formatter):
         return " ".join(parts)
 
 
-def setup(level: str = "info", stream=None) -> None:
+def setup(level: str = "info", stream: TextIO | None = None) -> None:
     """Configure the root logger once for the whole process."""
     if level.lower() not in LEVELS:
         raise ValueError(f"log level must be one of {', '.join(LEVELS)}, not {level!r}")

@@ -45,7 +45,7 @@ def format_value(value: float) -> str:
         return "NaN"
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
-    if value.is_integer() and abs(value) < 1e15:
+    if float(value).is_integer() and abs(value) < 1e15:
         return str(int(value))
     return repr(value)
 

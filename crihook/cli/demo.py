@@ -187,7 +187,8 @@ def harness_missing() -> str | None:
         sys.path.insert(0, str(CHECKOUT))
     from tests.support.containerd import missing_requirements
 
-    return missing_requirements()
+    why: str | None = missing_requirements()
+    return why
 
 
 def choose_runtime(wanted: str) -> str:

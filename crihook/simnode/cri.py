@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -129,7 +130,8 @@ class Cri:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, stub: object, method: str, request: object, timeout: float | None = None) -> object:
+    def _call(self, stub: object, method: str, request: object, timeout: float | None = None) -> Any:
+        """The method's reply; Any because the generated stubs are untyped (callers name the type)."""
         try:
             return getattr(stub, method)(request, timeout=timeout or self.timeout)
         except grpc.RpcError as e:
@@ -138,10 +140,14 @@ class Cri:
     # -- runtime
 
     def version(self) -> api.VersionResponse:
-        return self._call(self.runtime, "Version", api.VersionRequest())
+        reply: api.VersionResponse = self._call(self.runtime, "Version", api.VersionRequest())
+        return reply
 
     def run_pod(self, config: api.PodSandboxConfig) -> str:
-        return self._call(self.runtime, "RunPodSandbox", api.RunPodSandboxRequest(config=config)).pod_sandbox_id
+        reply: api.RunPodSandboxResponse = self._call(
+            self.runtime, "RunPodSandbox", api.RunPodSandboxRequest(config=config)
+        )
+        return reply.pod_sandbox_id
 
     def stop_pod(self, pod_id: str) -> None:
         self._call(self.runtime, "StopPodSandbox", api.StopPodSandboxRequest(pod_sandbox_id=pod_id))
@@ -151,14 +157,17 @@ class Cri:
 
     def pod_status(self, pod_id: str, verbose: bool = False) -> api.PodSandboxStatusResponse:
         request = api.PodSandboxStatusRequest(pod_sandbox_id=pod_id, verbose=verbose)
-        return self._call(self.runtime, "PodSandboxStatus", request)
+        reply: api.PodSandboxStatusResponse = self._call(self.runtime, "PodSandboxStatus", request)
+        return reply
 
     def list_pods(self) -> list[api.PodSandbox]:
-        return list(self._call(self.runtime, "ListPodSandbox", api.ListPodSandboxRequest()).items)
+        reply: api.ListPodSandboxResponse = self._call(self.runtime, "ListPodSandbox", api.ListPodSandboxRequest())
+        return list(reply.items)
 
     def create_container(self, pod_id: str, config: api.ContainerConfig, pod: api.PodSandboxConfig) -> str:
         request = api.CreateContainerRequest(pod_sandbox_id=pod_id, config=config, sandbox_config=pod)
-        return self._call(self.runtime, "CreateContainer", request).container_id
+        reply: api.CreateContainerResponse = self._call(self.runtime, "CreateContainer", request)
+        return reply.container_id
 
     def start_container(self, container_id: str) -> None:
         self._call(self.runtime, "StartContainer", api.StartContainerRequest(container_id=container_id))
@@ -172,16 +181,19 @@ class Cri:
 
     def container_status(self, container_id: str, verbose: bool = False) -> api.ContainerStatusResponse:
         request = api.ContainerStatusRequest(container_id=container_id, verbose=verbose)
-        return self._call(self.runtime, "ContainerStatus", request)
+        reply: api.ContainerStatusResponse = self._call(self.runtime, "ContainerStatus", request)
+        return reply
 
     def list_containers(self, pod_id: str = "") -> list[api.Container]:
         request = api.ListContainersRequest(filter=api.ContainerFilter(pod_sandbox_id=pod_id))
-        return list(self._call(self.runtime, "ListContainers", request).containers)
+        reply: api.ListContainersResponse = self._call(self.runtime, "ListContainers", request)
+        return list(reply.containers)
 
     def exec_sync(self, container_id: str, *cmd: str, timeout: int = 10) -> api.ExecSyncResponse:
         """Run `cmd` in the container and wait; the response has exit_code, stdout and stderr."""
         request = api.ExecSyncRequest(container_id=container_id, cmd=list(cmd), timeout=timeout)
-        return self._call(self.runtime, "ExecSync", request, timeout=timeout + self.timeout)
+        reply: api.ExecSyncResponse = self._call(self.runtime, "ExecSync", request, timeout=timeout + self.timeout)
+        return reply
 
     def output(self, container_id: str, *cmd: str) -> str:
         """stdout of `cmd` in the container; AssertionError with its stderr when it exits non-zero."""
@@ -194,7 +206,8 @@ class Cri:
 
     def image_present(self, ref: str) -> bool:
         request = api.ImageStatusRequest(image=api.ImageSpec(image=ref))
-        return self._call(self.images, "ImageStatus", request).HasField("image")
+        reply: api.ImageStatusResponse = self._call(self.images, "ImageStatus", request)
+        return reply.HasField("image")
 
     # -- whole lifecycles
 

@@ -90,7 +90,8 @@ def topology(name: str) -> dict[str, Any]:
     """A fresh copy of a shipped topology."""
     if name not in TOPOLOGIES:
         raise ValueError(f"unknown fake NVML topology {name!r} (known: {', '.join(TOPOLOGIES)})")
-    return json.loads((HERE / "topologies" / f"{name}.json").read_text())
+    doc: dict[str, Any] = json.loads((HERE / "topologies" / f"{name}.json").read_text())
+    return doc
 
 
 def make_sys_tree(sys_root: Path, doc: dict[str, Any]) -> None:

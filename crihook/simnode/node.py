@@ -99,10 +99,10 @@ class SimNode:
         return self.root / "hami"
 
     def uuid(self, minor: int) -> str:
-        return next(g["uuid"] for g in self.doc["gpus"] if g["minor"] == minor)
+        return str(next(g["uuid"] for g in self.doc["gpus"] if g["minor"] == minor))
 
     def memory(self, minor: int) -> int:
-        return next(g["memory_total"] for g in self.doc["gpus"] if g["minor"] == minor)
+        return int(next(g["memory_total"] for g in self.doc["gpus"] if g["minor"] == minor))
 
     def proxy_config(self, nvml_library: Path, node_name: str = "", proc_root: Path | None = None) -> str:
         """crihook's [node] and [hooks] configuration for this node (TOML). Without a `proc_root`

@@ -13,6 +13,7 @@ import itertools
 import json
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -26,7 +27,7 @@ class _Pod:
     id: str
     config: api.PodSandboxConfig
     created: int
-    state: int = api.SANDBOX_READY
+    state: api.PodSandboxState = api.SANDBOX_READY
 
 
 @dataclass
@@ -35,7 +36,7 @@ class _Container:
     pod_id: str
     config: api.ContainerConfig
     created: int
-    state: int = api.CONTAINER_CREATED
+    state: api.ContainerState = api.CONTAINER_CREATED
     started: int = 0
     finished: int = 0
     resources: api.LinuxContainerResources = field(default_factory=api.LinuxContainerResources)
@@ -70,29 +71,37 @@ class EmbeddedRuntime(api_grpc.RuntimeServiceServicer):
     def _new_id(self) -> str:
         return f"{next(self._ids):064x}"
 
-    async def _missing(self, context: grpc.aio.ServicerContext, what: str, ident: str) -> None:
+    async def _missing(self, context: grpc.aio.ServicerContext[Any, Any], what: str, ident: str) -> None:
         await context.abort(
             grpc.StatusCode.NOT_FOUND, f'an error occurred when try to find {what} "{ident}": not found'
         )
 
-    async def Version(self, request: api.VersionRequest, context: grpc.aio.ServicerContext) -> api.VersionResponse:
+    async def Version(
+        self, request: api.VersionRequest, context: grpc.aio.ServicerContext[api.VersionRequest, api.VersionResponse]
+    ) -> api.VersionResponse:
         return api.VersionResponse(
             version="0.1.0", runtime_name="crihook-embedded", runtime_version=__version__, runtime_api_version="v1"
         )
 
-    async def Status(self, request: api.StatusRequest, context: grpc.aio.ServicerContext) -> api.StatusResponse:
+    async def Status(
+        self, request: api.StatusRequest, context: grpc.aio.ServicerContext[api.StatusRequest, api.StatusResponse]
+    ) -> api.StatusResponse:
         conditions = [api.RuntimeCondition(type=t, status=True) for t in ("RuntimeReady", "NetworkReady")]
         return api.StatusResponse(status=api.RuntimeStatus(conditions=conditions))
 
     async def RunPodSandbox(
-        self, request: api.RunPodSandboxRequest, context: grpc.aio.ServicerContext
+        self,
+        request: api.RunPodSandboxRequest,
+        context: grpc.aio.ServicerContext[api.RunPodSandboxRequest, api.RunPodSandboxResponse],
     ) -> api.RunPodSandboxResponse:
         pod = _Pod(self._new_id(), request.config, time.time_ns())
         self.pods[pod.id] = pod
         return api.RunPodSandboxResponse(pod_sandbox_id=pod.id)
 
     async def StopPodSandbox(
-        self, request: api.StopPodSandboxRequest, context: grpc.aio.ServicerContext
+        self,
+        request: api.StopPodSandboxRequest,
+        context: grpc.aio.ServicerContext[api.StopPodSandboxRequest, api.StopPodSandboxResponse],
     ) -> api.StopPodSandboxResponse:
         pod = self.pods.get(request.pod_sandbox_id)
         if pod is not None:
@@ -103,7 +112,9 @@ class EmbeddedRuntime(api_grpc.RuntimeServiceServicer):
         return api.StopPodSandboxResponse()
 
     async def RemovePodSandbox(
-        self, request: api.RemovePodSandboxRequest, context: grpc.aio.ServicerContext
+        self,
+        request: api.RemovePodSandboxRequest,
+        context: grpc.aio.ServicerContext[api.RemovePodSandboxRequest, api.RemovePodSandboxResponse],
     ) -> api.RemovePodSandboxResponse:
         self.pods.pop(request.pod_sandbox_id, None)
         for cid in [c.id for c in self.containers.values() if c.pod_id == request.pod_sandbox_id]:
@@ -111,7 +122,9 @@ class EmbeddedRuntime(api_grpc.RuntimeServiceServicer):
         return api.RemovePodSandboxResponse()
 
     async def PodSandboxStatus(
-        self, request: api.PodSandboxStatusRequest, context: grpc.aio.ServicerContext
+        self,
+        request: api.PodSandboxStatusRequest,
+        context: grpc.aio.ServicerContext[api.PodSandboxStatusRequest, api.PodSandboxStatusResponse],
     ) -> api.PodSandboxStatusResponse:
         pod = self.pods.get(request.pod_sandbox_id)
         if pod is None:
@@ -129,7 +142,9 @@ class EmbeddedRuntime(api_grpc.RuntimeServiceServicer):
         return api.PodSandboxStatusResponse(status=status)
 
     async def ListPodSandbox(
-        self, request: api.ListPodSandboxRequest, context: grpc.aio.ServicerContext
+        self,
+        request: api.ListPodSandboxRequest,
+        context: grpc.aio.ServicerContext[api.ListPodSandboxRequest, api.ListPodSandboxResponse],
     ) -> api.ListPodSandboxResponse:
         items = [
             api.PodSandbox(
@@ -146,7 +161,9 @@ class EmbeddedRuntime(api_grpc.RuntimeServiceServicer):
         return api.ListPodSandboxResponse(items=items)
 
     async def CreateContainer(
-        self, request: api.CreateContainerRequest, context: grpc.aio.ServicerContext
+        self,
+        request: api.CreateContainerRequest,
+        context: grpc.aio.ServicerContext[api.CreateContainerRequest, api.CreateContainerResponse],
     ) -> api.CreateContainerResponse:
         if request.pod_sandbox_id not in self.pods:
             await self._missing(context, "sandbox", request.pod_sandbox_id)
@@ -155,7 +172,7 @@ class EmbeddedRuntime(api_grpc.RuntimeServiceServicer):
         self.containers[c.id] = c
         return api.CreateContainerResponse(container_id=c.id)
 
-    async def _container(self, context: grpc.aio.ServicerContext, cid: str) -> _Container:
+    async def _container(self, context: grpc.aio.ServicerContext[Any, Any], cid: str) -> _Container:
         c = self.containers.get(cid)
         if c is None:
             await self._missing(context, "container", cid)
@@ -163,14 +180,18 @@ class EmbeddedRuntime(api_grpc.RuntimeServiceServicer):
         return c
 
     async def StartContainer(
-        self, request: api.StartContainerRequest, context: grpc.aio.ServicerContext
+        self,
+        request: api.StartContainerRequest,
+        context: grpc.aio.ServicerContext[api.StartContainerRequest, api.StartContainerResponse],
     ) -> api.StartContainerResponse:
         c = await self._container(context, request.container_id)
         c.state, c.started = api.CONTAINER_RUNNING, time.time_ns()
         return api.StartContainerResponse()
 
     async def StopContainer(
-        self, request: api.StopContainerRequest, context: grpc.aio.ServicerContext
+        self,
+        request: api.StopContainerRequest,
+        context: grpc.aio.ServicerContext[api.StopContainerRequest, api.StopContainerResponse],
     ) -> api.StopContainerResponse:
         c = self.containers.get(request.container_id)
         if c is not None and c.state == api.CONTAINER_RUNNING:
@@ -178,13 +199,17 @@ class EmbeddedRuntime(api_grpc.RuntimeServiceServicer):
         return api.StopContainerResponse()
 
     async def RemoveContainer(
-        self, request: api.RemoveContainerRequest, context: grpc.aio.ServicerContext
+        self,
+        request: api.RemoveContainerRequest,
+        context: grpc.aio.ServicerContext[api.RemoveContainerRequest, api.RemoveContainerResponse],
     ) -> api.RemoveContainerResponse:
         self.containers.pop(request.container_id, None)
         return api.RemoveContainerResponse()
 
     async def ListContainers(
-        self, request: api.ListContainersRequest, context: grpc.aio.ServicerContext
+        self,
+        request: api.ListContainersRequest,
+        context: grpc.aio.ServicerContext[api.ListContainersRequest, api.ListContainersResponse],
     ) -> api.ListContainersResponse:
         f = request.filter
         items = [
@@ -204,7 +229,9 @@ class EmbeddedRuntime(api_grpc.RuntimeServiceServicer):
         return api.ListContainersResponse(containers=items)
 
     async def ContainerStatus(
-        self, request: api.ContainerStatusRequest, context: grpc.aio.ServicerContext
+        self,
+        request: api.ContainerStatusRequest,
+        context: grpc.aio.ServicerContext[api.ContainerStatusRequest, api.ContainerStatusResponse],
     ) -> api.ContainerStatusResponse:
         c = await self._container(context, request.container_id)
         cfg = c.config
@@ -225,7 +252,9 @@ class EmbeddedRuntime(api_grpc.RuntimeServiceServicer):
         return api.ContainerStatusResponse(status=status, info=info)
 
     async def UpdateContainerResources(
-        self, request: api.UpdateContainerResourcesRequest, context: grpc.aio.ServicerContext
+        self,
+        request: api.UpdateContainerResourcesRequest,
+        context: grpc.aio.ServicerContext[api.UpdateContainerResourcesRequest, api.UpdateContainerResourcesResponse],
     ) -> api.UpdateContainerResourcesResponse:
         c = await self._container(context, request.container_id)
         c.resources.MergeFrom(request.linux)
