@@ -396,6 +396,14 @@ def test_joint_gpu_and_rdma_share_a_pcie_switch() -> None:
     assert "RDMA" in (ds.filter(r2, "a") or "")
 
 
+def test_joint_pod_wanting_more_nics_than_the_node_has_is_refused() -> None:
+    # the NIC beside the GPU, then none left for the second: a reason, not a TypeError
+    ds = cluster(device("a", 4, nics=[nic(0, "sw1", "0000:81:00.0")], pcie={0: "sw0", 1: "sw0", 2: "sw1", 3: "sw1"}))
+    joint = {"scheduling.koordinator.sh/device-joint-allocate": '{"deviceTypes":["gpu","rdma"]}'}
+    r = ds.pre_filter(pod("j", {"nvidia.com/gpu": "1", "koordinator.sh/rdma": "200"}, joint))
+    assert "RDMA" in (ds.filter(r, "a") or "")
+
+
 def test_binpack_and_spread_strategies_order_nodes_oppositely() -> None:
     ds = cluster(device("a", 4), device("b", 4))
     ds.reserve(ds.pre_filter(pod("x", {"nvidia.com/gpu": "2"})), "a")
