@@ -30,6 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from proxy_bench import TOPOLOGY, all_gpus, crihook_config
@@ -127,7 +129,7 @@ async def pod_starts(work: Path, calls: int, resident: int, timings: dict[str, l
             remove = api.RemovePodSandboxRequest(pod_sandbox_id=pod_id).SerializeToString()
             call = icpt.classify(SERVICE + b"RemovePodSandbox")
             assert call is not None
-            icpt.post(call, remove, b"", 0, None)
+            icpt.post(call, remove, b"", grpc.StatusCode.OK, None)
             await settle()
 
     for n in range(resident):

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+import grpc
 from google.protobuf.message import DecodeError
 
 from crihook.base.spec import Device, Mount
@@ -28,11 +29,6 @@ from crihook.proxy.store import ContainerRecord, PodRecord, Store
 from crihook.proxy.update import apply_update, changed_fields, changed_keys
 
 log = logging.getLogger("crihook.proxy")
-
-# gRPC status codes used here (numeric on the wire)
-INVALID_ARGUMENT = 3
-NOT_FOUND = 5
-FAILED_PRECONDITION = 9
 
 REMOVALS = frozenset({"RemoveContainer", "RemovePodSandbox"})  # refused ones may name an orphan task
 
@@ -314,7 +310,7 @@ class Interceptor:
         try:
             msg = method.request.FromString(request)
         except DecodeError as e:
-            raise Rejected(INVALID_ARGUMENT, f"crihook: malformed {method.name} request: {e}") from None
+            raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"crihook: malformed {method.name} request: {e}") from None
         ctx, write = self._context(method, msg, deadline)
         outcome = await self.chain.run(ctx)
         call.records = outcome.records
@@ -326,7 +322,7 @@ class Interceptor:
                 f"{method.name} refused",
                 extra={**subject, "hooks": _summary(outcome.records), "reason": outcome.error.reason},
             )
-            raise Rejected(outcome.error.code.value[0], outcome.error.reason)
+            raise Rejected(outcome.error.code, outcome.error.reason)
         if outcome.ctx == ctx:
             return request  # nothing changed: forward kubelet's own bytes
         write(outcome.ctx)
@@ -395,12 +391,14 @@ class Interceptor:
 
     # post ---------------------------------------------------------------------------------------
 
-    def post(self, call: Call, request: bytes, response: bytes | None, status: int, message: bytes | None) -> None:
+    def post(
+        self, call: Call, request: bytes, response: bytes | None, status: grpc.StatusCode, message: bytes | None
+    ) -> None:
         """Bookkeeping now, in call order; post hooks in the background (they never change or
         delay what kubelet sees)."""
         method = call.method
-        if status != 0:
-            if status == FAILED_PRECONDITION and self.janitor is not None and method.name in REMOVALS:
+        if status is not grpc.StatusCode.OK:
+            if status is grpc.StatusCode.FAILED_PRECONDITION and self.janitor is not None and method.name in REMOVALS:
                 self.janitor.notice(message)  # a task CRI lost track of blocks the removal: see orphans.py
             return
         try:

@@ -4,11 +4,11 @@ Each kubelet connection is paired with one containerd connection and frames are 
 as they are: the connection preface, SETTINGS, PING, GOAWAY, WINDOW_UPDATE and header blocks pass
 verbatim, so both ends negotiate with each other and their HPACK contexts stay in step. The relay
 reads only what it must: frame headers, and each header block through `Follower` to learn a new
-stream's `:path` (and, for a call the interceptor may rewrite, its `grpc-timeout`, the deadline hooks
+stream's `:path` (and, for a call the call handler may rewrite, its `grpc-timeout`, the deadline hooks
 get) and a finished stream's `grpc-status`. Deadlines, status codes, messages and error details are
 bytes it never changes; unknown methods and streaming calls need no special case.
 
-A method the interceptor claims is handled per stream:
+A method the call handler (`proxy/intercept.py`) claims is handled per stream:
 - observed: forwarded as it goes, with copies of the request and response messages for the
   store and post hooks afterwards;
 - modified: the request body is held (kubelet's window refunded as it arrives), pre hooks run,
@@ -19,6 +19,11 @@ A rewritten message may be longer than the one kubelet sent, so kubelet's idea o
 connection window can run ahead of the truth by that much (`skew`); the relay swallows that
 amount from containerd's next connection WINDOW_UPDATEs and queues any DATA frame kubelet sends
 beyond the real window until containerd opens it. Nothing else is buffered.
+
+The parts: `Link` parses frames both ways and routes them; `HeaderBlocks` assembles and reads one
+direction's header blocks; `RuntimeWindow` is the flow control towards containerd; `_Stream` is
+one claimed stream's state and carries the handler's own per-call state (`call`). gRPC status codes
+are `grpc.StatusCode` everywhere above the wire bytes.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 import grpc
 
@@ -56,7 +61,7 @@ PROTOCOL_ERROR = 0x1
 MAX_HEADER_BLOCK = 1 << 20  # a header block larger than this is an attack, not a CRI call
 
 _FH = struct.Struct(">HBBBI")  # 24-bit length as 16+8 bits, type, flags, stream id
-# a request's method, and its deadline for the calls the interceptor claims
+# a request's method, and its deadline for the calls the handler claims
 _REQUEST = frozenset((b":path", b"grpc-timeout"))
 # grpc-timeout's units (gRPC over HTTP/2: at most 8 digits and one of these)
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
@@ -67,7 +72,19 @@ def frame(ftype: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes
     return len(payload).to_bytes(3, "big") + bytes((ftype, flags)) + stream_id.to_bytes(4, "big") + payload
 
 
-def grpc_error_headers(code: int, message: str) -> bytes:
+# gRPC status codes as the wire carries them (grpc-status is the decimal code)
+_STATUS_CODES: dict[bytes, grpc.StatusCode] = {str(c.value[0]).encode(): c for c in grpc.StatusCode}
+
+
+def _wire(code: grpc.StatusCode) -> bytes:
+    return str(code.value[0]).encode()
+
+
+_CANCELLED = _wire(grpc.StatusCode.CANCELLED)  # a stream reset by either end
+_UNKNOWN = _wire(grpc.StatusCode.UNKNOWN)  # a stream that ended without grpc-status
+
+
+def grpc_error_headers(code: grpc.StatusCode, message: str) -> bytes:
     """Header block of a trailers-only gRPC error response (grpc-message percent-encoded)."""
     encoded = "".join(
         c if 0x20 <= ord(c) < 0x7F and c != "%" else "".join(f"%{b:02X}" for b in c.encode()) for c in message
@@ -76,45 +93,64 @@ def grpc_error_headers(code: int, message: str) -> bytes:
         [
             (b":status", b"200"),
             (b"content-type", b"application/grpc"),
-            (b"grpc-status", str(code).encode()),
+            (b"grpc-status", _wire(code)),
             (b"grpc-message", encoded),
         ]
     )
 
 
 class Rejected(Exception):
-    """Raised by Interceptor.pre: the call is answered with this gRPC status, never forwarded."""
+    """Raised by CallHandler.pre: the call is answered with this gRPC status, never forwarded."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
 
 
-class CallSpec(Protocol):
-    modifies: bool  # True: pre hooks may rewrite or refuse the request
+class ProtocolViolation(Exception):
+    """A peer broke the HTTP/2 framing the relay relies on: the connection goes, with a GOAWAY."""
 
 
-class Interceptor(Protocol):
-    def classify(self, path: bytes) -> CallSpec | None: ...
+class Claim(Protocol):
+    """What a call handler keeps for one call it claimed; the relay reads only `modifies`."""
 
-    def pre(self, spec: Any, request: bytes, deadline: float | None) -> Awaitable[bytes]:
-        """`deadline`: time.monotonic() by which the client wants its answer (grpc-timeout), if any."""
+    @property
+    def modifies(self) -> bool:
+        """True: the request is held for `pre`, which may rewrite or refuse it."""
 
-    def post(self, spec: Any, request: bytes, response: bytes | None, status: int, message: bytes | None) -> None:
+
+C = TypeVar("C", bound=Claim)
+
+
+class CallHandler(Protocol[C]):
+    """What the relay asks about the calls it carries (proxy/intercept.py's `Interceptor`)."""
+
+    def classify(self, path: bytes) -> C | None:
+        """The handler's state for a new call to `path`, or None to pass it through untouched."""
+
+    def pre(self, call: C, request: bytes, deadline: float | None) -> Awaitable[bytes]:
+        """The request to forward. `deadline`: time.monotonic() by which the client wants its
+        answer (grpc-timeout), if any."""
+
+    def post(
+        self, call: C, request: bytes, response: bytes | None, status: grpc.StatusCode, message: bytes | None
+    ) -> None:
         """After the call: `message` is the grpc-message trailer as sent (percent-encoded), if any."""
 
 
 @dataclass(slots=True)
-class _Call:
-    spec: Any
+class _Stream(Generic[C]):
+    """One claimed stream: its bodies as they pass, and the handler's state for the call."""
+
+    call: C
     path: bytes
     modifies: bool
     request: bytearray
     response: bytearray
     request_done: bool = False
     out: memoryview | None = None  # rewritten request (with gRPC framing) not yet sent
-    send_window: int = DEFAULT_WINDOW
+    send_window: int = DEFAULT_WINDOW  # containerd's window for this stream
     task: asyncio.Task[None] | None = None
     deadline: float | None = None  # time.monotonic(), from the request's grpc-timeout
 
@@ -153,35 +189,143 @@ def _grpc_message(body: bytes | bytearray) -> bytes | None:
     return bytes(body[5:])
 
 
-_CODE_NAMES = {str(c.value[0]).encode(): c.name for c in grpc.StatusCode}
+class HeaderBlocks:
+    """One direction's header blocks (RFC 9113 §4.3): a HEADERS frame and its CONTINUATIONs
+    assembled into one block, read through that direction's HPACK follower. Requests and responses
+    are assembled alike; what the link reads from the headers differs."""
+
+    __slots__ = ("_ends", "_frag", "_sid", "hpack", "side")
+
+    def __init__(self, wanted: frozenset[bytes], side: str) -> None:
+        self.hpack = Follower(wanted)
+        self.side = side  # "request" | "response", for protocol errors
+        self._frag: bytearray | None = None  # a block waiting for its CONTINUATIONs
+        self._sid = 0
+        self._ends = False  # that block's HEADERS frame ended its stream
+
+    def feed(self, buf: bytes, pos: int, end: int, ftype: int) -> tuple[int, dict[bytes, bytes], bool] | None:
+        """Take the HEADERS or CONTINUATION frame at buf[pos:end]. Returns (stream, the wanted
+        headers, whether the block ends the stream) once a block is complete, None while
+        CONTINUATIONs are due. Raises ProtocolViolation."""
+        flags = buf[pos + 4]
+        sid = int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
+        if ftype == HEADERS:
+            start = pos + 9
+            stop = end
+            if flags & PADDED:
+                stop -= buf[start]
+                start += 1
+            if flags & PRIORITY_FLAG:
+                start += 5
+            ends = bool(flags & END_STREAM)
+            if not flags & END_HEADERS:
+                self._frag = bytearray(buf[start:stop])
+                self._sid = sid
+                self._ends = ends
+                return None
+            block = buf[start:stop]
+        else:
+            frag = self._frag
+            if frag is None or sid != self._sid:
+                raise ProtocolViolation(f"{self.side} headers: CONTINUATION without HEADERS")
+            frag += buf[pos + 9 : end]
+            if len(frag) > MAX_HEADER_BLOCK:
+                raise ProtocolViolation(f"{self.side} header block too large")
+            if not flags & END_HEADERS:
+                return None
+            block = bytes(frag)
+            self._frag = None
+            ends = self._ends
+        try:
+            return sid, self.hpack.decode(block), ends
+        except HpackError as e:
+            raise ProtocolViolation(f"{self.side} headers: {e}") from None
+
+
+class RuntimeWindow(Generic[C]):
+    """Flow control towards containerd for the DATA the relay holds back or makes itself (RFC 9113
+    §6.9). kubelet's DATA passes verbatim while it fits containerd's connection window as the relay
+    has used it (`window`); beyond that it waits in `queue`. A rewritten request goes out in frames
+    that fit both windows (`pump`). `skew`: how far kubelet's idea of that window runs ahead of the
+    truth (a rewrite longer than kubelet's request), swallowed from containerd's next updates."""
+
+    __slots__ = ("initial", "max_frame", "queue", "skew", "up", "window")
+
+    def __init__(self) -> None:
+        self.up: asyncio.Transport | None = None
+        self.window = DEFAULT_WINDOW
+        self.initial = DEFAULT_WINDOW  # containerd's SETTINGS_INITIAL_WINDOW_SIZE: a new stream's window
+        self.max_frame = DEFAULT_MAX_FRAME  # largest frame containerd accepts (what kubelet may send)
+        self.skew = 0
+        self.queue: deque[bytes] = deque()
+
+    def pump(self, sid: int, stream: _Stream[C]) -> None:
+        """Send what is left of a rewritten request within containerd's windows."""
+        out = stream.out
+        assert out is not None and self.up is not None
+        chunks = []
+        while out:
+            n = min(len(out), self.max_frame, self.window, stream.send_window)
+            if n <= 0 and len(out):
+                break
+            last = n == len(out)
+            chunks.append(frame(DATA, END_STREAM if last else 0, sid, bytes(out[:n])))
+            out = out[n:]
+            self.window -= n
+            stream.send_window -= n
+            self.skew += n
+        stream.out = out if out else None
+        if chunks:
+            self.up.write(b"".join(chunks))
+
+    def connection_update(self, inc: int, streams: dict[int, _Stream[C]]) -> int | None:
+        """containerd opened its connection window by `inc`: send what waited for it. Returns None
+        to pass containerd's WINDOW_UPDATE to kubelet as it is, or the increment kubelet is told
+        instead (0: none) while skew is being paid back."""
+        self.window += inc
+        passed = None
+        if self.skew > 0:
+            take = min(self.skew, inc)
+            self.skew -= take
+            passed = inc - take
+        self.opened(streams)
+        return passed
+
+    def opened(self, streams: dict[int, _Stream[C]]) -> None:
+        queue = self.queue
+        if queue:
+            out = []
+            while queue and len(queue[0]) - 9 <= self.window:
+                f = queue.popleft()
+                self.window -= len(f) - 9
+                out.append(f)
+            if out:
+                assert self.up is not None
+                self.up.write(b"".join(out))
+        for sid, stream in list(streams.items()):
+            if stream.out is not None:
+                self.pump(sid, stream)
+
+
 MAX_METHOD_LABELS = 512  # a client inventing method names must not grow the metrics without bound
 
 
-class Link:
-    """One kubelet connection and its containerd twin."""
+class Link(Generic[C]):
+    """One kubelet connection and its containerd twin: frames parsed and routed both ways."""
 
-    def __init__(self, relay: Relay, down: asyncio.Transport) -> None:
+    def __init__(self, relay: Relay[C], down: asyncio.Transport) -> None:
         self.relay = relay
         self.down = down
         self.up: asyncio.Transport | None = None
         self.dbuf = b""
         self.ubuf = b""
         self.preface = False
-        self.req_hpack = Follower(_REQUEST)
-        self.resp_hpack = Follower(_STATUS)
-        self.req_frag: bytearray | None = None
-        self.req_frag_sid = 0
-        self.resp_frag: bytearray | None = None
-        self.resp_frag_sid = 0
-        self.resp_frag_end = False
-        self.calls: dict[int, _Call] = {}
+        self.requests = HeaderBlocks(_REQUEST, "request")
+        self.responses = HeaderBlocks(_STATUS, "response")
+        self.streams: dict[int, _Stream[C]] = {}  # the claimed ones
         self.active: dict[int, tuple[bytes, float]] = {}  # stream -> (path, start)
-        self.up_window = DEFAULT_WINDOW
-        self.up_initial = DEFAULT_WINDOW
-        self.up_max_frame = DEFAULT_MAX_FRAME  # largest frame containerd accepts (what kubelet may send)
+        self.flow: RuntimeWindow[C] = RuntimeWindow()
         self.down_max_frame = DEFAULT_MAX_FRAME  # largest frame kubelet accepts (what containerd may send)
-        self.skew = 0
-        self.queue: deque[bytes] = deque()
         self.dead: set[int] = set()  # refused streams whose remaining request DATA is dropped
         self.closed = False
 
@@ -190,7 +334,7 @@ class Link:
     async def connect(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            self.up, _ = await asyncio.wait_for(
+            up, _ = await asyncio.wait_for(
                 loop.create_unix_connection(lambda: _UpProtocol(self), self.relay.backend_path),
                 self.relay.connect_timeout,
             )
@@ -200,8 +344,9 @@ class Link:
             self.close()
             return
         if self.closed:
-            self.up.close()
+            up.close()
             return
+        self.up = self.flow.up = up
         if self.dbuf:
             data, self.dbuf = self.dbuf, b""
             self.down_data(data)
@@ -211,10 +356,10 @@ class Link:
         if self.closed:
             return
         self.closed = True
-        for call in self.calls.values():
-            if call.task is not None:
-                call.task.cancel()
-        self.calls.clear()
+        for stream in self.streams.values():
+            if stream.task is not None:
+                stream.task.cancel()
+        self.streams.clear()
         self.active.clear()
         self.down.close()
         if self.up is not None:
@@ -233,7 +378,8 @@ class Link:
     def down_data(self, data: bytes) -> None:
         if self.closed:
             return
-        if self.up is None:
+        up = self.up
+        if up is None:
             self.dbuf += data
             return
         buf = self.dbuf + data if self.dbuf else data
@@ -252,13 +398,14 @@ class Link:
         run = 0  # start of frames copied verbatim, not yet emitted
         refund = 0
         stream_refunds: list[bytes] = []
-        calls = self.calls
+        streams = self.streams
+        flow = self.flow
         while n - pos >= 9:
             hi, lo, ftype, flags, sid = _FH.unpack_from(buf, pos)
             length = (hi << 8) | lo
             end = pos + 9 + length
-            if length > self.up_max_frame or (end <= n and flags & (PADDED | PRIORITY_FLAG)):
-                bad = _bad_frame(buf, pos, length, ftype, flags, self.up_max_frame)
+            if length > flow.max_frame or (end <= n and flags & (PADDED | PRIORITY_FLAG)):
+                bad = _bad_frame(buf, pos, length, ftype, flags, flow.max_frame)
                 if bad is not None:
                     self.protocol_error(bad)
                     return
@@ -266,45 +413,61 @@ class Link:
                 break
             if ftype == DATA:
                 sid &= 0x7FFFFFFF
-                call = calls.get(sid) if calls else None
-                if sid in self.dead or (call is not None and call.modifies):
+                stream = streams.get(sid) if streams else None
+                if sid in self.dead or (stream is not None and stream.modifies):
                     if run < pos:
                         out.append(buf[run:pos])
                     run = end
                     refund += length
-                    if call is None:  # rest of a refused request
+                    if stream is None:  # rest of a refused request
                         if flags & END_STREAM:
                             self.dead.discard(sid)
                     else:
-                        call.request += _payload(buf, pos + 9, end, flags)
+                        stream.request += _payload(buf, pos + 9, end, flags)
                         if flags & END_STREAM:
-                            self.request_complete(sid, call)
+                            self.request_complete(sid, stream)
                         elif length:
                             stream_refunds.append(frame(WINDOW_UPDATE, 0, sid, length.to_bytes(4, "big")))
-                        if len(call.request) > self.relay.max_message + 5:
-                            self.reject(sid, 8, f"request larger than {self.relay.max_message} bytes")
+                        if len(stream.request) > self.relay.max_message + 5:
+                            self.reject(
+                                sid,
+                                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"request larger than {self.relay.max_message} bytes",
+                            )
                     pos = end
                     continue
-                if call is not None:
-                    call.request += _payload(buf, pos + 9, end, flags)
-                if self.queue or self.up_window < length:
+                if stream is not None:
+                    stream.request += _payload(buf, pos + 9, end, flags)
+                if flow.queue or flow.window < length:
                     if run < pos:
                         out.append(buf[run:pos])
                     run = end
-                    self.queue.append(buf[pos:end])
+                    flow.queue.append(buf[pos:end])
                 else:
-                    self.up_window -= length
+                    flow.window -= length
             elif ftype in (HEADERS, CONTINUATION):
-                if not self.request_headers(buf, pos, end, ftype):
+                try:
+                    block = self.requests.feed(buf, pos, end, ftype)
+                except ProtocolViolation as e:
+                    self.protocol_error(str(e))
                     return
+                if block is not None:
+                    sid, found, _ = block
+                    path = found.get(b":path")
+                    # without a :path, or on a stream already open: trailers, nothing to learn
+                    if path is not None and sid not in self.active:
+                        self.active[sid] = (path, time.perf_counter())
+                        call = self.relay.handler.classify(path)
+                        if call is not None:
+                            self.claim(sid, path, call, found)
             elif ftype == RST_STREAM:
                 sid &= 0x7FFFFFFF
                 self.dead.discard(sid)
-                self.stream_done(sid, b"1", None)
+                self.stream_done(sid, _CANCELLED, None)
             elif ftype == SETTINGS and not flags & ACK:
                 for ident, value in _settings(buf, pos + 9, end):
                     if ident == SETTINGS_HEADER_TABLE_SIZE:
-                        self.resp_hpack.max_size = value
+                        self.responses.hpack.max_size = value
                     elif ident == SETTINGS_MAX_FRAME_SIZE:
                         # never below what was allowed before: frames sent before the ACK stay legal
                         self.down_max_frame = max(self.down_max_frame, value)
@@ -313,112 +476,57 @@ class Link:
         if run < pos:
             out.append(buf if run == 0 and pos == n else buf[run:pos])
         if out:
-            self.up.write(out[0] if len(out) == 1 else b"".join(out))  # type: ignore[union-attr]
+            up.write(out[0] if len(out) == 1 else b"".join(out))
         if refund:
             stream_refunds.append(frame(WINDOW_UPDATE, 0, 0, refund.to_bytes(4, "big")))
         if stream_refunds:
             self.down.write(b"".join(stream_refunds))
 
-    def request_headers(self, buf: bytes, pos: int, end: int, ftype: int) -> bool:
-        flags = buf[pos + 4]
-        sid = int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
-        if ftype == HEADERS:
-            start = pos + 9
-            stop = end
-            if flags & PADDED:
-                stop -= buf[start]
-                start += 1
-            if flags & PRIORITY_FLAG:
-                start += 5
-            if not flags & END_HEADERS:
-                self.req_frag = bytearray(buf[start:stop])
-                self.req_frag_sid = sid
-                return True
-            block = buf[start:stop]
-        else:
-            if self.req_frag is None or sid != self.req_frag_sid:
-                self.protocol_error("CONTINUATION without HEADERS")
-                return False
-            self.req_frag += buf[pos + 9 : end]
-            if len(self.req_frag) > MAX_HEADER_BLOCK:
-                self.protocol_error("header block too large")
-                return False
-            if not flags & END_HEADERS:
-                return True
-            block = bytes(self.req_frag)
-            self.req_frag = None
-        try:
-            found = self.req_hpack.decode(block)
-        except HpackError as e:
-            self.protocol_error(f"request headers: {e}")
-            return False
-        path = found.get(b":path")
-        if path is None or sid in self.active:
-            return True  # trailers from the client: nothing to learn
-        self.active[sid] = (path, time.perf_counter())
-        spec = self.relay.interceptor.classify(path)
-        if spec is not None:
-            call = _Call(spec, path, spec.modifies, bytearray(), bytearray(), send_window=self.up_initial)
-            if spec.modifies:
-                call.deadline = deadline_of(found.get(b"grpc-timeout"))
-            self.calls[sid] = call
-        return True
+    def claim(self, sid: int, path: bytes, call: C, headers: dict[bytes, bytes]) -> None:
+        """A new stream the handler claimed: its bodies are copied (and held, when it modifies)."""
+        stream = _Stream(call, path, call.modifies, bytearray(), bytearray(), send_window=self.flow.initial)
+        if stream.modifies:
+            stream.deadline = deadline_of(headers.get(b"grpc-timeout"))
+        self.streams[sid] = stream
 
-    def request_complete(self, sid: int, call: _Call) -> None:
-        call.request_done = True
-        body = bytes(call.request)
-        call.task = asyncio.get_running_loop().create_task(self.run_pre(sid, call, body))
+    def request_complete(self, sid: int, stream: _Stream[C]) -> None:
+        stream.request_done = True
+        body = bytes(stream.request)
+        stream.task = asyncio.get_running_loop().create_task(self.run_pre(sid, stream, body))
 
-    async def run_pre(self, sid: int, call: _Call, body: bytes) -> None:
+    async def run_pre(self, sid: int, stream: _Stream[C], body: bytes) -> None:
         message = _grpc_message(body)
         try:
             if message is None:
-                raise Rejected(12, "crihook can not inspect a compressed or malformed request")
-            rewritten = await self.relay.interceptor.pre(call.spec, message, call.deadline)
+                raise Rejected(
+                    grpc.StatusCode.UNIMPLEMENTED, "crihook can not inspect a compressed or malformed request"
+                )
+            rewritten = await self.relay.handler.pre(stream.call, message, stream.deadline)
         except Rejected as r:
-            if self.calls.get(sid) is call:
+            if self.streams.get(sid) is stream:
                 self.reject(sid, r.code, r.message)
             return
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # the interceptor itself failed: refuse rather than forward unchecked
-            log.exception("interceptor failed", extra={"method": call.path.decode()})
-            if self.calls.get(sid) is call:
-                self.reject(sid, 13, f"crihook: {type(e).__name__}: {e}")
+        except Exception as e:  # the handler itself failed: refuse rather than forward unchecked
+            log.exception("interceptor failed", extra={"method": stream.path.decode()})
+            if self.streams.get(sid) is stream:
+                self.reject(sid, grpc.StatusCode.INTERNAL, f"crihook: {type(e).__name__}: {e}")
             return
-        if self.calls.get(sid) is not call or self.closed:
+        if self.streams.get(sid) is not stream or self.closed:
             return  # kubelet gave up meanwhile
-        call.task = None
-        call.request = bytearray(rewritten)
-        call.out = memoryview(b"\x00" + len(rewritten).to_bytes(4, "big") + rewritten)
-        self.pump(sid, call)
+        stream.task = None
+        stream.request = bytearray(rewritten)
+        stream.out = memoryview(b"\x00" + len(rewritten).to_bytes(4, "big") + rewritten)
+        self.flow.pump(sid, stream)
 
-    def pump(self, sid: int, call: _Call) -> None:
-        """Send what is left of a rewritten request within containerd's windows."""
-        out = call.out
-        assert out is not None and self.up is not None
-        chunks = []
-        while out:
-            n = min(len(out), self.up_max_frame, self.up_window, call.send_window)
-            if n <= 0 and len(out):
-                break
-            last = n == len(out)
-            chunks.append(frame(DATA, END_STREAM if last else 0, sid, bytes(out[:n])))
-            out = out[n:]
-            self.up_window -= n
-            call.send_window -= n
-            self.skew += n
-        call.out = out if out else None
-        if chunks:
-            self.up.write(b"".join(chunks))
-
-    def reject(self, sid: int, code: int, message: str) -> None:
-        call = self.calls.pop(sid, None)
-        if call is not None and call.task is not None and call.task is not asyncio.current_task():
-            call.task.cancel()
+    def reject(self, sid: int, code: grpc.StatusCode, message: str) -> None:
+        stream = self.streams.pop(sid, None)
+        if stream is not None and stream.task is not None and stream.task is not asyncio.current_task():
+            stream.task.cancel()
         entry = self.active.pop(sid, None)
-        self.relay.count(entry[0] if entry else b"?", str(code).encode())
-        if call is not None and not call.request_done:
+        self.relay.count(entry[0] if entry else b"?", _wire(code))
+        if stream is not None and not stream.request_done:
             self.dead.add(sid)
         self.down.write(frame(HEADERS, END_STREAM | END_HEADERS, sid, grpc_error_headers(code, message)))
         if self.up is not None:
@@ -436,7 +544,7 @@ class Link:
         pos = 0
         out: list[bytes] = []
         run = 0
-        calls = self.calls
+        streams = self.streams
         while n - pos >= 9:
             hi, lo, ftype, flags, sid = _FH.unpack_from(buf, pos)
             length = (hi << 8) | lo
@@ -449,38 +557,41 @@ class Link:
             if end > n:
                 break
             if ftype == DATA:
-                if calls:
-                    call = calls.get(sid & 0x7FFFFFFF)
-                    if call is not None:
-                        call.response += _payload(buf, pos + 9, end, flags)
+                if streams:
+                    stream = streams.get(sid & 0x7FFFFFFF)
+                    if stream is not None:
+                        stream.response += _payload(buf, pos + 9, end, flags)
             elif ftype in (HEADERS, CONTINUATION):
-                if not self.response_headers(buf, pos, end, ftype):
+                try:
+                    block = self.responses.feed(buf, pos, end, ftype)
+                except ProtocolViolation as e:
+                    self.protocol_error(str(e))
                     return
+                if block is not None and block[2]:  # trailers: the call is over
+                    sid, found, _ = block
+                    self.stream_done(sid, found.get(b"grpc-status", _UNKNOWN), found.get(b"grpc-message"))
             elif ftype == WINDOW_UPDATE:
                 sid &= 0x7FFFFFFF
                 inc = int.from_bytes(buf[pos + 9 : pos + 13], "big") & 0x7FFFFFFF
                 if sid == 0:
-                    self.up_window += inc
-                    if self.skew > 0:
-                        take = min(self.skew, inc)
-                        self.skew -= take
+                    passed = self.flow.connection_update(inc, streams)
+                    if passed is not None:  # kubelet is told less: the rest paid back skew
                         if run < pos:
                             out.append(buf[run:pos])
                         run = end
-                        if inc > take:
-                            out.append(frame(WINDOW_UPDATE, 0, 0, (inc - take).to_bytes(4, "big")))
-                    self.window_opened()
+                        if passed:
+                            out.append(frame(WINDOW_UPDATE, 0, 0, passed.to_bytes(4, "big")))
                 else:
-                    call = calls.get(sid)
-                    if call is not None and call.modifies:
-                        call.send_window += inc
+                    stream = streams.get(sid)
+                    if stream is not None and stream.modifies:
+                        stream.send_window += inc
                         if run < pos:
                             out.append(buf[run:pos])
                         run = end
-                        if call.out is not None:
-                            self.pump(sid, call)
+                        if stream.out is not None:
+                            self.flow.pump(sid, stream)
             elif ftype == RST_STREAM:
-                self.stream_done(sid & 0x7FFFFFFF, b"1", None)
+                self.stream_done(sid & 0x7FFFFFFF, _CANCELLED, None)
             elif ftype == SETTINGS and not flags & ACK:
                 self.up_settings(buf, pos + 9, end)
             pos = end
@@ -491,87 +602,34 @@ class Link:
             self.down.write(out[0] if len(out) == 1 else b"".join(out))
 
     def up_settings(self, buf: bytes, start: int, end: int) -> None:
+        flow = self.flow
         for ident, value in _settings(buf, start, end):
             if ident == SETTINGS_INITIAL_WINDOW_SIZE:
-                delta = value - self.up_initial
-                self.up_initial = value
-                for call in self.calls.values():
-                    call.send_window += delta
+                delta = value - flow.initial
+                flow.initial = value
+                for stream in self.streams.values():
+                    stream.send_window += delta
             elif ident == SETTINGS_MAX_FRAME_SIZE:
-                self.up_max_frame = max(self.up_max_frame, value)
+                flow.max_frame = max(flow.max_frame, value)
             elif ident == SETTINGS_HEADER_TABLE_SIZE:
-                self.req_hpack.max_size = value
-
-    def window_opened(self) -> None:
-        queue = self.queue
-        if queue:
-            out = []
-            while queue and len(queue[0]) - 9 <= self.up_window:
-                f = queue.popleft()
-                self.up_window -= len(f) - 9
-                out.append(f)
-            if out:
-                self.up.write(b"".join(out))  # type: ignore[union-attr]
-        for sid, call in list(self.calls.items()):
-            if call.out is not None:
-                self.pump(sid, call)
-
-    def response_headers(self, buf: bytes, pos: int, end: int, ftype: int) -> bool:
-        flags = buf[pos + 4]
-        sid = int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
-        if ftype == HEADERS:
-            start = pos + 9
-            stop = end
-            if flags & PADDED:
-                stop -= buf[start]
-                start += 1
-            if flags & PRIORITY_FLAG:
-                start += 5
-            ends_stream = bool(flags & END_STREAM)
-            if not flags & END_HEADERS:
-                self.resp_frag = bytearray(buf[start:stop])
-                self.resp_frag_sid = sid
-                self.resp_frag_end = ends_stream
-                return True
-            block = buf[start:stop]
-        else:
-            if self.resp_frag is None or sid != self.resp_frag_sid:
-                self.protocol_error("CONTINUATION without HEADERS from the runtime")
-                return False
-            self.resp_frag += buf[pos + 9 : end]
-            if len(self.resp_frag) > MAX_HEADER_BLOCK:
-                self.protocol_error("runtime header block too large")
-                return False
-            if not flags & END_HEADERS:
-                return True
-            block = bytes(self.resp_frag)
-            self.resp_frag = None
-            ends_stream = self.resp_frag_end
-        try:
-            found = self.resp_hpack.decode(block)
-        except HpackError as e:
-            self.protocol_error(f"response headers: {e}")
-            return False
-        if ends_stream:
-            self.stream_done(sid, found.get(b"grpc-status", b"2"), found.get(b"grpc-message"))
-        return True
+                self.requests.hpack.max_size = value
 
     def stream_done(self, sid: int, status: bytes, message: bytes | None) -> None:
         entry = self.active.pop(sid, None)
-        call = self.calls.pop(sid, None)
+        stream = self.streams.pop(sid, None)
         if entry is not None:
             path, started = entry
             self.relay.count(path, status, time.perf_counter() - started)
-        if call is not None:
-            if call.task is not None:
-                call.task.cancel()
-            elif call.request_done or not call.modifies:
-                code = int(status) if status.isdigit() else 2
-                req = _grpc_message(call.request) if not call.modifies else bytes(call.request)
+        if stream is not None:
+            if stream.task is not None:
+                stream.task.cancel()
+            elif stream.request_done or not stream.modifies:
+                code = _STATUS_CODES.get(status, grpc.StatusCode.UNKNOWN)
+                req = _grpc_message(stream.request) if not stream.modifies else bytes(stream.request)
                 # after the answer is on its way to kubelet (this frame batch is written first), and
                 # still before any later request is read: bookkeeping stays in call order
                 asyncio.get_running_loop().call_soon(
-                    self.relay.interceptor.post, call.spec, req or b"", _grpc_message(call.response), code, message
+                    self.relay.handler.post, stream.call, req or b"", _grpc_message(stream.response), code, message
                 )
         if not self.active:
             self.relay.check_idle()
@@ -596,13 +654,14 @@ def _settings(buf: bytes, start: int, end: int) -> list[tuple[int, int]]:
 class _DownProtocol(asyncio.Protocol):
     __slots__ = ("link", "relay")
 
-    def __init__(self, relay: Relay) -> None:
+    def __init__(self, relay: Relay[Any]) -> None:
         self.relay = relay
-        self.link: Link | None = None
+        self.link: Link[Any] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.pause_reading()
-        self.link = Link(self.relay, transport)  # type: ignore[arg-type]
+        down = cast(asyncio.Transport, transport)
+        down.pause_reading()
+        self.link = Link(self.relay, down)
         self.relay.links.add(self.link)
         asyncio.get_running_loop().create_task(self.link.connect())
 
@@ -625,7 +684,7 @@ class _DownProtocol(asyncio.Protocol):
 class _UpProtocol(asyncio.Protocol):
     __slots__ = ("link",)
 
-    def __init__(self, link: Link) -> None:
+    def __init__(self, link: Link[Any]) -> None:
         self.link = link
 
     def data_received(self, data: bytes) -> None:
@@ -642,21 +701,21 @@ class _UpProtocol(asyncio.Protocol):
             self.link.down.resume_reading()
 
 
-class Relay:
+class Relay(Generic[C]):
     """Accepts kubelet connections on a unix socket and pairs each with a runtime connection."""
 
     def __init__(
         self,
         backend_path: str,
-        interceptor: Interceptor,
+        handler: CallHandler[C],
         max_message: int = 16 << 20,
         connect_timeout: float = 5.0,
     ) -> None:
         self.backend_path = backend_path
-        self.interceptor = interceptor
+        self.handler = handler
         self.max_message = max_message
         self.connect_timeout = connect_timeout
-        self.links: set[Link] = set()
+        self.links: set[Link[C]] = set()
         self._labels: dict[tuple[bytes, bytes], tuple[str, str]] = {}
         self._idle = asyncio.Event()
         self.server: asyncio.AbstractServer | None = None
@@ -667,7 +726,8 @@ class Relay:
         labels = self._labels.get(key)
         if labels is None:
             method = path.decode("latin-1") if len(self._labels) < MAX_METHOD_LABELS else "other"
-            labels = self._labels[key] = (method, _CODE_NAMES.get(status, "UNKNOWN"))
+            code = _STATUS_CODES.get(status)
+            labels = self._labels[key] = (method, code.name if code is not None else "UNKNOWN")
         CRI_CALLS.inc(*labels)
         if seconds is not None:
             BACKEND_SECONDS.observe(seconds, labels[0])

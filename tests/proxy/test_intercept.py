@@ -138,7 +138,7 @@ async def test_disallowed_host_path_refuses_the_call(tmp_path: Path) -> None:
     ic = interceptor(tmp_path, EditHook({Stage.PRE_CREATE_CONTAINER}, edit))
     with pytest.raises(Rejected) as err:
         await ic.pre(ic.classify(CREATE), create_request())
-    assert err.value.code == grpc.StatusCode.PERMISSION_DENIED.value[0]
+    assert err.value.code is grpc.StatusCode.PERMISSION_DENIED
     assert "hook edit: pod ml/train container main" in err.value.message and "/etc" in err.value.message
 
 
@@ -147,7 +147,7 @@ async def test_hook_refusal_carries_its_code(tmp_path: Path) -> None:
     ic = interceptor(tmp_path, EditHook({Stage.PRE_CREATE_CONTAINER}, error=err))
     with pytest.raises(Rejected) as rej:
         await ic.pre(ic.classify(CREATE), create_request())
-    assert rej.value.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
+    assert rej.value.code is grpc.StatusCode.FAILED_PRECONDITION
     assert rej.value.message == "hook edit: pod ml/train container main: GPU 3 is held by pod other/x"
 
 
@@ -155,7 +155,7 @@ async def test_malformed_request_is_invalid_argument(tmp_path: Path) -> None:
     ic = interceptor(tmp_path, EditHook({Stage.PRE_CREATE_CONTAINER}))
     with pytest.raises(Rejected) as err:
         await ic.pre(ic.classify(CREATE), b"\x12\xff\xff\xff")
-    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT
     assert "CreateContainer" in err.value.message
 
 
@@ -179,21 +179,27 @@ async def test_lifecycle_bookkeeping_and_post_hooks(tmp_path: Path) -> None:
         run,
         cri.RunPodSandboxRequest(config=sandbox()).SerializeToString(),
         cri.RunPodSandboxResponse(pod_sandbox_id="sb-1").SerializeToString(),
-        0,
+        grpc.StatusCode.OK,
         None,
     )
     create = ic.classify(CREATE)
-    ic.post(create, create_request(), cri.CreateContainerResponse(container_id="c-1").SerializeToString(), 0, None)
+    ic.post(
+        create,
+        create_request(),
+        cri.CreateContainerResponse(container_id="c-1").SerializeToString(),
+        grpc.StatusCode.OK,
+        None,
+    )
     assert ic.store.pods["sb-1"].namespace == "ml"
     assert ic.store.containers["c-1"].pod_id == "sb-1"
     stop = ic.classify(b"/runtime.v1.RuntimeService/StopContainer")
-    ic.post(stop, cri.StopContainerRequest(container_id="c-1").SerializeToString(), b"", 0, None)
+    ic.post(stop, cri.StopContainerRequest(container_id="c-1").SerializeToString(), b"", grpc.StatusCode.OK, None)
     # a failed call changes nothing
     ic.post(
         ic.classify(b"/runtime.v1.RuntimeService/RemoveContainer"),
         cri.RemoveContainerRequest(container_id="c-1").SerializeToString(),
         None,
-        5,
+        grpc.StatusCode.NOT_FOUND,
         None,
     )
     assert "c-1" in ic.store.containers
@@ -201,7 +207,7 @@ async def test_lifecycle_bookkeeping_and_post_hooks(tmp_path: Path) -> None:
         ic.classify(b"/runtime.v1.RuntimeService/RemovePodSandbox"),
         cri.RemovePodSandboxRequest(pod_sandbox_id="sb-1").SerializeToString(),
         b"",
-        0,
+        grpc.StatusCode.OK,
         None,
     )
     await ic.close()
@@ -217,11 +223,35 @@ def test_only_a_refused_removal_reaches_the_task_janitor(tmp_path: Path) -> None
     ic.janitor = SimpleNamespace(notice=noticed.append)  # type: ignore[assignment]
     refused = b"failed to delete containerd container%3A cannot delete running task c-1: failed precondition"
     remove = cri.RemoveContainerRequest(container_id="c-1").SerializeToString()
-    ic.post(ic.classify(b"/runtime.v1.RuntimeService/RemoveContainer"), remove, None, 9, refused)
-    ic.post(ic.classify(b"/runtime.v1.RuntimeService/RemoveContainer"), remove, None, 5, b"not found")
-    ic.post(ic.classify(b"/runtime.v1.RuntimeService/StopContainer"), remove, None, 9, refused)
+    ic.post(
+        ic.classify(b"/runtime.v1.RuntimeService/RemoveContainer"),
+        remove,
+        None,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        refused,
+    )
+    ic.post(
+        ic.classify(b"/runtime.v1.RuntimeService/RemoveContainer"),
+        remove,
+        None,
+        grpc.StatusCode.NOT_FOUND,
+        b"not found",
+    )
+    ic.post(
+        ic.classify(b"/runtime.v1.RuntimeService/StopContainer"),
+        remove,
+        None,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        refused,
+    )
     sandbox = cri.RemovePodSandboxRequest(pod_sandbox_id="sb-1").SerializeToString()
-    ic.post(ic.classify(b"/runtime.v1.RuntimeService/RemovePodSandbox"), sandbox, None, 9, refused)
+    ic.post(
+        ic.classify(b"/runtime.v1.RuntimeService/RemovePodSandbox"),
+        sandbox,
+        None,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        refused,
+    )
     assert noticed == [refused, refused]
 
 
@@ -306,7 +336,7 @@ async def test_update_shows_the_stored_container_with_the_update_applied(tmp_pat
     assert out.linux == cri.LinuxContainerResources(cpuset_cpus="0", cpu_quota=30000, unified={"cpu.idle": "0"})
     assert dict(out.annotations) == {"hook": "yes"}
 
-    ic.post(call, out.SerializeToString(), b"", 0, None)  # the runtime merged it in; so does the store
+    ic.post(call, out.SerializeToString(), b"", grpc.StatusCode.OK, None)  # the runtime merged it in; so does the store
     assert ic.store.containers["c-1"].resources == {
         **CREATED, "cpuset_cpus": "0", "cpu_quota": 30000, "unified": {"memory.high": "100000000", "cpu.idle": "0"},
     }  # fmt: skip
@@ -315,7 +345,13 @@ async def test_update_shows_the_stored_container_with_the_update_applied(tmp_pat
         cpu_period=50000, cpu_quota=25000, cpu_shares=512, memory_limit_in_bytes=256 << 20, oom_score_adj=-999,
         cpuset_cpus="1", cpuset_mems="0",
     )  # fmt: skip
-    ic.post(call, cri.UpdateContainerResourcesRequest(container_id="c-1", linux=full).SerializeToString(), b"", 0, None)
+    ic.post(
+        call,
+        cri.UpdateContainerResourcesRequest(container_id="c-1", linux=full).SerializeToString(),
+        b"",
+        grpc.StatusCode.OK,
+        None,
+    )
     assert ic.store.containers["c-1"].resources == {
         **CREATED, "cpu_period": 50000, "cpu_quota": 25000, "cpu_shares": 512, "memory_limit_in_bytes": 256 << 20,
         "cpuset_cpus": "1", "cpuset_mems": "0", "unified": {"memory.high": "100000000", "cpu.idle": "0"},
@@ -347,5 +383,5 @@ async def test_update_of_a_container_crihook_never_saw(tmp_path: Path) -> None:
     ).SerializeToString()
     assert await ic.pre(ic.classify(UPDATE), raw) is raw
     assert hook.seen[0].container.id == "x" and hook.seen[0].container.resources.cpu_shares == 300
-    ic.post(ic.classify(UPDATE), raw, b"", 0, None)
+    ic.post(ic.classify(UPDATE), raw, b"", grpc.StatusCode.OK, None)
     assert ic.store.containers == {}

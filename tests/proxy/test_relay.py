@@ -16,7 +16,25 @@ import grpc
 import pytest
 
 from crihook.base.metrics import CRI_CALLS
-from crihook.proxy.relay import Rejected, Relay, deadline_of
+from crihook.proxy.hpack import encode_literal
+from crihook.proxy.relay import (
+    CONTINUATION,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    HEADERS,
+    MAX_HEADER_BLOCK,
+    PADDED,
+    PRIORITY_FLAG,
+    HeaderBlocks,
+    ProtocolViolation,
+    Rejected,
+    Relay,
+    RuntimeWindow,
+    _Stream,
+    deadline_of,
+    frame,
+)
 
 
 def ident(b: bytes) -> bytes:
@@ -34,7 +52,7 @@ class ScriptedInterceptor:
     `/t.S/Observe*` is watched; everything else passes through."""
 
     grow: int = 0
-    posts: list[tuple[bytes, bytes | None, int]] = field(default_factory=list)
+    posts: list[tuple[bytes, bytes | None, grpc.StatusCode]] = field(default_factory=list)
     messages: list[bytes | None] = field(default_factory=list)
     delay: float = 0.0
     deadlines: list[float | None] = field(default_factory=list)
@@ -51,10 +69,12 @@ class ScriptedInterceptor:
         if self.delay:
             await asyncio.sleep(self.delay)
         if request.startswith(b"refuse"):
-            raise Rejected(9, "refused by test: 100% sure, ünïcode")
+            raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, "refused by test: 100% sure, ünïcode")
         return request + b"+" * self.grow
 
-    def post(self, spec: Spec, request: bytes, response: bytes | None, status: int, message: bytes | None) -> None:
+    def post(
+        self, spec: Spec, request: bytes, response: bytes | None, status: grpc.StatusCode, message: bytes | None
+    ) -> None:
         self.posts.append((request, response, status))
         self.messages.append(message)
 
@@ -174,7 +194,7 @@ async def test_modified_request_larger_than_windows(setup) -> None:
     # traffic after the skew still flows, including large pass-through bodies
     results = await asyncio.gather(*(unary(channel, "/t.S/Echo")(b"b" * 70_000) for _ in range(20)))
     assert all(r == b"echo:" + b"b" * 70_000 for r in results)
-    assert interceptor.posts[0][2] == 0 and interceptor.posts[0][1] == reply
+    assert interceptor.posts[0][2] is grpc.StatusCode.OK and interceptor.posts[0][1] == reply
 
 
 async def test_refusal_answers_kubelet_and_never_reaches_runtime(setup) -> None:
@@ -193,7 +213,7 @@ async def test_observed_calls_are_copied_not_held(setup) -> None:
     channel, interceptor, _, _ = setup
     assert await unary(channel, "/t.S/Observe")(b"watch me") == b"echo:watch me"
     await asyncio.sleep(0.01)
-    assert interceptor.posts == [(b"watch me", b"echo:watch me", 0)]
+    assert interceptor.posts == [(b"watch me", b"echo:watch me", grpc.StatusCode.OK)]
 
 
 async def test_observed_failures_reach_post_with_status_and_message(setup) -> None:
@@ -201,7 +221,7 @@ async def test_observed_failures_reach_post_with_status_and_message(setup) -> No
     with pytest.raises(grpc.aio.AioRpcError):
         await unary(channel, "/t.S/ObserveFail")(b"gone?")
     await asyncio.sleep(0.01)
-    assert interceptor.posts == [(b"gone?", None, grpc.StatusCode.NOT_FOUND.value[0])]
+    assert interceptor.posts == [(b"gone?", None, grpc.StatusCode.NOT_FOUND)]
     assert interceptor.messages == [b'container "x" not found']
 
 
@@ -251,3 +271,94 @@ async def test_not_http2_is_dropped(tmp_path: Path, setup) -> None:
     received = await asyncio.wait_for(reader.read(), 2)  # returns only at EOF: the relay hung up
     assert b"\x07\x00\x00\x00\x00\x00" in received  # after a GOAWAY frame
     writer.close()
+
+
+# -- the parts, alone -------------------------------------------------------------------------------
+
+
+def _headers_frames(block: bytes, sid: int, ends_stream: bool, split: int | None) -> list[bytes]:
+    """One header block as HEADERS (+ a CONTINUATION when `split`), each frame its own buffer."""
+    end = END_STREAM if ends_stream else 0
+    if split is None:
+        return [frame(HEADERS, END_HEADERS | end, sid, block)]
+    return [frame(HEADERS, end, sid, block[:split]), frame(CONTINUATION, END_HEADERS, sid, block[split:])]
+
+
+@pytest.mark.parametrize("split", [None, 1, 7])
+@pytest.mark.parametrize("side", ["request", "response"])
+def test_header_blocks_assemble_continuations_the_same_both_ways(split: int | None, side: str) -> None:
+    wanted = frozenset((b":path", b"grpc-status"))
+    blocks = HeaderBlocks(wanted, side)
+    block = encode_literal([(b":path", b"/t.S/Echo"), (b"grpc-status", b"0"), (b"x-other", b"ignored")])
+    frames = _headers_frames(block, 5, ends_stream=True, split=split)
+    results = [blocks.feed(f, 0, len(f), f[3]) for f in frames]
+    assert results[:-1] == [None] * (len(frames) - 1)
+    assert results[-1] == (5, {b":path": b"/t.S/Echo", b"grpc-status": b"0"}, True)
+
+
+def test_header_blocks_read_past_padding_and_priority() -> None:
+    block = encode_literal([(b":path", b"/t.S/Echo")])
+    payload = bytes([3]) + b"\x00\x00\x00\x00\x10" + block + b"\x00" * 3
+    f = frame(HEADERS, END_HEADERS | PADDED | PRIORITY_FLAG, 3, payload)
+    assert HeaderBlocks(frozenset((b":path",)), "request").feed(f, 0, len(f), HEADERS) == (
+        3,
+        {b":path": b"/t.S/Echo"},
+        False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("frames", "why"),
+    [
+        ([frame(CONTINUATION, END_HEADERS, 1, b"\x82")], "response headers: CONTINUATION without HEADERS"),
+        ([frame(HEADERS, 0, 1, b"\x82"), frame(CONTINUATION, END_HEADERS, 3, b"\x82")], "without HEADERS"),
+        (
+            [frame(HEADERS, 0, 1, b"")]
+            + [frame(CONTINUATION, 0, 1, b"\x00" * 16384)] * (MAX_HEADER_BLOCK // 16384 + 1),
+            "response header block too large",
+        ),
+        ([frame(HEADERS, END_HEADERS, 1, b"\x80")], "response headers: header index 0"),
+    ],
+)
+def test_header_blocks_refuse_what_breaks_framing(frames: list[bytes], why: str) -> None:
+    blocks = HeaderBlocks(frozenset((b":path",)), "response")
+    with pytest.raises(ProtocolViolation, match=why):
+        for f in frames:
+            blocks.feed(f, 0, len(f), f[3])
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.frames.append(data)
+
+
+def _stream(out: bytes, window: int) -> _Stream[Spec]:
+    return _Stream(Spec(True), b"/t.S/Modify", True, bytearray(), bytearray(), out=memoryview(out), send_window=window)
+
+
+def test_runtime_window_sends_a_rewrite_within_both_windows_and_counts_skew() -> None:
+    flow: RuntimeWindow[Spec] = RuntimeWindow()
+    sink = _Sink()
+    flow.up = sink  # type: ignore[assignment]
+    flow.window = 10
+    stream = _stream(b"x" * 25, window=100)
+    flow.pump(1, stream)
+    assert sink.frames == [frame(DATA, 0, 1, b"x" * 10)] and flow.window == 0 and flow.skew == 10
+    assert flow.connection_update(4, {1: stream}) == 0  # all of it paid back skew: kubelet hears nothing
+    assert sink.frames[-1] == frame(DATA, 0, 1, b"x" * 4) and flow.skew == 10 - 4 + 4
+    assert flow.connection_update(100, {1: stream}) == 100 - 10  # kubelet is told what the skew leaves
+    assert sink.frames[-1] == frame(DATA, END_STREAM, 1, b"x" * 11) and stream.out is None and flow.skew == 11
+
+
+def test_runtime_window_passes_updates_through_without_skew_and_releases_the_queue() -> None:
+    flow: RuntimeWindow[Spec] = RuntimeWindow()
+    sink = _Sink()
+    flow.up = sink  # type: ignore[assignment]
+    flow.window = 0
+    queued = frame(DATA, 0, 1, b"y" * 8)
+    flow.queue.append(queued)
+    assert flow.connection_update(5, {}) is None and sink.frames == []  # 8 bytes do not fit in 5
+    assert flow.connection_update(5, {}) is None and sink.frames == [queued] and flow.window == 2

@@ -32,14 +32,14 @@ from crihook.hooks.gpu import GpuHook
 from crihook.hooks.gpu_edit import VISIBLE, GpuOptions
 from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proto import wire as wire_format
-from crihook.proxy.intercept import INVALID_ARGUMENT, METHODS, Interceptor
+from crihook.proxy.intercept import METHODS, Interceptor
 from crihook.proxy.relay import Rejected
 from crihook.proxy.store import Store
 from tests.support.gpu_fixtures import Entry, Inventory, gpus, nvidia_plugin_resp, write_checkpoint
 
 INVENTORY = gpus(4, minor_offset=2)
 PLUGIN_POD = "plugin-pod-uid"  # the checkpoint says the device plugin gave this pod's "main" a GPU
-HOOK_REFUSALS = {c.value[0] for c in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)}
+HOOK_REFUSALS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION}
 GPU_NODE = re.compile(r"/dev/nvidia[0-9]+")
 
 
@@ -202,7 +202,7 @@ def check(method_path: bytes, data: bytes) -> bytes | None:
         assert r.message
         if r.message.startswith("crihook: malformed"):
             event("rejected: malformed")
-            assert r.code == INVALID_ARGUMENT and method.name in r.message
+            assert r.code is grpc.StatusCode.INVALID_ARGUMENT and method.name in r.message
         else:
             event("refused by a hook")
             assert r.code in HOOK_REFUSALS, f"a hook crashed: {r.code} {r.message}"
