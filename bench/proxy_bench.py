@@ -43,7 +43,7 @@ from crihook.base import allocation as al  # noqa: E402
 from crihook.base import config as cfgmod  # noqa: E402
 from crihook.hooks.chain import build_chain  # noqa: E402
 from crihook.proto import runtime_v1_pb2 as api  # noqa: E402
-from crihook.proxy.intercept import METHODS, Interceptor  # noqa: E402
+from crihook.proxy.intercept import HANDLERS, Interceptor  # noqa: E402
 from crihook.proxy.store import Store  # noqa: E402
 from crihook.simnode import fakenvml  # noqa: E402
 from crihook.simnode.node import SimNode, make_sim_node  # noqa: E402
@@ -94,7 +94,7 @@ class Rewriter:
 
     def __call__(self, request: bytes) -> bytes:
         call = self.interceptor.classify(b"/runtime.v1.RuntimeService/CreateContainer")
-        assert call is not None and call.method is METHODS[b"/runtime.v1.RuntimeService/CreateContainer"]
+        assert call is not None and call.handler is HANDLERS[b"/runtime.v1.RuntimeService/CreateContainer"]
         return self.loop.run_until_complete(self.interceptor.pre(call, request))
 
 

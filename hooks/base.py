@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import grpc
 
@@ -19,8 +19,6 @@ from crihook.base.spec import Device, Mount
 
 if TYPE_CHECKING:
     from crihook.devices.nvml import GpuIndex
-
-_T = TypeVar("_T")
 
 
 class Stage(enum.StrEnum):
@@ -61,6 +59,20 @@ class LinuxResources:
     unified: Mapping[str, str] = field(default_factory=dict)
 
 
+# LinuxResources' scalar fields: the same names in runtime.v1's and the hook service's
+# LinuxContainerResources, and in ResourcesPatch
+RESOURCE_FIELDS: tuple[str, ...] = (
+    "cpu_period",
+    "cpu_quota",
+    "cpu_shares",
+    "memory_limit_in_bytes",
+    "oom_score_adj",
+    "cpuset_cpus",
+    "cpuset_mems",
+    "memory_swap_limit_in_bytes",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class ResourcesPatch:
     """Field-by-field change to LinuxResources: None leaves a field alone."""
@@ -78,16 +90,7 @@ class ResourcesPatch:
     def apply(self, base: LinuxResources | None) -> LinuxResources:
         out = base or LinuxResources()
         changes: dict[str, Any] = {}
-        for name in (
-            "cpu_period",
-            "cpu_quota",
-            "cpu_shares",
-            "memory_limit_in_bytes",
-            "oom_score_adj",
-            "cpuset_cpus",
-            "cpuset_mems",
-            "memory_swap_limit_in_bytes",
-        ):
+        for name in RESOURCE_FIELDS:
             value = getattr(self, name)
             if value is not None:
                 changes[name] = value
@@ -155,6 +158,17 @@ class HookContext:
     # time.monotonic() by which kubelet wants the CRI call answered (its grpc-timeout); None when
     # the call set none or the stage runs after the call
     deadline: float | None = None
+
+    def log_fields(self) -> dict[str, str]:
+        return log_fields(self.pod, self.container)
+
+
+def log_fields(pod: PodInfo, container: ContainerInfo | None = None) -> dict[str, str]:
+    """The pod, and the container if there is one, as log records name them."""
+    fields = {"pod": pod.ref}
+    if container is not None:
+        fields["container"] = container.name
+    return fields
 
 
 @dataclass(slots=True)
@@ -272,63 +286,3 @@ class OwnsGpus(Protocol):
     gpus: GpuIndex
 
     def plugin_holds(self, pod_uid: str) -> bool: ...
-
-
-def apply_edit(ctx: HookContext, edit: Edit) -> HookContext:
-    """The view after `edit`; the chain feeds it to the next hook. Raises ValueError for an edit
-    that does not fit the stage (a hook bug, handled by its failure policy)."""
-    pod = ctx.pod
-    if edit.labels or edit.cgroup_parent is not None:
-        if ctx.stage is not Stage.PRE_RUN_POD_SANDBOX:
-            raise ValueError(f"labels and cgroup_parent can only change at {Stage.PRE_RUN_POD_SANDBOX}")
-        pod = replace(
-            pod,
-            labels={**pod.labels, **edit.labels},
-            cgroup_parent=edit.cgroup_parent if edit.cgroup_parent is not None else pod.cgroup_parent,
-        )
-    if ctx.container is None:
-        container_only = (
-            edit.env,
-            edit.remove_env,
-            edit.add_mounts,
-            edit.remove_mounts,
-            edit.add_devices,
-            edit.remove_devices,
-            edit.add_cdi_devices,
-            edit.remove_cdi_devices,
-        )
-        if any(container_only):
-            raise ValueError(f"envs, mounts and devices can not change at {ctx.stage}")
-        if edit.annotations or edit.remove_annotations:
-            pod = replace(pod, annotations=_edit_map(pod.annotations, edit))
-        if edit.resources is not None:
-            pod = replace(pod, resources=edit.resources.apply(pod.resources))
-        return replace(ctx, pod=pod)
-
-    c = ctx.container
-    envs = [(k, v) for k, v in c.envs if k not in edit.remove_env and k not in edit.env]
-    envs.extend(edit.env.items())
-    mounts = _replace_keyed(c.mounts, edit.remove_mounts, edit.add_mounts, lambda m: m.container_path)
-    devices = _replace_keyed(c.devices, edit.remove_devices, edit.add_devices, lambda d: d.container_path)
-    cdi = _replace_keyed(c.cdi_devices, edit.remove_cdi_devices, edit.add_cdi_devices, lambda n: n)
-    container = replace(
-        c,
-        envs=tuple(envs),
-        mounts=mounts,
-        devices=devices,
-        cdi_devices=cdi,
-        annotations=_edit_map(c.annotations, edit) if edit.annotations or edit.remove_annotations else c.annotations,
-        resources=edit.resources.apply(c.resources) if edit.resources is not None else c.resources,
-    )
-    return replace(ctx, pod=pod, container=container)
-
-
-def _edit_map(annotations: Mapping[str, str], edit: Edit) -> dict[str, str]:
-    kept = {k: v for k, v in annotations.items() if k not in edit.remove_annotations}
-    return {**kept, **edit.annotations}
-
-
-def _replace_keyed(items: tuple[_T, ...], remove: set[str], add: list[_T], key: Any) -> tuple[_T, ...]:
-    added = {key(a) for a in add}
-    kept = [i for i in items if key(i) not in remove and key(i) not in added]
-    return (*kept, *add)

@@ -1,5 +1,6 @@
 """Runs the configured hooks for one CRI call: fixed order, a timeout each, a failure policy each,
-and the host-path allowlist enforced on every edit whoever made it."""
+the host-path allowlist enforced on every edit whoever made it, and each edit applied to the view
+the next hook sees (`apply_edit`)."""
 
 from __future__ import annotations
 
@@ -13,18 +14,19 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor, Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
 from crihook.base.config import HooksConfig, NodeConfig
 from crihook.base.metrics import HOOK_FAILURES, HOOK_SECONDS
-from crihook.hooks.base import ConfigError, Edit, Hook, HookContext, HookError, Stage, apply_edit
+from crihook.hooks.base import ConfigError, Edit, Hook, HookContext, HookError, Stage
 from crihook.hooks.fscache import NotCached
 
 log = logging.getLogger("crihook.hooks")
+_T = TypeVar("_T")
 
 ENTRY_POINT_GROUP = "crihook.hooks"
 POLICIES = ("fail", "ignore")
@@ -274,13 +276,13 @@ class HookChain:
                 out.records.append(HookRecord(name, stage, "failed", _ms(start), err.reason))
                 out.error = HookError(err.code, f"hook {name}: {_subject(ctx)}: {err.reason}")
                 log.warning(
-                    "hook failed", extra={"hook": name, "stage": stage.value, **_fields(ctx), "reason": err.reason}
+                    "hook failed", extra={"hook": name, "stage": stage.value, **ctx.log_fields(), "reason": err.reason}
                 )
                 return
             out.records.append(HookRecord(name, stage, "ignored-error", _ms(start), err.reason))
             log.warning(
                 "hook error ignored",
-                extra={"hook": name, "stage": stage.value, **_fields(ctx), "reason": err.reason},
+                extra={"hook": name, "stage": stage.value, **ctx.log_fields(), "reason": err.reason},
             )
 
 
@@ -393,6 +395,66 @@ class _BlockingRun:
                 self.started = time.perf_counter()
 
 
+def apply_edit(ctx: HookContext, edit: Edit) -> HookContext:
+    """The view after `edit`; the chain feeds it to the next hook. Raises ValueError for an edit
+    that does not fit the stage (a hook bug, handled by its failure policy)."""
+    pod = ctx.pod
+    if edit.labels or edit.cgroup_parent is not None:
+        if ctx.stage is not Stage.PRE_RUN_POD_SANDBOX:
+            raise ValueError(f"labels and cgroup_parent can only change at {Stage.PRE_RUN_POD_SANDBOX}")
+        pod = replace(
+            pod,
+            labels={**pod.labels, **edit.labels},
+            cgroup_parent=edit.cgroup_parent if edit.cgroup_parent is not None else pod.cgroup_parent,
+        )
+    if ctx.container is None:
+        container_only = (
+            edit.env,
+            edit.remove_env,
+            edit.add_mounts,
+            edit.remove_mounts,
+            edit.add_devices,
+            edit.remove_devices,
+            edit.add_cdi_devices,
+            edit.remove_cdi_devices,
+        )
+        if any(container_only):
+            raise ValueError(f"envs, mounts and devices can not change at {ctx.stage}")
+        if edit.annotations or edit.remove_annotations:
+            pod = replace(pod, annotations=_edit_map(pod.annotations, edit))
+        if edit.resources is not None:
+            pod = replace(pod, resources=edit.resources.apply(pod.resources))
+        return replace(ctx, pod=pod)
+
+    c = ctx.container
+    envs = [(k, v) for k, v in c.envs if k not in edit.remove_env and k not in edit.env]
+    envs.extend(edit.env.items())
+    mounts = _replace_keyed(c.mounts, edit.remove_mounts, edit.add_mounts, lambda m: m.container_path)
+    devices = _replace_keyed(c.devices, edit.remove_devices, edit.add_devices, lambda d: d.container_path)
+    cdi = _replace_keyed(c.cdi_devices, edit.remove_cdi_devices, edit.add_cdi_devices, lambda n: n)
+    container = replace(
+        c,
+        envs=tuple(envs),
+        mounts=mounts,
+        devices=devices,
+        cdi_devices=cdi,
+        annotations=_edit_map(c.annotations, edit) if edit.annotations or edit.remove_annotations else c.annotations,
+        resources=edit.resources.apply(c.resources) if edit.resources is not None else c.resources,
+    )
+    return replace(ctx, pod=pod, container=container)
+
+
+def _edit_map(annotations: Mapping[str, str], edit: Edit) -> dict[str, str]:
+    kept = {k: v for k, v in annotations.items() if k not in edit.remove_annotations}
+    return {**kept, **edit.annotations}
+
+
+def _replace_keyed(items: tuple[_T, ...], remove: set[str], add: list[_T], key: Any) -> tuple[_T, ...]:
+    added = {key(a) for a in add}
+    kept = [i for i in items if key(i) not in remove and key(i) not in added]
+    return (*kept, *add)
+
+
 def _as_hook_error(exc: BaseException, limit: float) -> HookError:
     if isinstance(exc, HookError):
         return exc
@@ -406,13 +468,6 @@ def _subject(ctx: HookContext) -> str:
     if ctx.container is not None:
         s += f" container {ctx.container.name}"
     return s
-
-
-def _fields(ctx: HookContext) -> dict[str, str]:
-    f = {"pod": ctx.pod.ref}
-    if ctx.container is not None:
-        f["container"] = ctx.container.name
-    return f
 
 
 def _ms(start: float) -> float:

@@ -28,7 +28,8 @@ from typing import Any
 
 import grpc
 
-from crihook.hooks.base import ConfigError, Edit, HookContext, HookError, Stage, apply_edit
+from crihook.hooks.base import ConfigError, Edit, HookContext, HookError, Stage
+from crihook.hooks.chain import apply_edit
 from crihook.hooks.remote_config import DEFAULT_DIR, ConfigDir, Policy, ServerConfig
 from crihook.hooks.remote_protocol import (
     RPCS,
@@ -125,13 +126,13 @@ class RemoteHook:
                     raise err from None
                 log.warning(
                     "hook server error ignored",
-                    extra={**server.describe(), "stage": ctx.stage.value, **_subject(ctx), "reason": err.reason},
+                    extra={**server.describe(), "stage": ctx.stage.value, **ctx.log_fields(), "reason": err.reason},
                 )
                 continue
             if reading.not_applied:
                 log.warning(
                     "hook server asked for changes crihook does not make at this stage",
-                    extra={**server.describe(), "stage": ctx.stage.value, **_subject(ctx),
+                    extra={**server.describe(), "stage": ctx.stage.value, **ctx.log_fields(),
                            "fields": ",".join(reading.not_applied)},
                 )  # fmt: skip
             if not reading.edit.is_empty():
@@ -202,13 +203,6 @@ def _server_error(server: ServerConfig, ctx: HookContext, exc: HookError | Inval
     if isinstance(exc, InvalidAnswer):
         return HookError(grpc.StatusCode.INTERNAL, f"{where}: unusable answer: {exc}")
     return HookError(exc.code, f"{where}: {exc.reason}")
-
-
-def _subject(ctx: HookContext) -> dict[str, str]:
-    fields = {"pod": ctx.pod.ref}
-    if ctx.container is not None:
-        fields["container"] = ctx.container.name
-    return fields
 
 
 def create(options: Mapping[str, Any]) -> RemoteHook:

@@ -10,10 +10,20 @@ server left at 0 or "" (proto3's "not set") keeps the container's value.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
-from crihook.hooks.base import ContainerInfo, Edit, HookContext, LinuxResources, PodInfo, ResourcesPatch, Stage
+from crihook.hooks.base import (
+    RESOURCE_FIELDS,
+    ContainerInfo,
+    Edit,
+    HookContext,
+    LinuxResources,
+    PodInfo,
+    ResourcesPatch,
+    Stage,
+)
+from crihook.hooks.criview import resource_values
 from crihook.proto import hookservice_v1alpha1_pb2 as pb
 
 # Every stage the protocol has an RPC for, and the RPC's name.
@@ -39,8 +49,6 @@ _APPLIES: dict[Stage, frozenset[str]] = {
 
 # Koordinator's opt-out: hook servers deployed as pods must not wait on themselves.
 SKIP_LABEL = "runtimeproxy.koordinator.sh/skip-hookserver"
-
-_SCALARS = tuple(f.name for f in fields(LinuxResources) if f.name != "unified")
 
 
 class InvalidAnswer(ValueError):
@@ -104,7 +112,7 @@ def sendable_envs(container: ContainerInfo) -> dict[str, str]:
 def resources_message(r: LinuxResources | None) -> pb.LinuxContainerResources | None:
     if r is None:
         return None
-    return pb.LinuxContainerResources(**{n: getattr(r, n) for n in _SCALARS}, unified=r.unified)
+    return pb.LinuxContainerResources(**resource_values(r))
 
 
 @dataclass(slots=True)
@@ -169,7 +177,7 @@ def merge(into: Edit, later: Edit) -> None:
 def _merge_patches(first: ResourcesPatch | None, later: ResourcesPatch) -> ResourcesPatch:
     if first is None:
         return later
-    values = {n: v if (v := getattr(later, n)) is not None else getattr(first, n) for n in _SCALARS}
+    values = {n: v if (v := getattr(later, n)) is not None else getattr(first, n) for n in RESOURCE_FIELDS}
     unified = {**(first.unified or {}), **(later.unified or {})}
     return ResourcesPatch(**values, unified=unified or None)
 
@@ -188,7 +196,7 @@ def _resources(current: LinuxResources | None, answer: Any, name: str) -> tuple[
         return None, False
     msg = getattr(answer, name)
     base = current or LinuxResources()
-    changes: dict[str, Any] = {n: v for n in _SCALARS if (v := getattr(msg, n)) and v != getattr(base, n)}
+    changes: dict[str, Any] = {n: v for n in RESOURCE_FIELDS if (v := getattr(msg, n)) and v != getattr(base, n)}
     unified = {k: v for k, v in msg.unified.items() if v and base.unified.get(k) != v}
     if unified:
         changes["unified"] = unified

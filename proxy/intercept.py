@@ -1,9 +1,21 @@
-"""The CRI side of interception: which methods crihook decodes, how a request becomes the hooks'
-view, and how the hooks' result goes back into the request.
+"""One intercepted CRI call, top to bottom: decode -> the hooks' view -> the chain -> write back ->
+(the relay forwards) -> record. What differs from method to method is in one `Handler` each, in
+`HANDLERS`; the orchestration below is the same for all of them.
 
-Only fields a hook changed are written back; every message a hook left alone is reused as decoded,
-so unknown fields (a newer kubelet's) reach containerd intact. A request no hook changed is
-forwarded as the very bytes kubelet sent.
+A CreateContainer through the code (docs/proxy.md opens with the same path):
+
+    relay.py      Link.down_data         HEADERS: HeaderBlocks.feed reads :path, Interceptor.classify
+                                         claims the stream; DATA is held until END_STREAM
+                  Link.request_complete  -> Link.run_pre (a task)
+    intercept.py  Interceptor.pre        decode; _create_context builds the view (pod from the store)
+    chain.py      HookChain.run          -> _run -> each hook's handle -> _settle (allowlist, apply_edit)
+    intercept.py  Interceptor.pre        _write_create: criview.write_container, only what changed
+    relay.py      RuntimeWindow.pump     the rewritten request to containerd, within its windows
+                  Link.up_data           containerd's trailers -> Link.stream_done
+    intercept.py  Interceptor.post       _record_create: the store's ContainerRecord, from the views
+
+The relay calls `pre` and `post` with the forwarding in between: the call is not held in a task
+across it, so an observed call (one no hook may change) costs no task at all.
 """
 
 from __future__ import annotations
@@ -11,17 +23,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 
-from crihook.base.spec import Device, Mount
-from crihook.hooks.base import ContainerInfo, HookContext, LinuxResources, PodInfo, Stage
+from crihook.hooks.base import ContainerInfo, HookContext, PodInfo, Stage, log_fields
 from crihook.hooks.chain import HookChain, HookRecord
+from crihook.hooks.criview import (
+    container_view,
+    pod_view,
+    resources_from_record,
+    resources_record,
+    resources_view,
+    write_container,
+    write_pod,
+)
 from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proxy.orphans import TaskJanitor
 from crihook.proxy.relay import Rejected
@@ -30,266 +49,52 @@ from crihook.proxy.update import apply_update, changed_fields, changed_keys
 
 log = logging.getLogger("crihook.proxy")
 
-REMOVALS = frozenset({"RemoveContainer", "RemovePodSandbox"})  # refused ones may name an orphan task
+# a handler's parts; `Any` is the method's own request or response message
+Views = tuple[PodInfo, ContainerInfo | None]
+ContextBuilder = Callable[[Store, Any], Views]  # request -> the hooks' view of the call
+WriteBack = Callable[[Any, HookContext, HookContext], None]  # (request, view before, view after)
+Recorder = Callable[[Store, "Call", Any, Any], Views | None]  # (…, request, response) -> post hooks' view
 
-# the scalar fields of runtime.v1.LinuxContainerResources that hooks see (same names as the proto's)
-_RESOURCE_FIELDS = tuple(f.name for f in fields(LinuxResources) if f.name != "unified")
+
+def _nothing_to_write(msg: Any, before: HookContext, after: HookContext) -> None:
+    """StartContainer: the request carries nothing to rewrite; hooks may only refuse it."""
 
 
 @dataclass(frozen=True, slots=True)
-class Method:
+class Handler:
+    """What one intercepted method needs: its messages, its stages, and its three steps."""
+
     name: str
-    request: type
-    response: type
+    request: type[Message]
+    response: type[Message]
+    record: Recorder  # after a successful call: the store's bookkeeping
     pre: Stage | None = None
-    post: Stage | None = None
-
-
-_SERVICE = "/runtime.v1.RuntimeService/"
-METHODS: dict[bytes, Method] = {
-    (_SERVICE + m.name).encode(): m
-    for m in (
-        Method("RunPodSandbox", cri.RunPodSandboxRequest, cri.RunPodSandboxResponse, pre=Stage.PRE_RUN_POD_SANDBOX),
-        Method(
-            "CreateContainer", cri.CreateContainerRequest, cri.CreateContainerResponse, pre=Stage.PRE_CREATE_CONTAINER
-        ),
-        Method(
-            "StartContainer",
-            cri.StartContainerRequest,
-            cri.StartContainerResponse,
-            pre=Stage.PRE_START_CONTAINER,
-            post=Stage.POST_START_CONTAINER,
-        ),
-        Method(
-            "UpdateContainerResources",
-            cri.UpdateContainerResourcesRequest,
-            cri.UpdateContainerResourcesResponse,
-            pre=Stage.PRE_UPDATE_CONTAINER_RESOURCES,
-        ),
-        Method("StopContainer", cri.StopContainerRequest, cri.StopContainerResponse, post=Stage.POST_STOP_CONTAINER),
-        Method(
-            "StopPodSandbox", cri.StopPodSandboxRequest, cri.StopPodSandboxResponse, post=Stage.POST_STOP_POD_SANDBOX
-        ),
-        Method(
-            "RemoveContainer", cri.RemoveContainerRequest, cri.RemoveContainerResponse, post=Stage.POST_REMOVE_CONTAINER
-        ),
-        Method(
-            "RemovePodSandbox",
-            cri.RemovePodSandboxRequest,
-            cri.RemovePodSandboxResponse,
-            post=Stage.POST_REMOVE_POD_SANDBOX,
-        ),
-    )
-}
+    context: ContextBuilder | None = None  # with `pre`
+    write_back: WriteBack = _nothing_to_write
+    post: Stage | None = None  # the recorder's view goes to post hooks
+    # the recorder reads the hooks' final views (Call.ctx) instead of decoding the request again
+    records_from_views: bool = False
+    # refused with FAILED_PRECONDITION, its message may name a task CRI lost track of (orphans.py)
+    may_name_orphan: bool = False
 
 
 @dataclass(slots=True)
 class Call:
     """Per-call state the relay hands back from pre to post."""
 
-    method: Method
+    handler: Handler
     modifies: bool
     records: list[HookRecord] = field(default_factory=list)
-    pod: PodInfo | None = None
-    # what the hooks left (the views the forwarded request was written from): post() records a
-    # CreateContainer from it instead of decoding the request a second time
+    # what the hooks left (the views the forwarded request was written from)
     ctx: HookContext | None = None
 
 
-# -- protobuf -> views ---------------------------------------------------------------------------
-
-
-def _text(b: bytes) -> str:
-    return b.decode("utf-8", "surrogateescape")
-
-
-def _raw(s: str) -> bytes:
-    return s.encode("utf-8", "surrogateescape")
-
-
-def resources_view(msg: Any, present: bool) -> LinuxResources | None:
-    if not present:
-        return None
-    return LinuxResources(
-        **{f: getattr(msg, f) for f in _RESOURCE_FIELDS},
-        unified=dict(msg.unified),
-    )
-
-
-def pod_view(cfg: Any, pod_id: str = "", runtime_handler: str = "") -> PodInfo:
-    linux = cfg.linux
-    return PodInfo(
-        name=cfg.metadata.name,
-        namespace=cfg.metadata.namespace,
-        uid=cfg.metadata.uid,
-        attempt=cfg.metadata.attempt,
-        id=pod_id,
-        labels=dict(cfg.labels),
-        annotations=dict(cfg.annotations),
-        cgroup_parent=linux.cgroup_parent,
-        runtime_handler=runtime_handler,
-        resources=resources_view(linux.resources, linux.HasField("resources")),
-        overhead=resources_view(linux.overhead, linux.HasField("overhead")),
-    )
-
-
-def _mount_view(m: Any) -> Mount:
-    return Mount(m.container_path, m.host_path, m.readonly, m.selinux_relabel, m.propagation)
-
-
-def _device_view(d: Any) -> Device:
-    return Device(d.container_path, d.host_path, d.permissions)
-
-
-def container_view(cfg: Any, container_id: str = "") -> ContainerInfo:
-    return ContainerInfo(
-        name=cfg.metadata.name,
-        attempt=cfg.metadata.attempt,
-        id=container_id,
-        image=cfg.image.image,
-        labels=dict(cfg.labels),
-        annotations=dict(cfg.annotations),
-        envs=tuple((_text(kv.key), _text(kv.value)) for kv in cfg.envs),
-        mounts=tuple(_mount_view(m) for m in cfg.mounts),
-        devices=tuple(_device_view(d) for d in cfg.devices),
-        cdi_devices=tuple(c.name for c in cfg.CDI_devices),
-        resources=resources_view(cfg.linux.resources, cfg.linux.HasField("resources")),
-    )
-
-
-def resources_record(res: LinuxResources | None) -> dict[str, Any]:
-    """Resources as the store keeps them: plain JSON, {} for none."""
-    if res is None:
-        return {}
-    return {**{f: getattr(res, f) for f in _RESOURCE_FIELDS}, "unified": dict(res.unified)}
-
-
-def resources_from_record(raw: dict[str, Any]) -> LinuxResources | None:
-    """The stored resources, or None when absent or not what crihook writes (a hand-edited store)."""
-    if not raw:
-        return None
-    try:
-        res = LinuxResources(**{**raw, "unified": dict(raw.get("unified") or {})})
-    except (TypeError, ValueError):
-        return None
-    defaults = LinuxResources()
-    if any(type(getattr(res, f)) is not type(getattr(defaults, f)) for f in _RESOURCE_FIELDS):
-        return None
-    return res
-
-
-def pod_from_record(rec: PodRecord) -> PodInfo:
-    return PodInfo(
-        name=rec.name,
-        namespace=rec.namespace,
-        uid=rec.uid,
-        attempt=rec.attempt,
-        id=rec.id,
-        labels=rec.labels,
-        annotations=rec.annotations,
-        cgroup_parent=rec.cgroup_parent,
-        runtime_handler=rec.runtime_handler,
-        resources=resources_from_record(rec.resources),
-        overhead=resources_from_record(rec.overhead),
-    )
-
-
-def container_from_record(rec: ContainerRecord) -> ContainerInfo:
-    return ContainerInfo(
-        name=rec.name,
-        attempt=rec.attempt,
-        id=rec.id,
-        labels=rec.labels,
-        annotations=rec.annotations,
-        envs=tuple(rec.envs.items()),
-        resources=resources_from_record(rec.resources),
-    )
-
-
-# -- views -> protobuf ---------------------------------------------------------------------------
-
-
-def _rebuild(repeated: Any, before: Sequence[Any], after: Sequence[Any], make: Callable[[Any], Any]) -> None:
-    """Set a repeated message field to `after`, reusing the decoded message of every item that did
-    not change so its unknown fields survive."""
-    if tuple(before) == tuple(after):
-        return
-    originals: dict[Any, deque[Any]] = defaultdict(deque)
-    for view, msg in zip(before, repeated, strict=True):
-        originals[view].append(msg)
-    msgs = []
-    for view in after:
-        kept = originals.get(view)
-        msgs.append(kept.popleft() if kept else make(view))
-    copies = [type(m)() for m in msgs]
-    for copy, msg in zip(copies, msgs, strict=True):
-        copy.CopyFrom(msg)
-    del repeated[:]
-    repeated.extend(copies)
-
-
-def _set_map(target: Any, before: dict[str, str] | Any, after: dict[str, str] | Any) -> None:
-    if before == after:
-        return
-    for k in set(before) - set(after):
-        del target[k]
-    for k, v in after.items():
-        if before.get(k) != v:
-            target[k] = v
-
-
-def write_resources(msg: Any, before: LinuxResources | None, after: LinuxResources | None) -> None:
-    if after is None or before == after:
-        return
-    base = before or LinuxResources()
-    for f in _RESOURCE_FIELDS:
-        value = getattr(after, f)
-        if getattr(base, f) != value:
-            setattr(msg, f, value)
-    _set_map(msg.unified, dict(base.unified), dict(after.unified))
-
-
-def write_container(cfg: Any, before: ContainerInfo, after: ContainerInfo) -> None:
-    _rebuild(cfg.envs, before.envs, after.envs, lambda kv: cri.KeyValue(key=_raw(kv[0]), value=_raw(kv[1])))
-    _rebuild(
-        cfg.mounts,
-        before.mounts,
-        after.mounts,
-        lambda m: cri.Mount(
-            container_path=m.container_path,
-            host_path=m.host_path,
-            readonly=m.readonly,
-            selinux_relabel=m.selinux_relabel,
-            propagation=m.propagation,
-        ),
-    )
-    _rebuild(
-        cfg.devices,
-        before.devices,
-        after.devices,
-        lambda d: cri.Device(container_path=d.container_path, host_path=d.host_path, permissions=d.permissions),
-    )
-    _rebuild(cfg.CDI_devices, before.cdi_devices, after.cdi_devices, lambda n: cri.CDIDevice(name=n))
-    _set_map(cfg.annotations, before.annotations, after.annotations)
-    write_resources(cfg.linux.resources, before.resources, after.resources)
-
-
-def write_pod(cfg: Any, before: PodInfo, after: PodInfo) -> None:
-    _set_map(cfg.labels, before.labels, after.labels)
-    _set_map(cfg.annotations, before.annotations, after.annotations)
-    if after.cgroup_parent != before.cgroup_parent:
-        cfg.linux.cgroup_parent = after.cgroup_parent
-    write_resources(cfg.linux.resources, before.resources, after.resources)
-
-
-# -- the interceptor -----------------------------------------------------------------------------
-
-
-def _summary(records: Iterable[HookRecord]) -> str:
-    return ",".join(f"{r.hook}:{r.result}" for r in records)
+# -- the orchestration ---------------------------------------------------------------------------
 
 
 class Interceptor:
+    """The relay's call handler for the CRI lifecycle methods in HANDLERS."""
+
     def __init__(self, chain: HookChain, store: Store, janitor: TaskJanitor | None = None) -> None:
         self.chain = chain
         self.store = store
@@ -297,197 +102,64 @@ class Interceptor:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def classify(self, path: bytes) -> Call | None:
-        method = METHODS.get(path)
-        if method is None:
+        handler = HANDLERS.get(path)
+        if handler is None:
             return None
-        return Call(method, method.pre is not None and self.chain.wants(method.pre))
-
-    # pre ----------------------------------------------------------------------------------------
+        return Call(handler, handler.pre is not None and self.chain.wants(handler.pre))
 
     async def pre(self, call: Call, request: bytes, deadline: float | None = None) -> bytes:
         """The request to forward. `deadline`: time.monotonic() by which kubelet wants the answer."""
-        method = call.method
+        handler = call.handler
+        assert handler.pre is not None and handler.context is not None
+        # 1. decode
         try:
-            msg = method.request.FromString(request)
+            msg = handler.request.FromString(request)
         except DecodeError as e:
-            raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"crihook: malformed {method.name} request: {e}") from None
-        ctx, write = self._context(method, msg, deadline)
+            raise Rejected(
+                grpc.StatusCode.INVALID_ARGUMENT, f"crihook: malformed {handler.name} request: {e}"
+            ) from None
+        # 2. the hooks' view of the call
+        pod, container = handler.context(self.store, msg)
+        ctx = HookContext(handler.pre, pod, container, deadline)
+        # 3. the hooks, in order
         outcome = await self.chain.run(ctx)
         call.records = outcome.records
-        call.pod = outcome.ctx.pod
         call.ctx = outcome.ctx
-        subject = _log_fields(outcome.ctx)
         if outcome.error is not None:
             log.warning(
-                f"{method.name} refused",
-                extra={**subject, "hooks": _summary(outcome.records), "reason": outcome.error.reason},
+                f"{handler.name} refused",
+                extra={**outcome.ctx.log_fields(), "hooks": _summary(outcome.records), "reason": outcome.error.reason},
             )
             raise Rejected(outcome.error.code, outcome.error.reason)
+        # 4. what they changed, written back (the relay forwards it)
         if outcome.ctx == ctx:
             return request  # nothing changed: forward kubelet's own bytes
-        write(outcome.ctx)
+        handler.write_back(msg, ctx, outcome.ctx)
         return msg.SerializeToString()
-
-    def _context(
-        self, method: Method, msg: Any, deadline: float | None
-    ) -> tuple[HookContext, Callable[[HookContext], None]]:
-        stage = method.pre
-        assert stage is not None
-        if stage is Stage.PRE_RUN_POD_SANDBOX:
-            ctx = HookContext(stage, pod_view(msg.config, runtime_handler=msg.runtime_handler), deadline=deadline)
-            return ctx, lambda new: write_pod(msg.config, ctx.pod, new.pod)
-        if stage is Stage.PRE_CREATE_CONTAINER:
-            pod = pod_view(msg.sandbox_config, pod_id=msg.pod_sandbox_id)
-            rec = self.store.pods.get(msg.pod_sandbox_id)
-            if rec is not None:
-                # kubelet sends its own copy of the sandbox config; what the hooks made of the pod at
-                # RunPodSandbox (labels, annotations, cgroup parent) is in the store
-                pod = replace(
-                    pod,
-                    labels=rec.labels,
-                    annotations=rec.annotations,
-                    cgroup_parent=rec.cgroup_parent or pod.cgroup_parent,
-                )
-            ctx = HookContext(stage, pod, container_view(msg.config), deadline)
-            return ctx, lambda new: write_container(msg.config, ctx.container, new.container)  # type: ignore[arg-type]
-        # StartContainer and UpdateContainerResources carry only an id: the rest comes from the store.
-        rec = self.store.containers.get(msg.container_id)
-        pod_rec = self.store.pods.get(rec.pod_id) if rec is not None else None
-        if rec is None or pod_rec is None:
-            # Created before crihook knew it, and not reconciled: hooks still see the id.
-            pod = PodInfo(name="", namespace="", uid="")
-            container = ContainerInfo(name="", id=msg.container_id)
-        else:
-            pod, container = pod_from_record(pod_rec), container_from_record(rec)
-        if stage is Stage.PRE_UPDATE_CONTAINER_RESOURCES:
-            # The hooks see the container as it will be once the update is in: what it was
-            # created with (envs, annotations) and its resources with the update applied, the way
-            # the runtime applies it. Only what kubelet asked plus what the hooks changed goes on.
-            asked = resources_view(msg.linux, msg.HasField("linux"))
-            container = replace(
-                container,
-                annotations={**container.annotations, **msg.annotations},
-                resources=apply_update(container.resources, asked),
-            )
-            ctx = HookContext(stage, pod, container, deadline)
-
-            def write(new: HookContext) -> None:
-                assert new.container is not None and ctx.container is not None
-                before, after = ctx.container, new.container
-                msg.annotations.update(changed_keys(before.annotations, after.annotations))
-                changed = changed_fields(before.resources, after.resources)
-                unified = changed_keys(
-                    before.resources.unified if before.resources else {},
-                    after.resources.unified if after.resources else {},
-                )
-                for name, value in changed.items():
-                    setattr(msg.linux, name, value)
-                if unified:
-                    msg.linux.unified.update(unified)
-
-            return ctx, write
-        # PreStartContainer: the request has nothing to rewrite; hooks may only refuse.
-        return HookContext(stage, pod, container, deadline), lambda new: None
-
-    # post ---------------------------------------------------------------------------------------
 
     def post(
         self, call: Call, request: bytes, response: bytes | None, status: grpc.StatusCode, message: bytes | None
     ) -> None:
-        """Bookkeeping now, in call order; post hooks in the background (they never change or
-        delay what kubelet sees)."""
-        method = call.method
+        """5. After the runtime answered: bookkeeping now, in call order; post hooks in the
+        background (they never change or delay what kubelet sees)."""
+        handler = call.handler
         if status is not grpc.StatusCode.OK:
-            if status is grpc.StatusCode.FAILED_PRECONDITION and self.janitor is not None and method.name in REMOVALS:
-                self.janitor.notice(message)  # a task CRI lost track of blocks the removal: see orphans.py
+            if status is grpc.StatusCode.FAILED_PRECONDITION and handler.may_name_orphan and self.janitor is not None:
+                self.janitor.notice(message)
             return
         try:
-            created = method.name == "CreateContainer" and call.ctx is not None
-            req = None if created else method.request.FromString(request)
-            resp = method.response.FromString(response or b"")
+            reuse = handler.records_from_views and call.ctx is not None
+            req = None if reuse else handler.request.FromString(request)
+            resp = handler.response.FromString(response or b"")
         except DecodeError as e:
-            log.warning("undecodable lifecycle message", extra={"method": method.name, "error": str(e)})
+            log.warning("undecodable lifecycle message", extra={"method": handler.name, "error": str(e)})
             return
-        ctx = self._record(method, req, resp, call)
-        if ctx is not None and self.chain.wants(ctx.stage):
-            task = asyncio.get_running_loop().create_task(self._post_hooks(ctx))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    def _record(self, method: Method, req: Any, resp: Any, call: Call) -> HookContext | None:
-        store = self.store
-        records = [r.as_dict() for r in call.records]
-        now = time.time()
-        name = method.name
-        if name == "RunPodSandbox":
-            pod = pod_view(req.config, pod_id=resp.pod_sandbox_id)
-            store.put_pod(
-                PodRecord(
-                    id=pod.id,
-                    name=pod.name,
-                    namespace=pod.namespace,
-                    uid=pod.uid,
-                    attempt=pod.attempt,
-                    labels=dict(pod.labels),
-                    annotations=dict(pod.annotations),
-                    cgroup_parent=pod.cgroup_parent,
-                    hooks=records,
-                    created=now,
-                    runtime_handler=req.runtime_handler,
-                    resources=resources_record(pod.resources),
-                    overhead=resources_record(pod.overhead),
-                )
-            )
-            _log_event("pod sandbox started", pod, None, call.records)
-            return None
-        if name == "CreateContainer":
-            if req is None:  # decoded once, in pre: the hooks' final views are what was forwarded
-                assert call.ctx is not None and call.ctx.container is not None
-                pod, c = call.ctx.pod, replace(call.ctx.container, id=resp.container_id)
-            else:
-                pod = pod_view(req.sandbox_config, pod_id=req.pod_sandbox_id)
-                c = container_view(req.config, resp.container_id)
-            store.put_container(
-                ContainerRecord(
-                    id=c.id,
-                    pod_id=pod.id,
-                    name=c.name,
-                    attempt=c.attempt,
-                    labels=dict(c.labels),
-                    annotations=dict(c.annotations),
-                    hooks=records,
-                    created=now,
-                    envs=dict(c.envs),
-                    resources=resources_record(c.resources),
-                )
-            )
-            _log_event("container created", pod, c, call.records)
-            return None
-        if name == "StopPodSandbox" or name == "RemovePodSandbox":
-            pod_id = req.pod_sandbox_id
-            rec = store.set_pod_state(pod_id, "notready") if name == "StopPodSandbox" else store.remove_pod(pod_id)
-            if rec is None:
-                return None
-            return HookContext(method.post, pod_from_record(rec))  # type: ignore[arg-type]
-        cid = req.container_id
-        if name == "UpdateContainerResources" or name == "StartContainer":
-            store.add_hook_records(cid, records)
-        if name == "UpdateContainerResources":
-            # `req` is what reached the runtime; it merged it into the container, so does the store
-            crec = store.containers.get(cid)
-            if crec is not None and req.HasField("linux"):
-                merged = apply_update(resources_from_record(crec.resources), resources_view(req.linux, True))
-                store.set_container_resources(cid, resources_record(merged))
-            return None
-        if name == "RemoveContainer":
-            crec = store.remove_container(cid)
-        else:
-            crec = store.set_container_state(cid, "running" if name == "StartContainer" else "exited")
-        if crec is None:
-            return None
-        prec = store.pods.get(crec.pod_id)
-        pod = pod_from_record(prec) if prec is not None else PodInfo(name="", namespace="", uid="", id=crec.pod_id)
-        return HookContext(method.post, pod, container_from_record(crec))  # type: ignore[arg-type]
+        views = handler.record(self.store, call, req, resp)
+        if views is None or handler.post is None or not self.chain.wants(handler.post):
+            return
+        task = asyncio.get_running_loop().create_task(self._post_hooks(HookContext(handler.post, *views)))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _post_hooks(self, ctx: HookContext) -> None:
         outcome = await self.chain.run(ctx)
@@ -502,23 +174,259 @@ class Interceptor:
             await self.janitor.close()
 
 
-def _log_fields(ctx: HookContext) -> dict[str, str]:
-    fields = {"pod": ctx.pod.ref}
-    if ctx.container is not None:
-        fields["container"] = ctx.container.name
-    return fields
+# -- RunPodSandbox -------------------------------------------------------------------------------
+
+
+def _sandbox_context(store: Store, msg: cri.RunPodSandboxRequest) -> Views:
+    return pod_view(msg.config, runtime_handler=msg.runtime_handler), None
+
+
+def _write_sandbox(msg: cri.RunPodSandboxRequest, before: HookContext, after: HookContext) -> None:
+    write_pod(msg.config, before.pod, after.pod)
+
+
+def _record_sandbox(store: Store, call: Call, req: cri.RunPodSandboxRequest, resp: cri.RunPodSandboxResponse) -> None:
+    pod = pod_view(req.config, pod_id=resp.pod_sandbox_id)
+    store.put_pod(
+        PodRecord(
+            id=pod.id,
+            name=pod.name,
+            namespace=pod.namespace,
+            uid=pod.uid,
+            attempt=pod.attempt,
+            labels=dict(pod.labels),
+            annotations=dict(pod.annotations),
+            cgroup_parent=pod.cgroup_parent,
+            hooks=[r.as_dict() for r in call.records],
+            created=time.time(),
+            runtime_handler=req.runtime_handler,
+            resources=resources_record(pod.resources),
+            overhead=resources_record(pod.overhead),
+        )
+    )
+    _log_event("pod sandbox started", pod, None, call.records)
+
+
+# -- CreateContainer -----------------------------------------------------------------------------
+
+
+def _create_context(store: Store, msg: cri.CreateContainerRequest) -> Views:
+    pod = pod_view(msg.sandbox_config, pod_id=msg.pod_sandbox_id)
+    rec = store.pods.get(msg.pod_sandbox_id)
+    if rec is not None:
+        # kubelet sends its own copy of the sandbox config; what the hooks made of the pod at
+        # RunPodSandbox (labels, annotations, cgroup parent) is in the store
+        pod = replace(
+            pod, labels=rec.labels, annotations=rec.annotations, cgroup_parent=rec.cgroup_parent or pod.cgroup_parent
+        )
+    return pod, container_view(msg.config)
+
+
+def _write_create(msg: cri.CreateContainerRequest, before: HookContext, after: HookContext) -> None:
+    assert before.container is not None and after.container is not None
+    write_container(msg.config, before.container, after.container)
+
+
+def _record_create(
+    store: Store, call: Call, req: cri.CreateContainerRequest | None, resp: cri.CreateContainerResponse
+) -> None:
+    if req is None:  # decoded once, in pre: the hooks' final views are what was forwarded
+        assert call.ctx is not None and call.ctx.container is not None
+        pod, c = call.ctx.pod, replace(call.ctx.container, id=resp.container_id)
+    else:
+        pod = pod_view(req.sandbox_config, pod_id=req.pod_sandbox_id)
+        c = container_view(req.config, resp.container_id)
+    store.put_container(
+        ContainerRecord(
+            id=c.id,
+            pod_id=pod.id,
+            name=c.name,
+            attempt=c.attempt,
+            labels=dict(c.labels),
+            annotations=dict(c.annotations),
+            hooks=[r.as_dict() for r in call.records],
+            created=time.time(),
+            envs=dict(c.envs),
+            resources=resources_record(c.resources),
+        )
+    )
+    _log_event("container created", pod, c, call.records)
+
+
+# -- StartContainer, UpdateContainerResources: an id, the rest from the store --------------------
+
+
+def _stored_context(store: Store, msg: cri.StartContainerRequest | cri.UpdateContainerResourcesRequest) -> Views:
+    rec = store.containers.get(msg.container_id)
+    pod_rec = store.pods.get(rec.pod_id) if rec is not None else None
+    if rec is None or pod_rec is None:
+        # Created before crihook knew it, and not reconciled: hooks still see the id.
+        return PodInfo(name="", namespace="", uid=""), ContainerInfo(name="", id=msg.container_id)
+    return pod_rec.view(), rec.view()
+
+
+def _update_context(store: Store, msg: cri.UpdateContainerResourcesRequest) -> Views:
+    """The container as it will be once the update is in: what it was created with (envs,
+    annotations) and its resources with the update applied, the way the runtime applies it."""
+    pod, container = _stored_context(store, msg)
+    assert container is not None
+    asked = resources_view(msg.linux, msg.HasField("linux"))
+    container = replace(
+        container,
+        annotations={**container.annotations, **msg.annotations},
+        resources=apply_update(container.resources, asked),
+    )
+    return pod, container
+
+
+def _write_update(msg: cri.UpdateContainerResourcesRequest, before_ctx: HookContext, after_ctx: HookContext) -> None:
+    """Only what kubelet asked plus what the hooks changed goes on (the runtime merges it in)."""
+    before, after = before_ctx.container, after_ctx.container
+    assert before is not None and after is not None
+    msg.annotations.update(changed_keys(before.annotations, after.annotations))
+    unified = changed_keys(
+        before.resources.unified if before.resources else {}, after.resources.unified if after.resources else {}
+    )
+    for name, value in changed_fields(before.resources, after.resources).items():
+        setattr(msg.linux, name, value)
+    if unified:
+        msg.linux.unified.update(unified)
+
+
+def _record_start(store: Store, call: Call, req: cri.StartContainerRequest, resp: Any) -> Views | None:
+    store.add_hook_records(req.container_id, [r.as_dict() for r in call.records])
+    return _container_views(store, store.set_container_state(req.container_id, "running"))
+
+
+def _record_update(store: Store, call: Call, req: cri.UpdateContainerResourcesRequest, resp: Any) -> None:
+    cid = req.container_id
+    store.add_hook_records(cid, [r.as_dict() for r in call.records])
+    # `req` is what reached the runtime; it merged it into the container, so does the store
+    crec = store.containers.get(cid)
+    if crec is not None and req.HasField("linux"):
+        merged = apply_update(resources_from_record(crec.resources), resources_view(req.linux, True))
+        store.set_container_resources(cid, resources_record(merged))
+
+
+# -- Stop and Remove: the store's state, and the view post hooks get -----------------------------
+
+
+def _record_stop(store: Store, call: Call, req: cri.StopContainerRequest, resp: Any) -> Views | None:
+    return _container_views(store, store.set_container_state(req.container_id, "exited"))
+
+
+def _record_remove(store: Store, call: Call, req: cri.RemoveContainerRequest, resp: Any) -> Views | None:
+    return _container_views(store, store.remove_container(req.container_id))
+
+
+def _record_stop_sandbox(store: Store, call: Call, req: cri.StopPodSandboxRequest, resp: Any) -> Views | None:
+    rec = store.set_pod_state(req.pod_sandbox_id, "notready")
+    return None if rec is None else (rec.view(), None)
+
+
+def _record_remove_sandbox(store: Store, call: Call, req: cri.RemovePodSandboxRequest, resp: Any) -> Views | None:
+    rec = store.remove_pod(req.pod_sandbox_id)
+    return None if rec is None else (rec.view(), None)
+
+
+def _container_views(store: Store, crec: ContainerRecord | None) -> Views | None:
+    if crec is None:
+        return None
+    prec = store.pods.get(crec.pod_id)
+    pod = prec.view() if prec is not None else PodInfo(name="", namespace="", uid="", id=crec.pod_id)
+    return pod, crec.view()
+
+
+# -- the table -----------------------------------------------------------------------------------
+
+_SERVICE = "/runtime.v1.RuntimeService/"
+HANDLERS: dict[bytes, Handler] = {
+    (_SERVICE + h.name).encode(): h
+    for h in (
+        Handler(
+            "RunPodSandbox",
+            cri.RunPodSandboxRequest,
+            cri.RunPodSandboxResponse,
+            _record_sandbox,
+            pre=Stage.PRE_RUN_POD_SANDBOX,
+            context=_sandbox_context,
+            write_back=_write_sandbox,
+        ),
+        Handler(
+            "CreateContainer",
+            cri.CreateContainerRequest,
+            cri.CreateContainerResponse,
+            _record_create,
+            pre=Stage.PRE_CREATE_CONTAINER,
+            context=_create_context,
+            write_back=_write_create,
+            records_from_views=True,
+        ),
+        Handler(
+            "StartContainer",
+            cri.StartContainerRequest,
+            cri.StartContainerResponse,
+            _record_start,
+            pre=Stage.PRE_START_CONTAINER,
+            context=_stored_context,
+            post=Stage.POST_START_CONTAINER,
+        ),
+        Handler(
+            "UpdateContainerResources",
+            cri.UpdateContainerResourcesRequest,
+            cri.UpdateContainerResourcesResponse,
+            _record_update,
+            pre=Stage.PRE_UPDATE_CONTAINER_RESOURCES,
+            context=_update_context,
+            write_back=_write_update,
+        ),
+        Handler(
+            "StopContainer",
+            cri.StopContainerRequest,
+            cri.StopContainerResponse,
+            _record_stop,
+            post=Stage.POST_STOP_CONTAINER,
+        ),
+        Handler(
+            "StopPodSandbox",
+            cri.StopPodSandboxRequest,
+            cri.StopPodSandboxResponse,
+            _record_stop_sandbox,
+            post=Stage.POST_STOP_POD_SANDBOX,
+        ),
+        Handler(
+            "RemoveContainer",
+            cri.RemoveContainerRequest,
+            cri.RemoveContainerResponse,
+            _record_remove,
+            post=Stage.POST_REMOVE_CONTAINER,
+            may_name_orphan=True,
+        ),
+        Handler(
+            "RemovePodSandbox",
+            cri.RemovePodSandboxRequest,
+            cri.RemovePodSandboxResponse,
+            _record_remove_sandbox,
+            post=Stage.POST_REMOVE_POD_SANDBOX,
+            may_name_orphan=True,
+        ),
+    )
+}
+
+
+# -- logs ----------------------------------------------------------------------------------------
+
+
+def _summary(records: Iterable[HookRecord]) -> str:
+    return ",".join(f"{r.hook}:{r.result}" for r in records)
 
 
 def _log_event(what: str, pod: PodInfo, container: ContainerInfo | None, records: list[HookRecord]) -> None:
     acted = [r for r in records if r.result != "noop"]
     level = logging.INFO if acted else logging.DEBUG
     if log.isEnabledFor(level):
-        fields: dict[str, Any] = {"pod": pod.ref}
-        if container is not None:
-            fields["container"] = container.name
-            fields["id"] = container.id[:13]
-        else:
-            fields["id"] = pod.id[:13]
+        fields: dict[str, Any] = log_fields(pod, container)
+        fields["id"] = container.id[:13] if container is not None else pod.id[:13]
         if records:
             fields["hooks"] = _summary(records)
             fields["ms"] = round(sum(r.ms for r in records), 3)

@@ -29,7 +29,7 @@ from crihook.hooks.chain import HookChain, build_chain
 from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proto import runtime_v1_pb2_grpc as cri_grpc
 from crihook.proxy import systemd
-from crihook.proxy.intercept import Interceptor
+from crihook.proxy.intercept import Call, Interceptor
 from crihook.proxy.orphans import TaskJanitor
 from crihook.proxy.relay import Relay
 from crihook.proxy.store import ContainerRecord, PodRecord, Store, sandbox_cgroup_parent
@@ -60,7 +60,7 @@ def unix_path(endpoint: str, what: str) -> str:
 class Daemon:
     cfg: cfgmod.Config
     config_path: str | None = None
-    relay: Relay | None = None
+    relay: Relay[Call] | None = None
     store: Store | None = None
     interceptor: Interceptor | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
@@ -226,7 +226,7 @@ def claim_socket_path(listen: str) -> None:
             probe.close()
 
 
-async def bind(relay: Relay, listen: str) -> None:
+async def bind(relay: Relay[Call], listen: str) -> None:
     claim_socket_path(listen)
     old = os.umask(0o177)  # the socket exists as 0600 from its first instant
     try:

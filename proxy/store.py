@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from crihook.base.metrics import STORE_OBJECTS
+from crihook.hooks.base import ContainerInfo, PodInfo
+from crihook.hooks.criview import resources_from_record
 
 log = logging.getLogger("crihook.store")
 
@@ -46,6 +48,22 @@ class PodRecord:
     resources: dict[str, Any] = field(default_factory=dict)  # LinuxContainerResources fields; {} unknown
     overhead: dict[str, Any] = field(default_factory=dict)
 
+    def view(self) -> PodInfo:
+        """The pod as hooks see it, for a call that names it only by id."""
+        return PodInfo(
+            name=self.name,
+            namespace=self.namespace,
+            uid=self.uid,
+            attempt=self.attempt,
+            id=self.id,
+            labels=self.labels,
+            annotations=self.annotations,
+            cgroup_parent=self.cgroup_parent,
+            runtime_handler=self.runtime_handler,
+            resources=resources_from_record(self.resources),
+            overhead=resources_from_record(self.overhead),
+        )
+
 
 @dataclass(slots=True)
 class ContainerRecord:
@@ -61,6 +79,18 @@ class ContainerRecord:
     # what the container was created with, after the hooks (later stages' hooks are told)
     envs: dict[str, str] = field(default_factory=dict)
     resources: dict[str, Any] = field(default_factory=dict)  # LinuxContainerResources fields; {} unknown
+
+    def view(self) -> ContainerInfo:
+        """The container as hooks see it, for a call that names it only by id."""
+        return ContainerInfo(
+            name=self.name,
+            attempt=self.attempt,
+            id=self.id,
+            labels=self.labels,
+            annotations=self.annotations,
+            envs=tuple(self.envs.items()),
+            resources=resources_from_record(self.resources),
+        )
 
 
 def sandbox_cgroup_parent(info: Mapping[str, str]) -> str:

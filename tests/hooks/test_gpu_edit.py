@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from crihook.base import allocation as al
 from crihook.base.spec import Device, Mount
 from crihook.devices.checkpoint import Checkpoint, parse_checkpoint
-from crihook.hooks.base import ContainerInfo, Edit, HookContext, HookError, PodInfo, Stage, apply_edit
+from crihook.hooks.base import ContainerInfo, Edit, HookContext, HookError, PodInfo, Stage
+from crihook.hooks.chain import apply_edit
 from crihook.hooks.gpu_edit import GpuOptions, HamiCore, NodeView, SeenPod, gpu_edit
 from tests.support.gpu_fixtures import Entry, Gpu, Inventory, alloc_resp, checkpoint_doc, gpus, nvidia_plugin_resp
 

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from crihook.hooks.base import ContainerInfo, Edit, HookContext, LinuxResources, PodInfo, Stage, apply_edit
+from crihook.hooks.base import ContainerInfo, Edit, HookContext, LinuxResources, PodInfo, Stage
+from crihook.hooks.chain import apply_edit
 from crihook.hooks.remote_config import InvalidConfig, Policy, parse_server_config
 from crihook.hooks.remote_protocol import (
     RPCS,

@@ -12,9 +12,10 @@ from crihook.base.config import HooksConfig, NodeConfig
 from crihook.base.spec import Device, Mount
 from crihook.hooks.base import Edit, HookContext, HookError, ResourcesPatch, Stage
 from crihook.hooks.chain import build_chain
+from crihook.hooks.criview import container_view, pod_view
 from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proto import wire
-from crihook.proxy.intercept import METHODS, Interceptor, container_view, pod_view
+from crihook.proxy.intercept import HANDLERS, Interceptor
 from crihook.proxy.orphans import orphan_of
 from crihook.proxy.relay import Rejected
 from crihook.proxy.store import ContainerRecord, PodRecord, Store
@@ -86,7 +87,7 @@ def interceptor(tmp_path: Path, hook: EditHook, node: NodeConfig | None = None) 
 def test_every_intercepted_method_is_a_runtime_method() -> None:
     from crihook.proto.methods import METHODS as KNOWN
 
-    assert set(METHODS) <= {p.encode() for p in KNOWN}
+    assert set(HANDLERS) <= {p.encode() for p in KNOWN}
 
 
 def test_views_decode_non_utf8_env_losslessly() -> None:
@@ -385,3 +386,43 @@ async def test_update_of_a_container_crihook_never_saw(tmp_path: Path) -> None:
     assert hook.seen[0].container.id == "x" and hook.seen[0].container.resources.cpu_shares == 300
     ic.post(ic.classify(UPDATE), raw, b"", grpc.StatusCode.OK, None)
     assert ic.store.containers == {}
+
+
+# -- the handler table --------------------------------------------------------------------------------
+
+
+def test_every_stage_has_exactly_one_handler() -> None:
+    stages = [s for h in HANDLERS.values() for s in (h.pre, h.post) if s is not None]
+    assert sorted(stages) == sorted(Stage)
+
+
+@pytest.mark.parametrize("path", sorted(HANDLERS))
+def test_each_handler_names_its_method_messages_and_steps(path: bytes) -> None:
+    h = HANDLERS[path]
+    assert path.decode().rsplit("/", 1)[1] == h.name
+    assert h.request is getattr(cri, h.name + "Request") and h.response is getattr(cri, h.name + "Response")
+    assert (h.pre is not None) == (h.context is not None)  # a pre stage needs the hooks' view of the request
+
+
+@pytest.mark.parametrize("path", sorted(p for p, h in HANDLERS.items() if h.pre is not None))
+def test_a_view_no_hook_changed_writes_nothing_back(tmp_path: Path, path: bytes) -> None:
+    h = HANDLERS[path]
+    assert h.pre is not None and h.context is not None
+    msg = h.request.FromString(create_request()) if h.name == "CreateContainer" else h.request()
+    before = msg.SerializeToString()
+    ctx = HookContext(h.pre, *h.context(Store(tmp_path), msg))
+    h.write_back(msg, ctx, ctx)
+    assert msg.SerializeToString() == before
+
+
+def test_resource_fields_are_the_views_and_both_protocols_fields() -> None:
+    from dataclasses import fields
+
+    from crihook.hooks.base import RESOURCE_FIELDS, LinuxResources, ResourcesPatch
+    from crihook.proto import hookservice_v1alpha1_pb2 as pb
+
+    scalars = set(RESOURCE_FIELDS)
+    assert {f.name for f in fields(LinuxResources)} - {"unified"} == scalars
+    assert {f.name for f in fields(ResourcesPatch)} - {"unified"} == scalars
+    for message in (cri.LinuxContainerResources, pb.LinuxContainerResources):
+        assert scalars <= set(message.DESCRIPTOR.fields_by_name)

@@ -95,7 +95,7 @@ async def test_remove_pod_removes_its_containers(tmp_path: Path) -> None:
 
 async def test_what_a_container_was_created_with_survives_restart_and_reconcile(tmp_path: Path) -> None:
     from crihook.hooks.base import LinuxResources
-    from crihook.proxy.intercept import container_from_record, resources_record
+    from crihook.hooks.criview import resources_record
 
     res = LinuxResources(cpu_quota=50000, memory_limit_in_bytes=1 << 28, cpuset_cpus="0-3", unified={"k": "v"})
     store = Store(tmp_path)
@@ -110,16 +110,15 @@ async def test_what_a_container_was_created_with_survives_restart_and_reconcile(
     again.reconcile(
         [PodRecord(id="p1", name="p", namespace="ns", uid="u")], [ContainerRecord(id="c1", pod_id="p1", name="main")]
     )
-    view = container_from_record(again.containers["c1"])
+    view = again.containers["c1"].view()
     assert view.envs == (("A", "1"), ("RAW", "\udcff")) and view.resources == res
 
 
 @pytest.mark.parametrize("resources", [{"cpu_quota": "many"}, {"nope": 1}, {"unified": 5}])
 def test_stored_resources_that_crihook_did_not_write_are_ignored(resources: dict) -> None:
-    from crihook.proxy.intercept import container_from_record
 
     rec = ContainerRecord(id="c", pod_id="p", name="m", resources=resources)
-    assert container_from_record(rec).resources is None
+    assert rec.view().resources is None
 
 
 def test_reconcile_takes_the_cgroup_parent_from_the_runtime_else_keeps_its_own(tmp_path: Path) -> None:

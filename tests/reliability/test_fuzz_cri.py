@@ -32,7 +32,7 @@ from crihook.hooks.gpu import GpuHook
 from crihook.hooks.gpu_edit import VISIBLE, GpuOptions
 from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proto import wire as wire_format
-from crihook.proxy.intercept import METHODS, Interceptor
+from crihook.proxy.intercept import HANDLERS, Interceptor
 from crihook.proxy.relay import Rejected
 from crihook.proxy.store import Store
 from tests.support.gpu_fixtures import Entry, Inventory, gpus, nvidia_plugin_resp, write_checkpoint
@@ -193,7 +193,7 @@ def mutated(draw: st.DrawFn, message: st.SearchStrategy[object]) -> bytes:
 
 def check(method_path: bytes, data: bytes) -> bytes | None:
     """Run pre; assert the outcome is a decodable request or a clear rejection. Returns the output."""
-    method = METHODS[method_path]
+    method = HANDLERS[method_path]
     call = INTERCEPTOR.classify(method_path)
     assert call is not None and call.modifies
     try:

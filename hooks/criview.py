@@ -1,0 +1,183 @@
+"""CRI messages <-> the hooks' views: a decoded runtime.v1 request read into PodInfo/ContainerInfo, and
+the views the hooks left written back into it.
+
+Only fields a hook changed are written back; every message a hook left alone is reused as decoded,
+so unknown fields (a newer kubelet's) reach containerd intact. Resources also convert to and from
+the plain mappings the proxy's store keeps and the hook-server protocol sends (`resource_values`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from typing import Any, TypeVar
+
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
+from google.protobuf.message import Message
+
+from crihook.base.spec import Device, Mount
+from crihook.hooks.base import RESOURCE_FIELDS, ContainerInfo, LinuxResources, PodInfo
+from crihook.proto import runtime_v1_pb2 as cri
+
+_V = TypeVar("_V")
+_M = TypeVar("_M", bound=Message)
+
+
+def _text(b: bytes) -> str:
+    return b.decode("utf-8", "surrogateescape")
+
+
+def _raw(s: str) -> bytes:
+    return s.encode("utf-8", "surrogateescape")
+
+
+# -- protobuf -> views ---------------------------------------------------------------------------
+
+
+def resources_view(msg: cri.LinuxContainerResources, present: bool) -> LinuxResources | None:
+    if not present:
+        return None
+    return LinuxResources(**{f: getattr(msg, f) for f in RESOURCE_FIELDS}, unified=dict(msg.unified))
+
+
+def pod_view(cfg: cri.PodSandboxConfig, pod_id: str = "", runtime_handler: str = "") -> PodInfo:
+    linux = cfg.linux
+    return PodInfo(
+        name=cfg.metadata.name,
+        namespace=cfg.metadata.namespace,
+        uid=cfg.metadata.uid,
+        attempt=cfg.metadata.attempt,
+        id=pod_id,
+        labels=dict(cfg.labels),
+        annotations=dict(cfg.annotations),
+        cgroup_parent=linux.cgroup_parent,
+        runtime_handler=runtime_handler,
+        resources=resources_view(linux.resources, linux.HasField("resources")),
+        overhead=resources_view(linux.overhead, linux.HasField("overhead")),
+    )
+
+
+def container_view(cfg: cri.ContainerConfig, container_id: str = "") -> ContainerInfo:
+    return ContainerInfo(
+        name=cfg.metadata.name,
+        attempt=cfg.metadata.attempt,
+        id=container_id,
+        image=cfg.image.image,
+        labels=dict(cfg.labels),
+        annotations=dict(cfg.annotations),
+        envs=tuple((_text(kv.key), _text(kv.value)) for kv in cfg.envs),
+        mounts=tuple(
+            Mount(m.container_path, m.host_path, m.readonly, m.selinux_relabel, m.propagation) for m in cfg.mounts
+        ),
+        devices=tuple(Device(d.container_path, d.host_path, d.permissions) for d in cfg.devices),
+        cdi_devices=tuple(c.name for c in cfg.CDI_devices),
+        resources=resources_view(cfg.linux.resources, cfg.linux.HasField("resources")),
+    )
+
+
+# -- views -> protobuf ---------------------------------------------------------------------------
+
+
+def _rebuild(
+    repeated: RepeatedCompositeFieldContainer[_M], before: Sequence[_V], after: Sequence[_V], make: Callable[[_V], _M]
+) -> None:
+    """Set a repeated message field to `after`, reusing the decoded message of every item that did
+    not change so its unknown fields survive."""
+    if tuple(before) == tuple(after):
+        return
+    originals: dict[_V, deque[_M]] = defaultdict(deque)
+    for view, msg in zip(before, repeated, strict=True):
+        originals[view].append(msg)
+    msgs = []
+    for view in after:
+        kept = originals.get(view)
+        msgs.append(kept.popleft() if kept else make(view))
+    copies = [type(m)() for m in msgs]
+    for copy, msg in zip(copies, msgs, strict=True):
+        copy.CopyFrom(msg)
+    del repeated[:]
+    repeated.extend(copies)
+
+
+def _set_map(target: MutableMapping[str, str], before: Mapping[str, str], after: Mapping[str, str]) -> None:
+    if before == after:
+        return
+    for k in set(before) - set(after):
+        del target[k]
+    for k, v in after.items():
+        if before.get(k) != v:
+            target[k] = v
+
+
+def write_resources(
+    msg: cri.LinuxContainerResources, before: LinuxResources | None, after: LinuxResources | None
+) -> None:
+    if after is None or before == after:
+        return
+    base = before or LinuxResources()
+    for f in RESOURCE_FIELDS:
+        value = getattr(after, f)
+        if getattr(base, f) != value:
+            setattr(msg, f, value)
+    _set_map(msg.unified, dict(base.unified), dict(after.unified))
+
+
+def write_container(cfg: cri.ContainerConfig, before: ContainerInfo, after: ContainerInfo) -> None:
+    _rebuild(cfg.envs, before.envs, after.envs, lambda kv: cri.KeyValue(key=_raw(kv[0]), value=_raw(kv[1])))
+    _rebuild(
+        cfg.mounts,
+        before.mounts,
+        after.mounts,
+        lambda m: cri.Mount(
+            container_path=m.container_path,
+            host_path=m.host_path,
+            readonly=m.readonly,
+            selinux_relabel=m.selinux_relabel,
+            propagation=m.propagation,  # type: ignore[arg-type]
+        ),
+    )
+    _rebuild(
+        cfg.devices,
+        before.devices,
+        after.devices,
+        lambda d: cri.Device(container_path=d.container_path, host_path=d.host_path, permissions=d.permissions),
+    )
+    _rebuild(cfg.CDI_devices, before.cdi_devices, after.cdi_devices, lambda n: cri.CDIDevice(name=n))
+    _set_map(cfg.annotations, before.annotations, after.annotations)
+    write_resources(cfg.linux.resources, before.resources, after.resources)
+
+
+def write_pod(cfg: cri.PodSandboxConfig, before: PodInfo, after: PodInfo) -> None:
+    _set_map(cfg.labels, before.labels, after.labels)
+    _set_map(cfg.annotations, before.annotations, after.annotations)
+    if after.cgroup_parent != before.cgroup_parent:
+        cfg.linux.cgroup_parent = after.cgroup_parent
+    write_resources(cfg.linux.resources, before.resources, after.resources)
+
+
+# -- views <-> plain values ----------------------------------------------------------------------
+
+
+def resource_values(res: LinuxResources) -> dict[str, Any]:
+    """Every field by its proto name: what a LinuxContainerResources message (either protocol's)
+    is built from, and what the store keeps."""
+    return {**{f: getattr(res, f) for f in RESOURCE_FIELDS}, "unified": dict(res.unified)}
+
+
+def resources_record(res: LinuxResources | None) -> dict[str, Any]:
+    """Resources as the store keeps them: plain JSON, {} for none."""
+    return {} if res is None else resource_values(res)
+
+
+def resources_from_record(raw: Mapping[str, Any]) -> LinuxResources | None:
+    """The stored resources, or None when absent or not what crihook writes (a hand-edited store)."""
+    if not raw:
+        return None
+    try:
+        res = LinuxResources(**{**raw, "unified": dict(raw.get("unified") or {})})
+    except (TypeError, ValueError):
+        return None
+    defaults = LinuxResources()
+    if any(type(getattr(res, f)) is not type(getattr(defaults, f)) for f in RESOURCE_FIELDS):
+        return None
+    return res
