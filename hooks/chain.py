@@ -362,6 +362,11 @@ class _BlockingRun:
     abandoned: bool = False
     counted: bool = False  # the loop counted this run's hanging call against its hook
 
+    def _abandoned(self) -> bool:
+        """`abandoned` read afresh: the event loop sets it while the worker is in a hook (a plain
+        read after the check above would look, to a type checker, as if it could not change)."""
+        return self.abandoned
+
     def work(self) -> None:
         for reg in self.regs:
             with self.lock:
@@ -384,7 +389,7 @@ class _BlockingRun:
                 exc = e
             with self.lock:
                 self.running = False
-                if self.abandoned:
+                if self._abandoned():  # the event loop may have set it meanwhile
                     if self.counted:
                         self.chain._stuck_change(reg.hook.name, -1)
                         assert self.chain._executor is not None
