@@ -194,19 +194,22 @@ class HeaderBlocks:
     assembled into one block, read through that direction's HPACK follower. Requests and responses
     are assembled alike; what the link reads from the headers differs."""
 
-    __slots__ = ("_ends", "_frag", "_sid", "hpack", "side")
+    __slots__ = ("_frag", "ends_stream", "hpack", "sid", "side")
 
     def __init__(self, wanted: frozenset[bytes], side: str) -> None:
         self.hpack = Follower(wanted)
         self.side = side  # "request" | "response", for protocol errors
         self._frag: bytearray | None = None  # a block waiting for its CONTINUATIONs
-        self._sid = 0
-        self._ends = False  # that block's HEADERS frame ended its stream
+        # the block being assembled, or the one `feed` just returned: its stream, and whether its
+        # HEADERS frame ended that stream
+        self.sid = 0
+        self.ends_stream = False
 
-    def feed(self, buf: bytes, pos: int, end: int, ftype: int) -> tuple[int, dict[bytes, bytes], bool] | None:
-        """Take the HEADERS or CONTINUATION frame at buf[pos:end]. Returns (stream, the wanted
-        headers, whether the block ends the stream) once a block is complete, None while
-        CONTINUATIONs are due. Raises ProtocolViolation."""
+    def feed(self, buf: bytes, pos: int, end: int, ftype: int) -> dict[bytes, bytes] | None:
+        """Take the HEADERS or CONTINUATION frame at buf[pos:end]. Returns the wanted headers once
+        a block is complete (its stream in `sid`, `ends_stream` set), None while CONTINUATIONs are
+        due. Raises ProtocolViolation. Nothing is allocated beyond what HPACK decoding needs: this
+        runs for every call the relay carries."""
         flags = buf[pos + 4]
         sid = int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
         if ftype == HEADERS:
@@ -217,16 +220,15 @@ class HeaderBlocks:
                 start += 1
             if flags & PRIORITY_FLAG:
                 start += 5
-            ends = bool(flags & END_STREAM)
+            self.sid = sid
+            self.ends_stream = bool(flags & END_STREAM)
             if not flags & END_HEADERS:
                 self._frag = bytearray(buf[start:stop])
-                self._sid = sid
-                self._ends = ends
                 return None
             block = buf[start:stop]
         else:
             frag = self._frag
-            if frag is None or sid != self._sid:
+            if frag is None or sid != self.sid:
                 raise ProtocolViolation(f"{self.side} headers: CONTINUATION without HEADERS")
             frag += buf[pos + 9 : end]
             if len(frag) > MAX_HEADER_BLOCK:
@@ -235,9 +237,8 @@ class HeaderBlocks:
                 return None
             block = bytes(frag)
             self._frag = None
-            ends = self._ends
         try:
-            return sid, self.hpack.decode(block), ends
+            return self.hpack.decode(block)
         except HpackError as e:
             raise ProtocolViolation(f"{self.side} headers: {e}") from None
 
@@ -446,13 +447,14 @@ class Link(Generic[C]):
                 else:
                     flow.window -= length
             elif ftype in (HEADERS, CONTINUATION):
+                requests = self.requests
                 try:
-                    block = self.requests.feed(buf, pos, end, ftype)
+                    found = requests.feed(buf, pos, end, ftype)
                 except ProtocolViolation as e:
                     self.protocol_error(str(e))
                     return
-                if block is not None:
-                    sid, found, _ = block
+                if found is not None:
+                    sid = requests.sid
                     path = found.get(b":path")
                     # without a :path, or on a stream already open: trailers, nothing to learn
                     if path is not None and sid not in self.active:
@@ -562,14 +564,14 @@ class Link(Generic[C]):
                     if stream is not None:
                         stream.response += _payload(buf, pos + 9, end, flags)
             elif ftype in (HEADERS, CONTINUATION):
+                responses = self.responses
                 try:
-                    block = self.responses.feed(buf, pos, end, ftype)
+                    found = responses.feed(buf, pos, end, ftype)
                 except ProtocolViolation as e:
                     self.protocol_error(str(e))
                     return
-                if block is not None and block[2]:  # trailers: the call is over
-                    sid, found, _ = block
-                    self.stream_done(sid, found.get(b"grpc-status", _UNKNOWN), found.get(b"grpc-message"))
+                if found is not None and responses.ends_stream:  # trailers: the call is over
+                    self.stream_done(responses.sid, found.get(b"grpc-status", _UNKNOWN), found.get(b"grpc-message"))
             elif ftype == WINDOW_UPDATE:
                 sid &= 0x7FFFFFFF
                 inc = int.from_bytes(buf[pos + 9 : pos + 13], "big") & 0x7FFFFFFF

@@ -293,18 +293,17 @@ def test_header_blocks_assemble_continuations_the_same_both_ways(split: int | No
     frames = _headers_frames(block, 5, ends_stream=True, split=split)
     results = [blocks.feed(f, 0, len(f), f[3]) for f in frames]
     assert results[:-1] == [None] * (len(frames) - 1)
-    assert results[-1] == (5, {b":path": b"/t.S/Echo", b"grpc-status": b"0"}, True)
+    assert results[-1] == {b":path": b"/t.S/Echo", b"grpc-status": b"0"}
+    assert blocks.sid == 5 and blocks.ends_stream
 
 
 def test_header_blocks_read_past_padding_and_priority() -> None:
     block = encode_literal([(b":path", b"/t.S/Echo")])
     payload = bytes([3]) + b"\x00\x00\x00\x00\x10" + block + b"\x00" * 3
     f = frame(HEADERS, END_HEADERS | PADDED | PRIORITY_FLAG, 3, payload)
-    assert HeaderBlocks(frozenset((b":path",)), "request").feed(f, 0, len(f), HEADERS) == (
-        3,
-        {b":path": b"/t.S/Echo"},
-        False,
-    )
+    blocks = HeaderBlocks(frozenset((b":path",)), "request")
+    assert blocks.feed(f, 0, len(f), HEADERS) == {b":path": b"/t.S/Echo"}
+    assert blocks.sid == 3 and not blocks.ends_stream
 
 
 @pytest.mark.parametrize(
