@@ -229,10 +229,10 @@ kubelet_dropin() {
     [[ -n $exec_start ]] || die "kubelet.service has no ExecStart to extend; pass --skip-kubelet and point kubelet at crihook yourself"
     endpoints=$("$(r "$VENV")/bin/python" - "$(r "$CONFIG")" <<'PY'
 import sys
-from crihook.base.config import ConfigFileError, load
+from crihook.base.config import ConfigError, load
 try:
     c = load(sys.argv[1])
-except ConfigFileError as e:
+except ConfigError as e:
     sys.exit(f"install.sh: error: {e}")
 print(c.proxy.listen, c.proxy.image_backend)
 PY

@@ -55,11 +55,11 @@ def load_partition_table(path: str) -> partitions.PartitionTable | None:
         return None
     try:
         with open(path, "rb") as f:
-            return partitions.parse_table(f.read(), f"reporter.partition_table {path}")
+            return partitions.parse_table(f.read(), "[reporter] partition_table")
     except OSError as e:
-        raise cfg.ConfigFileError(f"reporter.partition_table {path}: {e.strerror or e}") from None
+        raise cfg.ConfigError(path, f"[reporter] partition_table: {e.strerror or e}") from None
     except partitions.PartitionTableError as e:
-        raise cfg.ConfigFileError(str(e)) from None
+        raise cfg.ConfigError(path, str(e)) from None
 
 
 def api_client_from(kubeconfig: str) -> Any:

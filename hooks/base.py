@@ -9,15 +9,19 @@ kubelet sent it.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import grpc
 
+from crihook.base.config import NodeConfig, NoOptions
 from crihook.base.spec import Device, Mount
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
     from crihook.devices.nvml import GpuIndex
 
 
@@ -250,14 +254,9 @@ class HookError(Exception):
         self.reason = reason
 
 
-class ConfigError(Exception):
-    """A hook's options are unusable; raised at load or reload, never per call."""
-
-
 @runtime_checkable
 class Hook(Protocol):
-    """An in-process hook. Entry points in group `crihook.hooks` name a factory
-    `factory(options: Mapping[str, Any]) -> Hook`, called with the `[hooks.<name>]` config table.
+    """An in-process hook, made by its `Factory`.
 
     `handle` may be a coroutine function (it must then never block) or a plain function (it is run
     in a worker thread so a slow one cannot stall the proxy). Returning None means no change.
@@ -268,6 +267,19 @@ class Hook(Protocol):
     priority: int  # lower runs first; ties broken by name
 
     def handle(self, ctx: HookContext) -> Edit | None: ...
+
+
+Factory = Callable[[Any, NodeConfig], Hook]
+"""What an entry point of group `crihook.hooks` names: `factory(options: O, node: NodeConfig) -> Hook`,
+where O, the annotation of `options`, is the frozen dataclass declaring the hook's `[hooks.<name>]`
+keys (crihook.base.config.check_table says which types and checks it may use). The chain checks
+the table against O and hands the factory the result: a factory never sees an unchecked option."""
+
+
+def options_type(factory: Factory) -> type[DataclassInstance]:
+    """The options `factory` declares; NoOptions when it annotates none (a test's lambda)."""
+    declared: type[DataclassInstance] = typing.get_type_hints(factory).get("options", NoOptions)
+    return declared
 
 
 @runtime_checkable

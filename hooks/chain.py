@@ -20,16 +20,15 @@ from typing import Any, TypeVar
 
 import grpc
 
-from crihook.base.config import HooksConfig, NodeConfig
+from crihook.base.config import ConfigError, HooksConfig, NodeConfig
 from crihook.base.metrics import HOOK_FAILURES, HOOK_SECONDS
-from crihook.hooks.base import ConfigError, Edit, Hook, HookContext, HookError, Stage
+from crihook.hooks.base import Edit, Factory, Hook, HookContext, HookError, Stage, options_type
 from crihook.hooks.fscache import NotCached
 
 log = logging.getLogger("crihook.hooks")
 _T = TypeVar("_T")
 
 ENTRY_POINT_GROUP = "crihook.hooks"
-POLICIES = ("fail", "ignore")
 # Blocking hooks run on the chain's own threads. A call still running past its timeout keeps its
 # thread (Python can not stop it): the pool starts another in its place, and a hook with
 # STUCK_PER_HOOK such calls is not called again (its calls fail at once) until one returns. So a
@@ -479,9 +478,6 @@ def _ms(start: float) -> float:
     return (time.perf_counter() - start) * 1000
 
 
-Factory = Callable[[Mapping[str, Any]], Hook]
-
-
 def discover_factories() -> dict[str, Factory]:
     """Hook factories from installed entry points, by entry-point name."""
     return {ep.name: ep.load() for ep in entry_points(group=ENTRY_POINT_GROUP)}
@@ -492,34 +488,26 @@ def build_chain(
     node: NodeConfig,
     factories: Mapping[str, Factory] | None = None,
 ) -> HookChain:
-    """Instantiate every enabled hook with its options. Raises ConfigError naming the hook."""
+    """Instantiate every enabled hook with its `[hooks.<name>]` table, checked against the options its
+    factory declares. Raises ConfigError naming the file, the table and the key."""
     factories = discover_factories() if factories is None else factories
     unknown = [n for n in (*hooks_cfg.order, *hooks_cfg.options) if n not in factories]
     if unknown:
         installed = ", ".join(sorted(factories))
-        raise ConfigError(f"no hook named {', '.join(sorted(set(unknown)))} (installed: {installed})")
+        names = ", ".join(sorted(set(unknown)))
+        raise ConfigError(hooks_cfg.source, f"no hook named {names} (installed: {installed})", "hooks")
     regs: list[Registered] = []
     for name, factory in factories.items():
         if name in hooks_cfg.disabled:
             continue
-        opts = dict(hooks_cfg.options.get(name, {}))
-        policy = str(opts.pop("failure_policy", "fail")).lower()
-        if policy not in POLICIES:
-            raise ConfigError(f"hook {name}: failure_policy must be fail or ignore, not {policy!r}")
-        own_timeout = "timeout_ms" in opts
-        timeout_ms = opts.pop("timeout_ms", hooks_cfg.default_timeout_ms)
-        if not isinstance(timeout_ms, int | float) or timeout_ms <= 0:
-            raise ConfigError(f"hook {name}: timeout_ms must be a positive number, not {timeout_ms!r}")
-        opts.setdefault("node", node)
-        try:
-            hook = factory(opts)
-        except ConfigError as e:
-            raise ConfigError(f"hook {name}: {e}") from None
+        common, options = hooks_cfg.table(name, options_type(factory))
+        hook = factory(options, node)
+        timeout_ms = hooks_cfg.default_timeout_ms if common.timeout_ms is None else common.timeout_ms
         is_async = inspect.iscoroutinefunction(hook.handle)
-        follows = is_async and not own_timeout and getattr(hook, "follows_call_deadline", False) is True
+        follows = is_async and common.timeout_ms is None and getattr(hook, "follows_call_deadline", False) is True
         cached = not is_async and callable(getattr(hook, "handle_cached", None))
         narrows = callable(getattr(hook, "wants", None))
-        regs.append(Registered(hook, policy, timeout_ms / 1000, is_async, follows, cached, narrows))
+        regs.append(Registered(hook, common.failure_policy, timeout_ms / 1000, is_async, follows, cached, narrows))
     explicit = {n: i for i, n in enumerate(hooks_cfg.order)}
     regs.sort(key=lambda r: (explicit.get(r.hook.name, len(explicit)), r.hook.priority, r.hook.name))
     patterns = [p.replace("{dev_root}", node.dev_root.rstrip("/") or "/") for p in hooks_cfg.allowed_host_paths]

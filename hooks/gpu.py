@@ -15,7 +15,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,16 +25,15 @@ from crihook.base import allocation as al
 from crihook.base.config import NodeConfig
 from crihook.devices import kubelet
 from crihook.devices.checkpoint import Checkpoint, CheckpointError, CheckpointReader
-from crihook.hooks.base import ConfigError, Edit, HookContext, HookError, Stage
-from crihook.hooks.cdi import DEFAULT_SPEC_DIRS, GENERATE_FIX, CdiIndex
+from crihook.hooks.base import Edit, HookContext, HookError, Stage
+from crihook.hooks.cdi import GENERATE_FIX, CdiIndex
 from crihook.hooks.fscache import FsMemo, NotCached
-from crihook.hooks.gpu_edit import INJECT_MODES, GpuLookup, GpuOptions, HamiCore, NodeView, SeenPod, gpu_edit
+from crihook.hooks.gpu_edit import GpuLookup, GpuOptions, NodeView, SeenPod, gpu_edit
 
 log = logging.getLogger("crihook.hooks.gpu")
 
 PRIORITY = 200  # before rdma (210): the GPU decision is the one most likely to refuse a call
 _POD_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
-_OPTIONS = ("node", "inject", "deny_unallocated", "plugin_resources", "hami_core", "kubelet_pods_dir", "cdi_spec_dirs")
 
 
 class PodDirs:
@@ -178,8 +177,10 @@ class GpuHook:
         pod_live: Callable[[str], bool],
         exists: Callable[[str], bool] = os.path.exists,
         cdi: CdiIndex | None = None,
+        dev_root: str = "/dev",
     ) -> None:
         self.opts = opts
+        self.dev_root = dev_root
         self.cdi = cdi  # with inject = "cdi": the node's spec dirs, checked before a device is named
         self.gpus = gpus
         self.checkpoint = checkpoint
@@ -229,7 +230,7 @@ class GpuHook:
                 f"{e} ({self.checkpoint.path}); can not tell which GPUs the device plugin handed out",
             ) from None
         if self.store is None:
-            return self._decide(ctx, NodeView(cp, facts.exists, facts.pod_live), facts)
+            return self._decide(ctx, NodeView(cp, facts.exists, facts.pod_live, dev_root=self.dev_root), facts)
         # One decision at a time, each seeing the containers the ones before it let through: two
         # containers created at once can not both be given one GPU (a placed pod's and a plugin pod's).
         # On the event loop the lock is only taken when free (a worker may be waiting on a read).
@@ -239,7 +240,7 @@ class GpuHook:
             now = self.clock()
             self._claims = {k: c for k, c in self._claims.items() if now - c.at < CLAIM_SECONDS}
             pods = StorePods(self.store, self._claims.values())
-            edit = self._decide(ctx, NodeView(cp, facts.exists, facts.pod_live, pods), facts)
+            edit = self._decide(ctx, NodeView(cp, facts.exists, facts.pod_live, pods, self.dev_root), facts)
             allocated, minors = StorePods._allocation(ctx.pod.annotations.get(al.DEVICE_ALLOCATED))
             key = (ctx.pod.uid, ctx.container.name)
             self._claims[key] = Claim(now, *key, allocated, minors)
@@ -336,75 +337,20 @@ class _KnownGpus:
         return g
 
 
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """The `[hooks.gpu]` table, checked."""
-
-    opts: GpuOptions
-    pods_dir: str | None  # None: the running kubelet's
-    cdi_spec_dirs: tuple[str, ...] = DEFAULT_SPEC_DIRS
-
-
-def parse_options(options: Mapping[str, Any], node: NodeConfig) -> Settings:
-    """Raises ConfigError naming the option."""
-    unknown = sorted(set(options) - set(_OPTIONS))
-    if unknown:
-        raise ConfigError(f"unknown option(s) {', '.join(unknown)} (known: {', '.join(_OPTIONS[1:])})")
-    defaults = GpuOptions()
-    inject = options.get("inject", defaults.inject)
-    if inject not in INJECT_MODES:
-        raise ConfigError(f"inject must be one of {', '.join(map(repr, INJECT_MODES))}, not {inject!r}")
-    deny = options.get("deny_unallocated", defaults.deny_unallocated)
-    if not isinstance(deny, bool):
-        raise ConfigError(f"deny_unallocated must be true or false, not {deny!r}")
-    resources = options.get("plugin_resources", list(defaults.plugin_resources))
-    if not isinstance(resources, list) or not all(isinstance(r, str) and r for r in resources):
-        raise ConfigError(f"plugin_resources must be a list of resource names, not {resources!r}")
-    hami_in = options.get("hami_core", {})
-    if not isinstance(hami_in, Mapping):
-        raise ConfigError("hami_core must be a table ([hooks.gpu.hami_core])")
-    hami_known = HamiCore.__dataclass_fields__
-    hami_unknown = sorted(set(hami_in) - set(hami_known))
-    if hami_unknown:
-        raise ConfigError(f"hami_core: unknown option(s) {', '.join(hami_unknown)} (known: {', '.join(hami_known)})")
-    for key, value in hami_in.items():
-        _host_path(value, f"hami_core.{key}", optional=key == "lock_dir")
-    pods_dir = options.get("kubelet_pods_dir")
-    if pods_dir is not None:
-        _host_path(pods_dir, "kubelet_pods_dir")
-        pods_dir = pods_dir.rstrip("/") or "/"
-    cdi_dirs = options.get("cdi_spec_dirs", list(DEFAULT_SPEC_DIRS))
-    if not isinstance(cdi_dirs, list) or not cdi_dirs:
-        raise ConfigError(f"cdi_spec_dirs must be a non-empty list of directories, not {cdi_dirs!r}")
-    for i, d in enumerate(cdi_dirs):
-        _host_path(d, f"cdi_spec_dirs[{i}]")
-    opts = GpuOptions(
-        inject=inject,
-        deny_unallocated=deny,
-        plugin_resources=tuple(resources),
-        dev_root=node.dev_root.rstrip("/"),
-        hami_core=HamiCore(**hami_in),
-    )
-    return Settings(opts, pods_dir, tuple(d.rstrip("/") or "/" for d in cdi_dirs))
-
-
-def _host_path(value: Any, key: str, optional: bool = False) -> None:
-    if optional and value == "":
-        return
-    if not isinstance(value, str) or not os.path.isabs(value) or os.path.normpath(value) != value.rstrip("/"):
-        raise ConfigError(f"{key} must be an absolute, normalised path, not {value!r}")
-
-
-def factory(options: Mapping[str, Any]) -> GpuHook:
+def factory(options: GpuOptions, node: NodeConfig) -> GpuHook:
     """Entry point `gpu`: the `[hooks.gpu]` options and the node's paths."""
-    node = options.get("node")
-    node = node if isinstance(node, NodeConfig) else NodeConfig()
-    settings = parse_options(options, node)
     from crihook.devices.nvml import GpuIndex, Nvml  # NVML is loaded on the first lookup, not here
 
-    gpus = GpuIndex(Nvml(node.nvml_library, node.sys_root.rstrip("/") or "/"))
-    pod_dirs = PodDirs(settings.pods_dir, node.proc_root.rstrip("/") or "/")
-    cdi = CdiIndex(settings.cdi_spec_dirs) if settings.opts.inject == "cdi" else None
-    hook = GpuHook(settings.opts, gpus, CheckpointReader(node.kubelet_checkpoint), pod_dirs, cdi=cdi)
+    gpus = GpuIndex(Nvml(node.nvml_library, directory(node.sys_root)))
+    pods_dir = None if options.kubelet_pods_dir is None else directory(options.kubelet_pods_dir)
+    pod_dirs = PodDirs(pods_dir, directory(node.proc_root))
+    cdi = CdiIndex(tuple(map(directory, options.cdi_spec_dirs))) if options.inject == "cdi" else None
+    reader = CheckpointReader(node.kubelet_checkpoint)
+    hook = GpuHook(options, gpus, reader, pod_dirs, cdi=cdi, dev_root=node.dev_root.rstrip("/"))
     hook.memo = FsMemo()
     return hook
+
+
+def directory(path: str) -> str:
+    """A configured directory as the hook names it: no trailing slash, except the root's."""
+    return path.rstrip("/") or "/"

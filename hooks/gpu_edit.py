@@ -12,15 +12,17 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
 
 import grpc
 
 from crihook.base import allocation as al
+from crihook.base.config import absolute_path, absolute_path_or_empty, not_empty
 from crihook.base.spec import Device, Mount
 from crihook.devices.checkpoint import Checkpoint, PodDeviceEntry, base_device_id
 from crihook.hooks.base import ContainerInfo, Edit, HookError, PodInfo
+from crihook.hooks.cdi import DEFAULT_SPEC_DIRS
 from crihook.hooks.scheduled import refuse, scheduled
 
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
@@ -29,7 +31,6 @@ CDI_KIND = "nvidia.com/gpu"
 # The annotation prefix CDI-enabled runtimes (containerd >= 1.7, CRI-O) inject devices from; the
 # value is a comma list of qualified names (CDI's pkg/cdi annotations.go).
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
-INJECT_MODES = ("env+devices", "cdi")
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
 ISOLATION_LABEL = "koordinator.sh/gpu-isolation-provider"
 HAMI_CORE = "hami-core"  # compared case-insensitively: Koordinator's docs spell it both ways
@@ -86,22 +87,39 @@ class SeenPods(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class HamiCore:
-    """Host paths for HAMi-core isolation; the operator lists them in hooks.allowed_host_paths."""
+    """The `[hooks.gpu.hami_core]` table: host paths for HAMi-core isolation; the operator lists them
+    in hooks.allowed_host_paths."""
 
-    library: str = "/usr/local/vgpu/libvgpu.so"
-    preload_file: str = "/usr/local/vgpu/ld.so.preload"  # holds the library's path, one line
-    cache_root: str = "/usr/local/vgpu/containers"  # a directory per container below it
-    lock_dir: str = "/tmp/vgpulock"  # shared by every container of a GPU; empty: not mounted
+    library: str = field(default="/usr/local/vgpu/libvgpu.so", metadata={"check": absolute_path})
+    """the HAMi-core library"""
+    preload_file: str = field(default="/usr/local/vgpu/ld.so.preload", metadata={"check": absolute_path})
+    """holds the library's path, one line; mounted as the container's /etc/ld.so.preload"""
+    cache_root: str = field(default="/usr/local/vgpu/containers", metadata={"check": absolute_path})
+    """a directory per container below it"""
+    lock_dir: str = field(default="/tmp/vgpulock", metadata={"check": absolute_path_or_empty})
+    """shared by every container of a GPU; empty: not mounted"""
 
 
 @dataclass(frozen=True, slots=True)
 class GpuOptions:
-    inject: str = "env+devices"  # or "cdi": nvidia.com/gpu=<uuid> CDI devices instead of env and nodes
-    deny_unallocated: bool = True  # containers without a GPU get NVIDIA_VISIBLE_DEVICES=void
-    # checkpoint resources whose device-plugin injections the scheduler's choice replaces
-    plugin_resources: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*")
-    dev_root: str = "/dev"
+    """The `[hooks.gpu]` table (docs/gpu-hook.md)."""
+
+    inject: Literal["env+devices", "cdi"] = "env+devices"
+    """env+devices: NVIDIA_VISIBLE_DEVICES and device nodes; cdi: nvidia.com/gpu=<uuid> CDI devices"""
+    deny_unallocated: bool = True
+    """containers without a GPU get NVIDIA_VISIBLE_DEVICES=void"""
+    plugin_resources: tuple[str, ...] = field(
+        default=("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*"), metadata={"each": not_empty}
+    )
+    """checkpoint resources (globs) whose device-plugin injections the scheduler's choice replaces"""
     hami_core: HamiCore = HamiCore()
+    """host paths for HAMi-core isolation"""
+    kubelet_pods_dir: str | None = field(default=None, metadata={"check": absolute_path})
+    """kubelet's pods directory; None: <the running kubelet's --root-dir>/pods"""
+    cdi_spec_dirs: tuple[str, ...] = field(
+        default=DEFAULT_SPEC_DIRS, metadata={"check": not_empty, "each": absolute_path}
+    )
+    """with inject = "cdi": where the runtime's CDI specs are"""
 
     def is_plugin_resource(self, name: str) -> bool:
         return any(fnmatch.fnmatchcase(name, p) for p in self.plugin_resources)
@@ -116,6 +134,7 @@ class NodeView:
     pod_live: Callable[[str], bool]  # pod UID -> still running on this node
     # None (no store): every live holder in the checkpoint counts, as if it were a device-plugin pod
     pods: SeenPods | None = None
+    dev_root: str = "/dev"  # where the node's device nodes are (a container sees them under /dev)
 
 
 def gpu_edit(pod: PodInfo, container: ContainerInfo, gpus: GpuLookup, node: NodeView, opts: GpuOptions) -> Edit | None:
@@ -137,14 +156,14 @@ def gpu_edit(pod: PodInfo, container: ContainerInfo, gpus: GpuLookup, node: Node
         edit.add_cdi_devices.extend(f"{CDI_KIND}={u}" for u in uuids)
     else:
         for _, g in chosen:
-            if not node.exists(f"{opts.dev_root}/nvidia{g.minor}"):
+            if not node.exists(f"{node.dev_root}/nvidia{g.minor}"):
                 raise refuse(
                     grpc.StatusCode.FAILED_PRECONDITION,
-                    f"device node {opts.dev_root}/nvidia{g.minor} of minor {g.minor} is missing on this node",
+                    f"device node {node.dev_root}/nvidia{g.minor} of minor {g.minor} is missing on this node",
                 )
         names = [f"nvidia{g.minor}" for _, g in chosen]
-        names += [n for n in CONTROL_NODES if node.exists(f"{opts.dev_root}/{n}")]
-        edit.add_devices = [Device(f"/dev/{n}", f"{opts.dev_root}/{n}", DEVICE_PERMISSIONS) for n in names]
+        names += [n for n in CONTROL_NODES if node.exists(f"{node.dev_root}/{n}")]
+        edit.add_devices = [Device(f"/dev/{n}", f"{node.dev_root}/{n}", DEVICE_PERMISSIONS) for n in names]
     if pod.labels.get(ISOLATION_LABEL, "").lower() == HAMI_CORE and any(_is_shared(a, g) for a, g in chosen):
         _isolate(edit, pod, container, chosen, opts.hami_core)
     return edit

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NoReturn
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 import grpc
 
 from crihook.base import allocation as al
-from crihook.base.config import NodeConfig
+from crihook.base.config import NodeConfig, NoOptions
 from crihook.base.spec import Device
-from crihook.hooks.base import ConfigError, ContainerInfo, Edit, HookContext, PodInfo, Stage
+from crihook.hooks.base import ContainerInfo, Edit, HookContext, PodInfo, Stage
 from crihook.hooks.fscache import NotCached
 from crihook.hooks.scheduled import refuse, scheduled
 
@@ -105,10 +105,6 @@ def _needs_read(path: str) -> NoReturn:
     raise NotCached(path)
 
 
-def factory(options: Mapping[str, Any]) -> RdmaHook:
-    """Entry point `rdma`: no options besides the node's paths."""
-    unknown = sorted(set(options) - {"node"})
-    if unknown:
-        raise ConfigError(f"unknown option(s) {', '.join(unknown)}")
-    node = options.get("node")
-    return RdmaHook(node if isinstance(node, NodeConfig) else NodeConfig())
+def factory(options: NoOptions, node: NodeConfig) -> RdmaHook:
+    """Entry point `rdma`: no options of its own, the node's paths."""
+    return RdmaHook(node)

@@ -23,12 +23,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
-from crihook.hooks.base import ConfigError, Edit, HookContext, HookError, Stage
+from crihook.base.config import NodeConfig, not_empty, not_negative, positive
+from crihook.hooks.base import Edit, HookContext, HookError, Stage
 from crihook.hooks.chain import apply_edit
 from crihook.hooks.remote_config import DEFAULT_DIR, ConfigDir, Policy, ServerConfig
 from crihook.hooks.remote_protocol import (
@@ -205,30 +206,28 @@ def _server_error(server: ServerConfig, ctx: HookContext, exc: HookError | Inval
     return HookError(exc.code, f"{where}: {exc.reason}")
 
 
-def create(options: Mapping[str, Any]) -> RemoteHook:
-    """Entry point `remote`: options from `[hooks.remote]`."""
-    opts = {k: v for k, v in options.items() if k != "node"}
-    config_dir = opts.pop("config_dir", DEFAULT_DIR)
-    if not isinstance(config_dir, str) or not config_dir:
-        raise ConfigError(f"config_dir must be a directory path, not {config_dir!r}")
-    caps = {name: _positive_ms(opts.pop(name), name) for name in ("call_timeout_ms", "budget_ms") if name in opts}
-    reload_interval = _positive_ms(opts.pop("reload_interval_ms", DEFAULT_RELOAD_INTERVAL_MS), "reload_interval_ms")
-    margin = opts.pop("runtime_margin_ms", DEFAULT_RUNTIME_MARGIN_MS)
-    if isinstance(margin, bool) or not isinstance(margin, int | float) or margin < 0:
-        raise ConfigError(f"runtime_margin_ms must be a number of milliseconds, 0 or more, not {margin!r}")
-    if opts:
-        known = "config_dir, call_timeout_ms, budget_ms, runtime_margin_ms, reload_interval_ms"
-        raise ConfigError(f"unknown option(s) {', '.join(sorted(opts))} (known: {known})")
+@dataclass(frozen=True)
+class RemoteOptions:
+    """The `[hooks.remote]` table (docs/remote-hooks.md)."""
+
+    config_dir: str = field(default=DEFAULT_DIR, metadata={"check": not_empty})
+    """the directory of the hook-server files"""
+    call_timeout_ms: float | None = field(default=None, metadata={"check": positive})
+    """cap on one server call; None: the CRI call's deadline alone limits it"""
+    budget_ms: float | None = field(default=None, metadata={"check": positive})
+    """cap on all server calls of one CRI call together; None: the CRI call's deadline alone"""
+    runtime_margin_ms: float = field(default=DEFAULT_RUNTIME_MARGIN_MS, metadata={"check": not_negative})
+    """kept from the CRI call's deadline for the runtime to do the call itself"""
+    reload_interval_ms: float = field(default=DEFAULT_RELOAD_INTERVAL_MS, metadata={"check": positive})
+    """how often the directory is checked for changes"""
+
+
+def factory(options: RemoteOptions, node: NodeConfig) -> RemoteHook:
+    """Entry point `remote`: the `[hooks.remote]` options; the servers need none of the node's paths."""
     return RemoteHook(
-        config_dir,
-        call_timeout=caps.get("call_timeout_ms"),
-        budget=caps.get("budget_ms"),
-        reload_interval=reload_interval,
-        runtime_margin=margin / 1000,
+        options.config_dir,
+        call_timeout=None if options.call_timeout_ms is None else options.call_timeout_ms / 1000,
+        budget=None if options.budget_ms is None else options.budget_ms / 1000,
+        reload_interval=options.reload_interval_ms / 1000,
+        runtime_margin=options.runtime_margin_ms / 1000,
     )
-
-
-def _positive_ms(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigError(f"{name} must be a positive number of milliseconds, not {value!r}")
-    return value / 1000

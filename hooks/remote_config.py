@@ -18,6 +18,8 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any
 
+from crihook.base.config import ConfigError
+from crihook.base.endpoint import unix_socket_path
 from crihook.base.metrics import HOOK_SERVER_FILES
 from crihook.hooks.base import Stage
 from crihook.hooks.remote_protocol import RPCS
@@ -45,36 +47,37 @@ class ServerConfig:
         return {"server": self.file, "endpoint": self.endpoint, "policy": self.policy.value}
 
 
-class InvalidConfig(ValueError):
-    """The file can not configure a server; the message names the field and the problem."""
-
-
 def parse_server_config(file: str, raw: bytes) -> ServerConfig:
+    """One server file's content. Raises ConfigError naming the file and the field."""
     try:
         data = json.loads(raw)
     except UnicodeDecodeError:
-        raise InvalidConfig("not UTF-8 text") from None
+        raise ConfigError(file, "not UTF-8 text") from None
     except json.JSONDecodeError as e:
-        raise InvalidConfig(f"not valid JSON: {e}") from None
+        raise ConfigError(file, f"not valid JSON: {e}") from None
     if not isinstance(data, dict):
-        raise InvalidConfig(f"must be a JSON object, not {_json_type(data)}")
+        raise ConfigError(file, f"must be a JSON object, not {_json_type(data)}")
     endpoint = data.get("remote-endpoint")
     if not isinstance(endpoint, str) or not endpoint:
-        raise InvalidConfig(f"remote-endpoint must be the path of a unix socket, not {endpoint!r}")
-    path = endpoint.removeprefix("unix://")
-    if not os.path.isabs(path):
-        raise InvalidConfig(f"remote-endpoint must be an absolute socket path or unix:///path, not {endpoint!r}")
+        raise ConfigError(file, f"must be the path of a unix socket, not {endpoint!r}", key="remote-endpoint")
+    path = unix_socket_path(endpoint)
+    if path is None:
+        reason = f"must be an absolute socket path or unix:///path, not {endpoint!r}"
+        raise ConfigError(file, reason, key="remote-endpoint")
     policy_name = data.get("failure-policy") or ""
     if not isinstance(policy_name, str):
-        raise InvalidConfig(f"failure-policy must be Fail or Ignore, not {_json_type(policy_name)}")
+        reason = f"must be Fail or Ignore, not {_json_type(policy_name)}"
+        raise ConfigError(file, reason, key="failure-policy")
     policy = _POLICIES.get(policy_name.lower())
     if policy is None:
-        raise InvalidConfig(f"failure-policy must be Fail or Ignore (empty means Ignore), not {policy_name!r}")
+        reason = f"must be Fail or Ignore (empty means Ignore), not {policy_name!r}"
+        raise ConfigError(file, reason, key="failure-policy")
     hooks = data.get("runtime-hooks")
     if hooks is None:
         hooks = []
     if not isinstance(hooks, list) or not all(isinstance(h, str) for h in hooks):
-        raise InvalidConfig(f"runtime-hooks must be a list of hook names such as {Stage.PRE_CREATE_CONTAINER.value!r}")
+        reason = f"must be a list of hook names such as {Stage.PRE_CREATE_CONTAINER.value!r}"
+        raise ConfigError(file, reason, key="runtime-hooks")
     served = {s.value: s for s in RPCS}
     stages = frozenset(served[h] for h in hooks if h in served)
     ignored = tuple(h for h in hooks if h not in served)
@@ -90,12 +93,12 @@ def is_server_file(name: str) -> bool:
 
 
 def read_server_file(directory: str, name: str) -> ServerConfig:
-    """One server file, read and parsed. Raises InvalidConfig, an unreadable file included."""
+    """One server file, read and parsed. Raises ConfigError, an unreadable file included."""
     try:
         with open(os.path.join(directory, name), "rb") as f:
             raw = f.read()
     except OSError as e:
-        raise InvalidConfig(f"can not be read: {e.strerror or e}") from None
+        raise ConfigError(name, f"can not be read: {e.strerror or e}") from None
     return parse_server_config(name, raw)
 
 
@@ -172,7 +175,7 @@ class ConfigDir:
         if st is not None:
             try:
                 config = read_server_file(self.path, name)
-            except InvalidConfig as e:
+            except ConfigError as e:
                 error = str(e)
         self._known[name] = _Known(signature, config)
         if config is None:

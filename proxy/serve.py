@@ -23,8 +23,10 @@ import grpc
 
 from crihook.base import config as cfgmod
 from crihook.base import metrics
+from crihook.base.config import ConfigError
+from crihook.base.endpoint import unix_socket_path
 from crihook.devices.nvml import GpuIndex
-from crihook.hooks.base import ConfigError, NeedsStore, OwnsGpus
+from crihook.hooks.base import NeedsStore, OwnsGpus
 from crihook.hooks.chain import HookChain, build_chain
 from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proto import runtime_v1_pb2_grpc as cri_grpc
@@ -41,18 +43,18 @@ _CONTAINER_STATES = {0: "created", 1: "running", 2: "exited", 3: "unknown"}
 
 
 class StartupError(Exception):
-    """Serving is impossible; the message is one line for the operator."""
+    """Serving is impossible with a configuration that is right: the node is not as it must be (the
+    runtime does not answer, the socket's directory is unsafe, another process serves). Not a
+    ConfigError: editing the file does not fix it. The message is one line for the operator."""
 
 
-def unix_path(endpoint: str, what: str) -> str:
-    if endpoint.startswith("unix://"):
-        path = endpoint[len("unix://") :]
-    elif endpoint.startswith("/"):
-        path = endpoint
-    else:
-        raise StartupError(f"{what} {endpoint!r} is not a unix socket endpoint (unix:///path)")
-    if not path.startswith("/"):
-        raise StartupError(f"{what} {endpoint!r} must be an absolute path")
+def unix_path(cfg: cfgmod.Config, key: str) -> str:
+    """The socket file of the [proxy] endpoint `key`. Raises ConfigError."""
+    endpoint = getattr(cfg.proxy, key)
+    path = unix_socket_path(endpoint)
+    if path is None:
+        reason = f"{endpoint!r} is not a unix socket endpoint with an absolute path (unix:///path)"
+        raise ConfigError(cfg.source, reason, "proxy", key)
     return path
 
 
@@ -76,11 +78,12 @@ class Daemon:
 
     async def main(self) -> None:
         cfg = self.cfg
-        listen = unix_path(cfg.proxy.listen, "listen")
-        backend = unix_path(cfg.proxy.runtime_endpoint, "runtime endpoint")
+        listen = unix_path(cfg, "listen")
+        backend = unix_path(cfg, "runtime_endpoint")
         if cfg.proxy.image_backend != cfg.proxy.runtime_endpoint:
             # One connection pairs with one backend; see docs/proxy.md.
-            raise StartupError("a separate image endpoint is not supported yet: leave image_endpoint empty")
+            reason = "a separate image endpoint is not supported yet: leave it empty"
+            raise ConfigError(cfg.source, reason, "proxy", "image_endpoint")
         chain = self.chain(cfg)
         check_socket_dir(listen)
         await wait_for_backend(backend, cfg.proxy.connect_timeout_seconds)
@@ -136,7 +139,7 @@ class Daemon:
         try:
             cfg = cfgmod.load(self.config_path, {"proxy": {}}) if self.config_path else self.cfg
             chain = self.chain(cfg)
-        except (cfgmod.ConfigFileError, ConfigError) as e:
+        except ConfigError as e:
             log.error("reload failed, keeping the running configuration", extra={"error": str(e)})
             return
         assert self.interceptor is not None

@@ -1,25 +1,78 @@
 """crihook's configuration: one TOML file, command-line flags on top, checked once at load.
 
-Sections that belong to one component are typed here; each hook's `[hooks.<name>]` table stays a
-mapping and is handed to that hook's factory, which validates its own options.
+Every table is declared once, as a frozen dataclass: a field per key, its type and default, and in
+its metadata any check beyond the type (`Check`). `check_table` holds a table against such a
+declaration, for crihook's own sections at load and for each hook's `[hooks.<name>]` table, whose
+declaration is the options type of the hook's factory, when the hook chain is built.
 """
 
 from __future__ import annotations
 
+import os
 import tomllib
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 DEFAULT_CONFIG = Path("/etc/crihook/config.toml")
 DEFAULT_LISTEN = "unix:///var/run/crihook/crihook.sock"
 DEFAULT_RUNTIME = "unix:///run/containerd/containerd.sock"
 MiB = 1 << 20
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
-class ConfigFileError(Exception):
-    """The configuration can not be used; the message is one line meant for the operator."""
+_D = TypeVar("_D", bound="DataclassInstance")
+Check = Callable[[Any], str | None]  # a checked value -> why it is refused, None when it is fine
+
+
+class ConfigError(Exception):
+    """The configuration is wrong: crihook's file, a hook's table in it, a hook-server file, the
+    partition table. str() is one line for the operator naming the file, the table and the key,
+    so they know what to fix; raised when a configuration is read (start, reload), never per call.
+    """
+
+    def __init__(self, file: str, reason: str, table: str = "", key: str = "") -> None:
+        where = file or "config"
+        if table:
+            where += f" [{table}]"
+        if key:
+            where += f".{key}" if table else f" {key}"
+        super().__init__(f"{where}: {reason}")
+        self.file = file
+        self.table = table
+        self.key = key
+        self.reason = reason
+
+
+def absolute_path(value: Any) -> str | None:
+    """A `Check`: an absolute, normalised host path."""
+    if isinstance(value, str) and os.path.isabs(value) and os.path.normpath(value) == value.rstrip("/"):
+        return None
+    return f"must be an absolute, normalised path, not {value!r}"
+
+
+def absolute_path_or_empty(value: Any) -> str | None:
+    """A `Check`: an absolute, normalised host path, or empty for none."""
+    return None if value == "" else absolute_path(value)
+
+
+def not_empty(value: Any) -> str | None:
+    """A `Check`: a string or list with something in it."""
+    return None if value else f"must not be empty, not {value!r}"
+
+
+def positive(value: Any) -> str | None:
+    """A `Check`: a number above 0 (None, an optional key left out, passes)."""
+    return None if value is None or value > 0 else f"must be positive, not {value!r}"
+
+
+def not_negative(value: Any) -> str | None:
+    """A `Check`: a number of 0 or more."""
+    return None if value >= 0 else f"must be 0 or more, not {value!r}"
 
 
 @dataclass(frozen=True)
@@ -53,6 +106,9 @@ class NodeConfig:
     nvml_library: str = ""  # empty: the driver's libnvidia-ml.so.1 from the loader path
 
 
+_NOT_A_KEY = {"key": False}  # a field that is no key of its table
+
+
 @dataclass(frozen=True)
 class HooksConfig:
     order: tuple[str, ...] = ()  # explicit order; hooks not listed follow by priority, then name
@@ -64,7 +120,35 @@ class HooksConfig:
         "{dev_root}/nvidia-caps/*",
         "{dev_root}/infiniband/*",
     )
-    options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # [hooks.<name>] tables
+    # the [hooks.<name>] tables as written, and the file they came from: each is checked against its
+    # hook's declared options when the hook chain is built (`HooksConfig.table`)
+    options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, metadata=_NOT_A_KEY)
+    source: str = field(default="", metadata=_NOT_A_KEY)
+
+    def table(self, name: str, options: type[_D]) -> tuple[HookPolicy, _D]:
+        """The `[hooks.<name>]` table checked against the keys every hook has (`HookPolicy`) and the
+        hook's own `options` declaration. Raises ConfigError naming the file, the table and the key."""
+        values = self.options.get(name, {})
+        common = {f.name for f in fields(HookPolicy)}
+        table = f"hooks.{name}"
+        policy = check_table(HookPolicy, {k: v for k, v in values.items() if k in common}, self.source, table)
+        own = check_table(options, {k: v for k, v in values.items() if k not in common}, self.source, table)
+        return policy, own
+
+
+@dataclass(frozen=True)
+class HookPolicy:
+    """The keys every `[hooks.<name>]` table may have besides the hook's own options."""
+
+    failure_policy: Literal["fail", "ignore"] = field(default="fail", metadata={"any_case": True})
+    """fail: the CRI call fails with an error naming the hook; ignore: logged, the call goes on"""
+    timeout_ms: float | None = field(default=None, metadata={"check": positive})
+    """time limit of each call of this hook; None: [hooks] default_timeout_ms"""
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a hook that has none of its own (rdma): its table takes only `HookPolicy`'s keys."""
 
 
 @dataclass(frozen=True)
@@ -83,44 +167,77 @@ class Config:
     source: str = ""  # the file it came from, for messages
 
 
-def _section(cls: type, table: Mapping[str, Any], where: str) -> Any:
-    known = {f.name: f for f in fields(cls)}
+def check_table(cls: type[_D], values: Mapping[str, Any], file: str, table: str) -> _D:
+    """`values`, one TOML table, held against `cls`, its declaration: a frozen dataclass whose fields
+    are the keys, typed (bool, int, float, str, a Literal of strings, tuple[str, ...] for a list,
+    another such dataclass for a sub-table, X | None for a key without a default), with any further
+    `Check` in the field's metadata ("check" for the value, "each" for each item of a list;
+    "any_case" folds a Literal's case). Raises ConfigError naming the file, the table and the key."""
+    declared = {f.name: f for f in fields(cls) if f.metadata.get("key", True)}
+    hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}
-    for key, value in table.items():
-        f = known.get(key)
-        if f is None or key == "options":
-            raise ConfigFileError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(known))})")
-        default = getattr(cls(), key)
-        if isinstance(default, tuple):
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise ConfigFileError(f"{where}.{key}: expected a list of strings, got {value!r}")
-            value = tuple(value)
-        elif isinstance(value, bool) != isinstance(default, bool) or not isinstance(value, type(default)):
-            # bool is an int to Python, not to an operator: true for a number (or 1 for a flag) is refused
-            if not (isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool)):
-                raise ConfigFileError(
-                    f"{where}.{key}: expected {type(default).__name__}, got {type(value).__name__} {value!r}"
-                )
-            value = float(value)
-        kwargs[key] = value
+    for key, value in values.items():
+        f = declared.get(key)
+        if f is None:
+            raise ConfigError(file, f"unknown key (known: {', '.join(sorted(declared)) or 'none'})", table, key)
+        kwargs[key] = _checked(hints[key], f.metadata, value, file, table, key)
     return cls(**kwargs)
 
 
+def _checked(tp: Any, meta: Mapping[str, Any], value: Any, file: str, table: str, key: str) -> Any:
+    """One value of `values` in check_table, converted to the declared type and checked."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):  # X | None: TOML has no null
+        (tp,) = (a for a in typing.get_args(tp) if a is not type(None))
+    origin = typing.get_origin(tp)
+    if isinstance(tp, type) and is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ConfigError(file, f"expected a table ([{table}.{key}]), got {_kind(value)} {value!r}", table, key)
+        value = check_table(tp, value, file, f"{table}.{key}")
+    elif origin is Literal:
+        choices = typing.get_args(tp)
+        if meta.get("any_case") and isinstance(value, str):
+            value = value.lower()
+        if value not in choices:
+            raise ConfigError(file, f"must be one of {', '.join(map(repr, choices))}, not {value!r}", table, key)
+    elif origin is tuple:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(file, f"expected a list of strings, got {value!r}", table, key)
+        value = tuple(value)
+        for i, item in enumerate(value):
+            if (reason := _reason(meta.get("each"), item)) is not None:
+                raise ConfigError(file, reason, table, f"{key}[{i}]")
+    # bool is an int to Python, not to an operator: true for a number (or 1 for a flag) is refused
+    elif tp is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    elif isinstance(value, bool) != (tp is bool) or not isinstance(value, tp):
+        raise ConfigError(file, f"expected {tp.__name__}, got {_kind(value)} {value!r}", table, key)
+    if (reason := _reason(meta.get("check"), value)) is not None:
+        raise ConfigError(file, reason, table, key)
+    return value
+
+
+def _reason(check: Check | None, value: Any) -> str | None:
+    return None if check is None else check(value)
+
+
+def _kind(value: Any) -> str:
+    return type(value).__name__
+
+
 def parse(data: Mapping[str, Any], source: str = "") -> Config:
-    where = source or "config"
     unknown = set(data) - {"proxy", "node", "hooks", "reporter"}
     if unknown:
-        raise ConfigFileError(f"{where}: unknown section(s) {', '.join(sorted(unknown))}")
+        raise ConfigError(source, f"unknown section(s) {', '.join(sorted(unknown))}")
     hooks_table = dict(data.get("hooks", {}))
     options = {k: v for k, v in hooks_table.items() if isinstance(v, dict)}
     for k in options:
         del hooks_table[k]
-    hooks = replace(_section(HooksConfig, hooks_table, f"{where} [hooks]"), options=options)
+    hooks = replace(check_table(HooksConfig, hooks_table, source, "hooks"), options=options, source=source)
     return Config(
-        proxy=_section(ProxyConfig, data.get("proxy", {}), f"{where} [proxy]"),
-        node=_section(NodeConfig, data.get("node", {}), f"{where} [node]"),
+        proxy=check_table(ProxyConfig, data.get("proxy", {}), source, "proxy"),
+        node=check_table(NodeConfig, data.get("node", {}), source, "node"),
         hooks=hooks,
-        reporter=_section(ReporterConfig, data.get("reporter", {}), f"{where} [reporter]"),
+        reporter=check_table(ReporterConfig, data.get("reporter", {}), source, "reporter"),
         source=source,
     )
 
@@ -135,11 +252,11 @@ def load(path: str | Path | None, overrides: Mapping[str, Mapping[str, Any]] | N
             data = tomllib.loads(p.read_text())
         except FileNotFoundError:
             if p != DEFAULT_CONFIG:
-                raise ConfigFileError(f"config file {p} does not exist") from None
+                raise ConfigError(str(p), "the file does not exist") from None
         except (OSError, UnicodeDecodeError) as e:
-            raise ConfigFileError(f"config file {p}: {e}") from None
+            raise ConfigError(str(p), str(e)) from None
         except tomllib.TOMLDecodeError as e:
-            raise ConfigFileError(f"config file {p} is not valid TOML: {e}") from None
+            raise ConfigError(str(p), f"not valid TOML: {e}") from None
     for section, values in (overrides or {}).items():
         data.setdefault(section, {}).update({k: v for k, v in values.items() if v is not None})
     return parse(data, str(path) if path else "")

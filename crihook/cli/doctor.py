@@ -23,7 +23,8 @@ from typing import Any
 import grpc
 import yaml
 
-from crihook.base.config import DEFAULT_CONFIG, Config, ConfigFileError, NodeConfig, ProxyConfig, load
+from crihook.base.config import DEFAULT_CONFIG, Config, ConfigError, NodeConfig, ProxyConfig, load
+from crihook.base.endpoint import unix_socket_path
 from crihook.devices import kubelet
 from crihook.devices.kubelet import flag_value, kubelet_argv
 from crihook.devices.nvml import NodeGpus, Nvml
@@ -55,13 +56,8 @@ class Finding:
 
 
 def socket_path(endpoint: str) -> str | None:
-    """The file of a unix endpoint ('unix:///run/x.sock', 'unix:/run/x.sock', '/run/x.sock'); None
-    for other schemes."""
-    if endpoint.startswith("unix://"):
-        return endpoint[len("unix://") :]
-    if endpoint.startswith("unix:"):
-        return endpoint[len("unix:") :]
-    return endpoint if endpoint.startswith("/") else None
+    """The file of a unix endpoint in any spelling kubelet's flags may use; None for other schemes."""
+    return unix_socket_path(endpoint, short_form=True)
 
 
 def same_endpoint(a: str, b: str) -> bool:
@@ -185,7 +181,7 @@ def _rpc_problem(e: grpc.RpcError) -> str:
 def check_config(path: str | None) -> tuple[Config, Finding]:
     try:
         config = load(path)
-    except ConfigFileError as e:
+    except ConfigError as e:
         finding = Finding(
             "config",
             Level.FAIL,
@@ -524,7 +520,7 @@ def check_state_dir(proxy: ProxyConfig) -> Finding:
 def check_hook_servers(config: Config) -> Finding:
     """The Koordinator hook-server files the remote hook reads: a file crihook skips (an unknown
     failure-policy, bad JSON) means a server that is silently not called, which only the log said."""
-    from crihook.hooks.remote_config import DEFAULT_DIR, InvalidConfig, is_server_file, read_server_file
+    from crihook.hooks.remote_config import DEFAULT_DIR, is_server_file, read_server_file
 
     name = "hook servers"
     if "remote" in config.hooks.disabled:
@@ -542,8 +538,8 @@ def check_hook_servers(config: Config) -> Finding:
             continue
         try:
             server = read_server_file(directory, file)
-        except InvalidConfig as e:
-            skipped.append(f"{file}: {e}")
+        except ConfigError as e:
+            skipped.append(str(e))
             continue
         servers.append(f"{file} ({server.policy.value})")
         if not os.path.exists(server.endpoint):

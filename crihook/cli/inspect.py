@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from crihook.base.config import DEFAULT_CONFIG, ConfigFileError, load
+from crihook.base.config import DEFAULT_CONFIG, ConfigError, load
 
 # Labels and annotations crihook's hooks read; the rest of a pod's metadata is noise here.
 RELEVANT_PREFIXES = (
@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         state_dir = args.state_dir or load(args.config).proxy.state_dir
-    except ConfigFileError as e:
+    except ConfigError as e:
         print(f"crihook inspect: {e}", file=sys.stderr)
         return 2
     path = Path(state_dir) / "store.json"

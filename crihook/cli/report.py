@@ -22,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         conf = cfg.load(args.config, {"reporter": {"kubeconfig": args.kubeconfig}, "node": {"name": args.node_name}})
-    except cfg.ConfigFileError as e:
+    except cfg.ConfigError as e:
         print(f"crihook report: {e}", file=sys.stderr)
         return 2
     logsetup.setup(conf.proxy.log_level)

@@ -9,7 +9,7 @@ import sys
 
 from crihook.base import config as cfgmod
 from crihook.base import log as logmod
-from crihook.hooks.base import ConfigError
+from crihook.base.config import ConfigError
 from crihook.proxy.serve import Daemon, StartupError
 
 log = logging.getLogger("crihook.proxy")
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args)
         logmod.setup(cfg.proxy.log_level)
-    except (cfgmod.ConfigFileError, ValueError) as e:
+    except (ConfigError, ValueError) as e:
         print(f"crihook: {e}", file=sys.stderr)
         return 2
     try:

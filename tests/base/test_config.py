@@ -1,14 +1,18 @@
-"""README.md's configuration reference against crihook/base/config.py: every key documented, none
-invented, each default as the code has it."""
+"""README.md's configuration reference against the declarations: crihook/base/config.py's sections
+and the options each installed hook's factory declares. Every key documented, none invented, each
+default as the code has it."""
 
 from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 from pathlib import Path
+from typing import Any
 
-from crihook.base.config import Config
+from crihook.base.config import Config, HookPolicy
+from crihook.hooks.base import options_type
+from crihook.hooks.chain import discover_factories
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -20,24 +24,40 @@ def documented() -> dict[str, dict[str, str]]:
     tables: dict[str, dict[str, str]] = {}
     section = ""
     for line in reference.splitlines():
-        if m := re.match(r"^### \[(\w+)\]$", line):
+        if m := re.match(r"^### \[([\w.<>]+)\]$", line):
             section = m.group(1)
             tables[section] = {}
-        elif m := re.match(r"^\| `(\w+)` \| [^|]+ \| `(.*?)` \|", line):
+        elif m := re.match(r"^\| `(\w+)` \| [^|]+ \| (`.*?`|none) \|", line):
             tables[section][m.group(1)] = m.group(2)
     return tables
 
 
+def declared() -> dict[str, Any]:
+    """Table name -> its declaration's defaults: crihook's sections, the keys every hook table has,
+    and each installed hook's options with their sub-tables."""
+    out: dict[str, Any] = {f.name: getattr(Config(), f.name) for f in fields(Config) if f.name != "source"}
+    out["hooks.<name>"] = HookPolicy()
+    pending = [(f"hooks.{name}", options_type(factory)()) for name, factory in discover_factories().items()]
+    while pending:
+        name, table = pending.pop()
+        if fields(table):
+            out[name] = table
+        pending += [(f"{name}.{f.name}", v) for f in fields(table) if is_dataclass(v := getattr(table, f.name))]
+    return out
+
+
 def test_every_key_is_documented_with_its_default() -> None:
-    defaults = Config()
     tables = documented()
-    assert set(tables) == {f.name for f in fields(defaults)} - {"source"}
+    defaults = declared()
+    assert set(tables) == set(defaults)
     for section, rows in tables.items():
-        table = getattr(defaults, section)
-        keys = {f.name for f in fields(table)} - {"options"}
+        table = defaults[section]
+        keys = {
+            f.name for f in fields(table) if f.metadata.get("key", True) and not is_dataclass(getattr(table, f.name))
+        }
         assert set(rows) == keys, section
         for key, default in rows.items():
-            value = tomllib.loads(f"v = {default}")["v"]
+            value = None if default == "none" else tomllib.loads(f"v = {default.strip('`')}")["v"]
             want = getattr(table, key)
             assert (list(want) if isinstance(want, tuple) else want) == value, f"[{section}] {key}"
 

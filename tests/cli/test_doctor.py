@@ -427,7 +427,7 @@ def test_hook_server_checks(tmp_path: Path) -> None:
     assert check() == doctor.Finding("hook servers", Level.OK, f"1 server(s) in {confdir}: koordlet.json (Fail)")
     (confdir / "other.json").write_text(json.dumps({**doc, "failure-policy": "Always"}))
     f = check()
-    assert f.level is Level.FAIL and "other.json: failure-policy must be Fail or Ignore" in f.found and f.fix
+    assert f.level is Level.FAIL and "other.json failure-policy: must be Fail or Ignore" in f.found and f.fix
     assert check(disabled=("remote",)).level is Level.OK
 
 

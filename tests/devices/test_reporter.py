@@ -355,7 +355,7 @@ def test_partition_table_naming_a_missing_gpu_is_not_published(setup, kube: Fake
 def test_bad_partition_table_is_a_config_error(setup, tmp_path: Path) -> None:
     path = tmp_path / "table.json"
     path.write_text(json.dumps({"2": [{"minors": [0]}]}))
-    with pytest.raises(cfg.ConfigFileError, match=r"\['2'\]\[0\].minors: 1 GPUs under the key for 2"):
+    with pytest.raises(cfg.ConfigError, match=r"\['2'\]\[0\].minors: 1 GPUs under the key for 2"):
         setup("pcie-l40s", partition_table=str(path))
 
 

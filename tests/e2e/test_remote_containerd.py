@@ -55,7 +55,7 @@ DEVICE_HOOK = textwrap.dedent(
             saw = ctx.container.env("FROM_SERVER") or "nothing"
             return Edit(env={"NVIDIA_VISIBLE_DEVICES": "GPU-test", "DEVICE_HOOK_SAW": saw})
 
-    def create(options):
+    def factory(options, node):
         return Device()
     """
 )

@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 
 from crihook.base import allocation as al
-from crihook.base.config import NodeConfig
+from crihook.base.config import ConfigError, HooksConfig, NodeConfig
 from crihook.cli import doctor
 from crihook.cli.doctor import Level
 from crihook.devices.nvml import GpuInfo, NodeGpus
-from crihook.hooks.base import ConfigError
 from crihook.hooks.cdi import CdiIndex, declared
-from crihook.hooks.gpu import parse_options
+from crihook.hooks.gpu import factory
+from crihook.hooks.gpu_edit import GpuOptions
 from crihook.simnode import fakenvml
 from crihook.simnode.node import NVIDIA_MAJOR, SimNode, make_sim_node
 from tests.support.containerd import Containerd
@@ -179,11 +179,17 @@ def test_index_rereads_only_when_the_dirs_change(tmp_path: Path) -> None:
 
 
 def test_cdi_spec_dirs_option() -> None:
-    assert parse_options({}, NodeConfig()).cdi_spec_dirs == ("/etc/cdi", "/var/run/cdi")
-    assert parse_options({"cdi_spec_dirs": ["/opt/cdi/"]}, NodeConfig()).cdi_spec_dirs == ("/opt/cdi",)
+    def cdi_dirs(values: dict[str, Any]) -> tuple[str, ...]:
+        hook = factory(HooksConfig(options={"gpu": values}).table("gpu", GpuOptions)[1], NodeConfig())
+        hook.close()
+        assert hook.cdi is not None
+        return hook.cdi.dirs
+
+    assert cdi_dirs({"inject": "cdi"}) == ("/etc/cdi", "/var/run/cdi")
+    assert cdi_dirs({"inject": "cdi", "cdi_spec_dirs": ["/opt/cdi/"]}) == ("/opt/cdi",)
     for bad in ([], "/etc/cdi", ["relative"], [1]):
-        with pytest.raises(ConfigError, match="cdi_spec_dirs"):
-            parse_options({"cdi_spec_dirs": bad}, NodeConfig())
+        with pytest.raises(ConfigError, match=r"\[hooks.gpu\].cdi_spec_dirs"):
+            cdi_dirs({"cdi_spec_dirs": bad})
 
 
 # -- crihook doctor's CDI finding

@@ -51,7 +51,7 @@ class Async:
 def chain(*hooks: Any, policy: str = "fail", timeout_ms: int = 300, **extra: Any) -> HookChain:
     options = {h.name: {"failure_policy": policy, "timeout_ms": timeout_ms} for h in hooks}
     cfg = HooksConfig(options=options, **extra)
-    return build_chain(cfg, NodeConfig(), factories={h.name: (lambda opts, h=h: h) for h in hooks})
+    return build_chain(cfg, NodeConfig(), factories={h.name: (lambda options, node, h=h: h) for h in hooks})
 
 
 def env(c: HookContext) -> dict[str, str]:

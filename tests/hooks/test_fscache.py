@@ -228,7 +228,7 @@ def test_rdma_answers_on_the_loop_only_without_rdma_devices() -> None:
 
 def gpu_chain(hook: GpuHook, timeout_ms: int = 300) -> Any:
     cfg = HooksConfig(options={"gpu": {"timeout_ms": timeout_ms}}, allowed_host_paths=("/**",))
-    return build_chain(cfg, NodeConfig(), factories={"gpu": lambda opts: hook})
+    return build_chain(cfg, NodeConfig(), factories={"gpu": lambda options, node: hook})
 
 
 async def test_a_warm_gpu_hook_runs_on_the_event_loop(memo: FsMemo, tmp_path: Path) -> None:

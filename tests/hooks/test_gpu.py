@@ -13,13 +13,13 @@ import grpc
 import pytest
 
 from crihook.base import allocation as al
-from crihook.base.config import HooksConfig, NodeConfig
+from crihook.base.config import ConfigError, HooksConfig, NodeConfig
 from crihook.base.spec import Device
 from crihook.devices import checkpoint as checkpoint_module
 from crihook.devices.checkpoint import CheckpointReader
-from crihook.hooks.base import ConfigError, ContainerInfo, Edit, HookContext, HookError, PodInfo, Stage
+from crihook.hooks.base import ContainerInfo, Edit, HookContext, HookError, PodInfo, Stage
 from crihook.hooks.chain import build_chain
-from crihook.hooks.gpu import GpuHook, PodDirs, StorePods, parse_options
+from crihook.hooks.gpu import GpuHook, PodDirs, StorePods, directory
 from crihook.hooks.gpu_edit import GpuOptions, HamiCore, SeenPod
 from crihook.simnode.node import make_dev_root
 from tests.support.gpu_fixtures import Entry, Inventory, fake_proc, gpus, nvidia_plugin_resp, write_checkpoint
@@ -47,9 +47,15 @@ class Node:
         (self.kubelet / "pods" / uid).mkdir()
 
     def hook(self, **options: Any) -> GpuHook:
-        settings = parse_options(options, self.config)
+        opts = gpu_options(options)
         reader = CheckpointReader(str(self.checkpoint), sleep=lambda s: None)
-        return GpuHook(settings.opts, self.inventory, reader, PodDirs(settings.pods_dir, str(self.proc)))
+        pod_dirs = PodDirs(opts.kubelet_pods_dir, str(self.proc))
+        return GpuHook(opts, self.inventory, reader, pod_dirs, dev_root=str(self.dev))
+
+
+def gpu_options(values: Mapping[str, Any]) -> GpuOptions:
+    """A `[hooks.gpu]` table as the chain checks it."""
+    return HooksConfig(options={"gpu": values}, source="config.toml").table("gpu", GpuOptions)[1]
 
 
 @pytest.fixture
@@ -79,48 +85,49 @@ def refusal(hook: GpuHook, p: PodInfo, c: ContainerInfo | None = None) -> HookEr
 
 
 def test_defaults_follow_the_node(node: Node) -> None:
-    s = parse_options({"node": node.config}, node.config)
-    assert s.opts == GpuOptions(dev_root=str(node.dev))
-    assert s.pods_dir is None  # the running kubelet's, found when first needed
-    assert PodDirs(s.pods_dir, str(node.proc)).directory() == str(node.kubelet / "pods")
+    opts = gpu_options({})
+    assert opts == GpuOptions()
+    assert opts.kubelet_pods_dir is None  # the running kubelet's, found when first needed
+    assert PodDirs(opts.kubelet_pods_dir, str(node.proc)).directory() == str(node.kubelet / "pods")
 
 
-def test_options(node: Node) -> None:
-    s = parse_options(
+def test_options() -> None:
+    opts = gpu_options(
         {
             "inject": "cdi",
             "deny_unallocated": False,
             "plugin_resources": ["example.com/gpu"],
             "hami_core": {"library": "/opt/hami/libvgpu.so", "cache_root": "/var/cache/hami", "lock_dir": ""},
             "kubelet_pods_dir": "/srv/kubelet/pods/",
-        },
-        node.config,
+        }
     )
-    assert s.opts.inject == "cdi" and s.opts.deny_unallocated is False
-    assert s.opts.plugin_resources == ("example.com/gpu",)
-    assert s.opts.hami_core == HamiCore(library="/opt/hami/libvgpu.so", cache_root="/var/cache/hami", lock_dir="")
-    assert s.pods_dir == "/srv/kubelet/pods"
+    assert opts.inject == "cdi" and opts.deny_unallocated is False
+    assert opts.plugin_resources == ("example.com/gpu",)
+    assert opts.hami_core == HamiCore(library="/opt/hami/libvgpu.so", cache_root="/var/cache/hami", lock_dir="")
+    assert opts.kubelet_pods_dir is not None and directory(opts.kubelet_pods_dir) == "/srv/kubelet/pods"
 
 
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"inject": "env"}, r"inject must be one of 'env\+devices', 'cdi', not 'env'"),
-        ({"deny_unallocated": "yes"}, r"deny_unallocated must be true or false"),
-        ({"plugin_resources": "nvidia.com/gpu"}, r"plugin_resources must be a list"),
-        ({"plugin_resources": [""]}, r"plugin_resources must be a list"),
-        ({"hami_core": "/opt"}, r"hami_core must be a table"),
-        ({"hami_core": {"libary": "/x"}}, r"hami_core: unknown option\(s\) libary"),
-        ({"hami_core": {"library": "lib/vgpu.so"}}, r"hami_core.library must be an absolute, normalised path"),
-        ({"hami_core": {"cache_root": "/a/../etc"}}, r"hami_core.cache_root must be an absolute"),
-        ({"hami_core": {"library": ""}}, r"hami_core.library must be an absolute"),
-        ({"kubelet_pods_dir": 3}, r"kubelet_pods_dir must be an absolute"),
-        ({"verbose": True}, r"unknown option\(s\) verbose \(known: inject, deny_unallocated"),
+        ({"inject": "env"}, r"\[hooks.gpu\].inject: must be one of 'env\+devices', 'cdi', not 'env'"),
+        ({"inject": "CDI"}, r"\[hooks.gpu\].inject: must be one of"),
+        ({"deny_unallocated": "yes"}, r"\[hooks.gpu\].deny_unallocated: expected bool, got str 'yes'"),
+        ({"plugin_resources": "nvidia.com/gpu"}, r"\[hooks.gpu\].plugin_resources: expected a list of strings"),
+        ({"plugin_resources": ["a", ""]}, r"\[hooks.gpu\].plugin_resources\[1\]: must not be empty"),
+        ({"hami_core": "/opt"}, r"\[hooks.gpu\].hami_core: expected a table \(\[hooks.gpu.hami_core\]\)"),
+        ({"hami_core": {"libary": "/x"}}, r"\[hooks.gpu.hami_core\].libary: unknown key \(known: cache_root, lib"),
+        ({"hami_core": {"library": "lib/vgpu.so"}}, r"\[hooks.gpu.hami_core\].library: must be an absolute, normal"),
+        ({"hami_core": {"cache_root": "/a/../etc"}}, r"\[hooks.gpu.hami_core\].cache_root: must be an absolute"),
+        ({"hami_core": {"library": ""}}, r"\[hooks.gpu.hami_core\].library: must be an absolute"),
+        ({"kubelet_pods_dir": 3}, r"\[hooks.gpu\].kubelet_pods_dir: expected str, got int 3"),
+        ({"kubelet_pods_dir": "pods"}, r"\[hooks.gpu\].kubelet_pods_dir: must be an absolute"),
+        ({"verbose": True}, r"\[hooks.gpu\].verbose: unknown key \(known: cdi_spec_dirs, deny_unallocated, hami"),
     ],
 )
-def test_bad_options_are_named(node: Node, options: dict[str, Any], message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
-        parse_options(options, node.config)
+def test_bad_options_are_named(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=r"^config.toml " + message):
+        gpu_options(options)
 
 
 # -- the checkpoint file ----------------------------------------------------------------------------
@@ -237,10 +244,10 @@ SHARED = {al.DEVICE_ALLOCATED: json.dumps({"gpu": [{"minor": 3, "resources": {al
 
 
 def chain_run(node: Node, hooks: HooksConfig, p: PodInfo) -> Any:
-    def make(options: Mapping[str, Any]) -> GpuHook:
-        settings = parse_options(options, options["node"])
+    def make(options: GpuOptions, node_cfg: NodeConfig) -> GpuHook:
         reader = CheckpointReader(str(node.checkpoint))
-        return GpuHook(settings.opts, node.inventory, reader, PodDirs(settings.pods_dir, str(node.proc)))
+        pod_dirs = PodDirs(options.kubelet_pods_dir, str(node.proc))
+        return GpuHook(options, node.inventory, reader, pod_dirs, dev_root=node_cfg.dev_root)
 
     chain = build_chain(hooks, node.config, {"gpu": make})
     ctx = HookContext(Stage.PRE_CREATE_CONTAINER, p, ContainerInfo("cuda", envs=(("NVIDIA_VISIBLE_DEVICES", "all"),)))
@@ -299,7 +306,7 @@ def test_registered_hook_over_nvml_makes_no_nvml_call_when_warm(tmp_path: Path, 
         kubelet_checkpoint=str(tmp_path / "kubelet" / "device-plugins" / "kubelet_internal_checkpoint"),
         nvml_library=str(fake.library),
     )
-    hook = discover_factories()["gpu"]({"node": node_cfg})
+    hook = discover_factories()["gpu"](GpuOptions(), node_cfg)
     assert (hook.name, hook.priority, hook.stages) == ("gpu", 200, frozenset({Stage.PRE_CREATE_CONTAINER}))
     last = fake.doc["gpus"][-1]
     p = pod({al.DEVICE_ALLOCATED: json.dumps({"gpu": [{"minor": last["minor"], "id": last["uuid"]}]})})

@@ -189,7 +189,7 @@ def test_control_nodes_only_where_present() -> None:
 def test_dev_root_is_the_host_side_only() -> None:
     seen: list[str] = []
     n = NodeView(Checkpoint(), lambda path: seen.append(path) or True, lambda uid: True)
-    edit = run(pod(allocated(3)), container(), n, GpuOptions(dev_root="/run/test/dev"))
+    edit = run(pod(allocated(3)), container(), replace(n, dev_root="/run/test/dev"))
     assert edit is not None
     assert edit.add_devices[0] == Device("/dev/nvidia3", "/run/test/dev/nvidia3", "rw")
     assert all(path.startswith("/run/test/dev/") for path in seen)

@@ -10,9 +10,10 @@ import grpc
 import pytest
 
 from crihook.base import allocation as al
-from crihook.base.config import NodeConfig
+from crihook.base.config import ConfigError, HooksConfig, NodeConfig, NoOptions
 from crihook.base.spec import Device
-from crihook.hooks.base import ConfigError, ContainerInfo, HookContext, HookError, PodInfo, Stage
+from crihook.hooks.base import ContainerInfo, HookContext, HookError, PodInfo, Stage
+from crihook.hooks.chain import build_chain
 from crihook.hooks.rdma import canonical_pci, factory
 from crihook.simnode.node import make_rdma_sys
 
@@ -31,7 +32,7 @@ def roots(tmp_path: Path) -> tuple[Path, Path]:
 
 def handle(roots: tuple[Path, Path], annotations: dict[str, str], container: str = "c") -> list[Device] | None:
     sys_root, dev_root = roots
-    hook = factory({"node": NodeConfig(sys_root=str(sys_root), dev_root=str(dev_root))})
+    hook = factory(NoOptions(), NodeConfig(sys_root=str(sys_root), dev_root=str(dev_root)))
     pod = PodInfo("p", "ns", "uid-1", annotations=annotations)
     edit = hook.handle(HookContext(Stage.PRE_CREATE_CONTAINER, pod, ContainerInfo(container)))
     return None if edit is None else edit.add_devices
@@ -123,13 +124,14 @@ def test_canonical_pci() -> None:
     assert canonical_pci("10000:01:00.0") == "10000:01:00.0"
 
 
-def test_factory_refuses_unknown_options() -> None:
-    with pytest.raises(ConfigError, match="unknown option"):
-        factory({"node": NodeConfig(), "verbose": True})
+def test_unknown_options_are_refused() -> None:
+    hooks = HooksConfig(options={"rdma": {"timeout_ms": 50, "verbose": True}}, source="c.toml")
+    with pytest.raises(ConfigError, match=r"^c.toml \[hooks.rdma\].verbose: unknown key \(known: none\)$"):
+        build_chain(hooks, NodeConfig(), {"rdma": factory})
 
 
 def test_registered_entry_point() -> None:
     from crihook.hooks.chain import discover_factories
 
-    hook = discover_factories()["rdma"]({"node": NodeConfig()})
+    hook = discover_factories()["rdma"](NoOptions(), NodeConfig())
     assert (hook.name, hook.priority, hook.stages) == ("rdma", 210, frozenset({Stage.PRE_CREATE_CONTAINER}))

@@ -17,11 +17,11 @@ from typing import Any
 import grpc
 import pytest
 
-from crihook.base.config import HooksConfig, NodeConfig
+from crihook.base.config import ConfigError, HooksConfig, NodeConfig
 from crihook.base.metrics import HOOK_SERVER_FILES
-from crihook.hooks.base import ConfigError, ContainerInfo, Edit, HookContext, LinuxResources, PodInfo, Stage
+from crihook.hooks.base import ContainerInfo, Edit, HookContext, LinuxResources, PodInfo, Stage
 from crihook.hooks.chain import HookChain, Outcome, build_chain
-from crihook.hooks.remote import RemoteHook, create
+from crihook.hooks.remote import RemoteHook, RemoteOptions, factory
 from crihook.hooks.remote_protocol import SKIP_LABEL
 from tests.support.hookserver import HookServer, short_dir, write_config, write_raw
 
@@ -90,8 +90,8 @@ async def chains(confdir: Path) -> AsyncIterator[Callable[..., HookChain]]:
         opts.update(options)
         opts = {k: v for k, v in opts.items() if v is not None}  # None: leave the option out
         default_timeout_ms = opts.pop("default_timeout_ms", 2000)
-        factories: dict[str, Any] = {"remote": create}
-        factories.update({h.name: (lambda o, h=h: h) for h in others})
+        factories: dict[str, Any] = {"remote": factory}
+        factories.update({h.name: (lambda options, node, h=h: h) for h in others})
         hooks = HooksConfig(options={"remote": opts}, default_timeout_ms=default_timeout_ms)
         chain = build_chain(hooks, NodeConfig(), factories)
         made.append(chain)
@@ -511,15 +511,22 @@ async def test_missing_directory_means_no_servers(chains, confdir) -> None:
 
 
 def test_options_are_checked() -> None:
-    with pytest.raises(ConfigError, match="call_timeout_ms must be a positive"):
-        create({"call_timeout_ms": 0})
-    with pytest.raises(ConfigError, match="unknown option"):
-        create({"config-dir": "/x"})
-    with pytest.raises(ConfigError, match="config_dir"):
-        create({"config_dir": ""})
-    with pytest.raises(ConfigError, match="runtime_margin_ms"):
-        create({"runtime_margin_ms": -1})
-    hook = create({"config_dir": "/nonexistent", "node": NodeConfig(), "budget_ms": 900})
+    def remote(values: dict[str, Any]) -> RemoteHook:
+        return factory(HooksConfig(options={"remote": values}).table("remote", RemoteOptions)[1], NodeConfig())
+
+    for values, message in [
+        ({"call_timeout_ms": 0}, r"\[hooks.remote\].call_timeout_ms: must be positive, not 0"),
+        ({"call_timeout_ms": True}, r"\[hooks.remote\].call_timeout_ms: expected float, got bool True"),
+        ({"config-dir": "/x"}, r"\[hooks.remote\].config-dir: unknown key \(known: budget_ms, call_timeout_ms"),
+        ({"config_dir": ""}, r"\[hooks.remote\].config_dir: must not be empty"),
+        ({"runtime_margin_ms": -1}, r"\[hooks.remote\].runtime_margin_ms: must be 0 or more, not -1"),
+        ({"reload_interval_ms": 0}, r"\[hooks.remote\].reload_interval_ms: must be positive"),
+    ]:
+        with pytest.raises(ConfigError, match=r"^config " + message):
+            remote(values)
+    hook = remote({"config_dir": "/nonexistent", "budget_ms": 900, "runtime_margin_ms": 0})
+    assert hook.runtime_margin == 0.0
+    hook = remote({"config_dir": "/nonexistent", "budget_ms": 900})
     # caps only where given; the margin kept for the runtime defaults to 2 s
     assert (hook.name, hook.priority, hook.budget, hook.call_timeout) == ("remote", 100, 0.9, None)
     assert hook.runtime_margin == 2.0

@@ -11,9 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from crihook.base.config import ConfigError
 from crihook.hooks.base import ContainerInfo, Edit, HookContext, LinuxResources, PodInfo, Stage
 from crihook.hooks.chain import apply_edit
-from crihook.hooks.remote_config import InvalidConfig, Policy, parse_server_config
+from crihook.hooks.remote_config import Policy, parse_server_config
 from crihook.hooks.remote_protocol import (
     RPCS,
     InvalidAnswer,
@@ -230,7 +231,7 @@ _FIELDS = st.fixed_dictionaries(
 def test_any_file_content_gives_a_server_or_invalid_config(raw: bytes) -> None:
     try:
         server = parse_server_config("x.json", raw)
-    except InvalidConfig as e:
+    except ConfigError as e:
         assert str(e)
     else:
         assert server.endpoint.startswith("/") and server.stages <= set(RPCS)
@@ -278,5 +279,5 @@ def test_koordlet_file_parses_and_hooks_without_an_rpc_are_kept_aside() -> None:
     ],
 )
 def test_invalid_config_names_the_field(raw: bytes, message: str) -> None:
-    with pytest.raises(InvalidConfig, match=message):
+    with pytest.raises(ConfigError, match=message):
         parse_server_config("x.json", raw)

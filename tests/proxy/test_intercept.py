@@ -80,7 +80,7 @@ class EditHook:
 
 def interceptor(tmp_path: Path, hook: EditHook, node: NodeConfig | None = None) -> Interceptor:
     cfg = HooksConfig(allowed_host_paths=("/dev/nvidia*",))
-    chain = build_chain(cfg, node or NodeConfig(), factories={"edit": lambda opts: hook})
+    chain = build_chain(cfg, node or NodeConfig(), factories={"edit": lambda options, node: hook})
     return Interceptor(chain, Store(tmp_path))
 
 
@@ -295,7 +295,8 @@ async def test_chain_close_releases_hooks_once_and_survives_a_failing_close() ->
             return None
 
     hooks = {"a": Holder("a"), "b": Holder("b", fail=True), "c": Holder("c", is_async=False)}
-    chain = build_chain(HooksConfig(), NodeConfig(), factories={n: (lambda opts, h=h: h) for n, h in hooks.items()})
+    factories = {n: (lambda options, node, h=h: h) for n, h in hooks.items()}
+    chain = build_chain(HooksConfig(), NodeConfig(), factories=factories)
     await chain.close()
     assert closed == ["a", "a:awaited", "c"]
 

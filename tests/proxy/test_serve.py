@@ -33,17 +33,25 @@ pytestmark = pytest.mark.containerd
 TEST_HOOK = textwrap.dedent(
     """
     import json
+    from dataclasses import dataclass
+
     import grpc
+    from crihook.base.config import NodeConfig
     from crihook.hooks.base import Edit, HookError, Stage
+
+    @dataclass(frozen=True)
+    class StampOptions:
+        value: str = "from-hook"
+        seen_file: str = ""
 
     class Stamp:
         name = "stamp"
         stages = frozenset(Stage)
         priority = 50
 
-        def __init__(self, options):
-            self.value = str(options.get("value", "from-hook"))
-            self.seen = options.get("seen_file", "")
+        def __init__(self, options: StampOptions) -> None:
+            self.value = options.value
+            self.seen = options.seen_file
 
         def handle(self, ctx):
             if self.seen:
@@ -55,7 +63,7 @@ TEST_HOOK = textwrap.dedent(
                 return Edit(env={"CRIHOOK_STAMP": self.value}, annotations={"crihook.test/stamped": "yes"})
             return None
 
-    def create(options):
+    def factory(options: StampOptions, node: NodeConfig) -> Stamp:
         return Stamp(options)
     """
 )

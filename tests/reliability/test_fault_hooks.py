@@ -31,17 +31,24 @@ TIMEOUT_MS = 400
 FAULTY_HOOK = textwrap.dedent(
     f"""
     import time
+    from dataclasses import dataclass
+
+    from crihook.base.config import NodeConfig
     from crihook.hooks.base import Edit, Stage
 
     NAME = __name__.removeprefix("crihook_test_")
+
+    @dataclass(frozen=True)
+    class FaultyOptions:
+        entered_file: str = ""
 
     class Faulty:
         name = NAME
         stages = frozenset({{Stage.PRE_CREATE_CONTAINER}})
         priority = 50
 
-        def __init__(self, options):
-            self.entered = options.get("entered_file", "")
+        def __init__(self, options: FaultyOptions) -> None:
+            self.entered = options.entered_file
 
         def handle(self, ctx):
             mode = ctx.container.annotations.get("crihook.test/" + NAME, "ok")
@@ -56,7 +63,7 @@ FAULTY_HOOK = textwrap.dedent(
                 return {{"env": {{"NOT": "an edit"}}}}
             return Edit(env={{"RAN_" + NAME.upper(): "1"}})
 
-    def create(options):
+    def factory(options: FaultyOptions, node: NodeConfig) -> Faulty:
         return Faulty(options)
     """
 )

@@ -42,7 +42,7 @@ GRABBER = textwrap.dedent(
                 return Edit(add_mounts=[Mount("/grabbed", path)])
             return None
 
-    def create(options):
+    def factory(options, node):
         return Grabber()
     """
 )

@@ -19,6 +19,6 @@ def install_hook_package(site: Path, name: str, source: str) -> dict[str, str]:
     dist = site / f"{module}-0.1.dist-info"
     dist.mkdir(exist_ok=True)
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text(f"[crihook.hooks]\n{name} = {module}:create\n")
+    (dist / "entry_points.txt").write_text(f"[crihook.hooks]\n{name} = {module}:factory\n")
     path = os.environ.get("PYTHONPATH", "")
     return {"PYTHONPATH": f"{site}{os.pathsep}{path}" if path else str(site)}
