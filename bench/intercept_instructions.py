@@ -104,7 +104,9 @@ async def pod_starts(work: Path, calls: int, resident: int, timings: dict[str, l
         assert call is not None
         if call.modifies:
             run = await pre("RunPodSandbox pre", call, run)
-        post["RunPodSandbox"](call, run, api.RunPodSandboxResponse(pod_sandbox_id=pod_id).SerializeToString(), 0, None)
+        post["RunPodSandbox"](
+            call, run, api.RunPodSandboxResponse(pod_sandbox_id=pod_id).SerializeToString(), grpc.StatusCode.OK, None
+        )
         await settle()
         create = api.CreateContainerRequest(
             pod_sandbox_id=pod_id, config=container_config("app", pod), sandbox_config=pod
@@ -115,7 +117,7 @@ async def pod_starts(work: Path, calls: int, resident: int, timings: dict[str, l
         assert forwarded != create  # the gpu hook did its job
         cid = f"c{n:063x}"
         post["CreateContainer"](
-            call, forwarded, api.CreateContainerResponse(container_id=cid).SerializeToString(), 0, None
+            call, forwarded, api.CreateContainerResponse(container_id=cid).SerializeToString(), grpc.StatusCode.OK, None
         )
         await settle()
         start = api.StartContainerRequest(container_id=cid).SerializeToString()
@@ -123,7 +125,7 @@ async def pod_starts(work: Path, calls: int, resident: int, timings: dict[str, l
         assert call is not None
         if call.modifies:
             start = await pre("StartContainer pre", call, start)
-        post["StartContainer"](call, start, b"", 0, None)
+        post["StartContainer"](call, start, b"", grpc.StatusCode.OK, None)
         await settle()
         if not resident:  # counted pods go again, so every counted start sees the same store
             remove = api.RemovePodSandboxRequest(pod_sandbox_id=pod_id).SerializeToString()

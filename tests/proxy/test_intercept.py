@@ -360,7 +360,7 @@ async def test_update_shows_the_stored_container_with_the_update_applied(tmp_pat
     }  # fmt: skip
     # a refused update changes nothing
     ic.post(call, cri.UpdateContainerResourcesRequest(container_id="c-1", linux=cri.LinuxContainerResources(
-        cpu_shares=2)).SerializeToString(), None, 2, None)  # fmt: skip
+        cpu_shares=2)).SerializeToString(), None, grpc.StatusCode.UNKNOWN, None)  # fmt: skip
     assert ic.store.containers["c-1"].resources["cpu_shares"] == 512
     await ic.close()
     await ic.store.close()
