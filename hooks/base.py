@@ -282,12 +282,41 @@ def options_type(factory: Factory) -> type[DataclassInstance]:
     return declared
 
 
+class PodRecordView(Protocol):
+    """What a hook reads of a pod crihook's store recorded (proxy.store.PodRecord)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def uid(self) -> str: ...
+    @property
+    def annotations(self) -> Mapping[str, str]: ...
+
+
+class ContainerRecordView(Protocol):
+    """What a hook reads of a container crihook's store recorded (proxy.store.ContainerRecord)."""
+
+    @property
+    def pod_id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+
+
+class RecordStore(Protocol):
+    """What a hook reads of crihook's store (proxy.store.Store: hooks sit below the proxy)."""
+
+    @property
+    def pods(self) -> Mapping[str, PodRecordView]: ...
+    @property
+    def containers(self) -> Mapping[str, ContainerRecordView]: ...
+
+
 @runtime_checkable
 class NeedsStore(Protocol):
     """A hook that asks about the node's other pods and containers (the gpu hook: which pods the
     scheduler placed, which containers exist). The daemon hands it crihook's store once rebuilt."""
 
-    def attach_store(self, store: Any) -> None: ...
+    def attach_store(self, store: RecordStore) -> None: ...
 
 
 @runtime_checkable

@@ -15,7 +15,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,7 @@ from crihook.base import allocation as al
 from crihook.base.config import NodeConfig
 from crihook.devices import kubelet
 from crihook.devices.checkpoint import Checkpoint, CheckpointError, CheckpointReader
-from crihook.hooks.base import Edit, HookContext, HookError, Stage
+from crihook.hooks.base import Edit, HookContext, HookError, PodRecordView, RecordStore, Stage
 from crihook.hooks.cdi import GENERATE_FIX, CdiIndex
 from crihook.hooks.fscache import FsMemo, NotCached
 from crihook.hooks.gpu_edit import GpuLookup, GpuOptions, NodeView, SeenPod, gpu_edit
@@ -108,16 +108,16 @@ class StorePods:
 
     _parsed: dict[str, tuple[bool, frozenset[int]]] = {}  # annotation text -> allocation, shared
 
-    def __init__(self, store: Any, claims: Iterable[Claim] = ()) -> None:
+    def __init__(self, store: RecordStore, claims: Iterable[Claim] = ()) -> None:
         self.store = store
         self.claims = claims
-        self._index: tuple[dict[str, list[Any]], dict[str, set[str]], dict[str, list[Claim]]] | None = None
+        self._index: tuple[dict[str, list[PodRecordView]], dict[str, set[str]], dict[str, list[Claim]]] | None = None
         self._seen: dict[str, SeenPod | None] = {}
 
-    def _indexed(self) -> tuple[dict[str, list[Any]], dict[str, set[str]], dict[str, list[Claim]]]:
+    def _indexed(self) -> tuple[dict[str, list[PodRecordView]], dict[str, set[str]], dict[str, list[Claim]]]:
         """Pod records by UID, container names by sandbox id, claims by UID: one pass each."""
         if self._index is None:
-            pods: dict[str, list[Any]] = {}
+            pods: dict[str, list[PodRecordView]] = {}
             for p in list(self.store.pods.values()):
                 pods.setdefault(p.uid, []).append(p)  # a pod whose sandbox was recreated has several
             names: dict[str, set[str]] = {}
@@ -132,7 +132,8 @@ class StorePods:
     def get(self, uid: str) -> SeenPod | None:
         if uid not in self._seen:
             pods, names, claims = self._indexed()
-            records, lets = pods.get(uid, ()), claims.get(uid, ())
+            records: Sequence[PodRecordView] = pods.get(uid, ())
+            lets: Sequence[Claim] = claims.get(uid, ())
             if not records and not lets:
                 self._seen[uid] = None
             else:
@@ -186,7 +187,7 @@ class GpuHook:
         self.checkpoint = checkpoint
         self.pod_live = pod_live
         self.exists = exists
-        self.store: Any = None  # crihook's store, once the daemon has it (attach_store)
+        self.store: RecordStore | None = None  # crihook's store, once the daemon has it (attach_store)
         self.clock: Callable[[], float] = time.monotonic
         self._claims: dict[tuple[str, str], Claim] = {}  # (pod uid, container); guarded by _lock
         self._lock = threading.Lock()
@@ -198,7 +199,7 @@ class GpuHook:
         if self.memo is not None:
             self.memo.close()
 
-    def attach_store(self, store: Any) -> None:
+    def attach_store(self, store: RecordStore) -> None:
         self.store = store
 
     def plugin_holds(self, pod_uid: str) -> bool:

@@ -172,9 +172,17 @@ def cri_version(endpoint: str, timeout: float) -> Any:
         return call(api.VersionRequest(version=KUBELET_API_VERSION), timeout=timeout)
 
 
+def _as_call(e: grpc.RpcError) -> grpc.Call | None:
+    """The error as the grpc.Call a failed call raises; grpc-stubs declare the two classes
+    incompatible, so the check is made on the error as a plain object."""
+    raised: object = e
+    return raised if isinstance(raised, grpc.Call) else None
+
+
 def _rpc_problem(e: grpc.RpcError) -> str:
-    code = e.code() if isinstance(e, grpc.Call) else None
-    details = e.details() if isinstance(e, grpc.Call) else str(e)
+    call = _as_call(e)
+    code = call.code() if call is not None else None
+    details = call.details() if call is not None else str(e)
     return f"{code.name if code else 'error'}: {details}"
 
 
@@ -211,7 +219,8 @@ def check_runtime(proxy: ProxyConfig, timeout: float) -> tuple[Finding, Any]:
         version = cri_version(endpoint, timeout)
     except grpc.RpcError as e:
         fix = "check containerd: systemctl status containerd; journalctl -u containerd -n 50"
-        if isinstance(e, grpc.Call) and e.code() is grpc.StatusCode.UNIMPLEMENTED:
+        call = _as_call(e)
+        if call is not None and call.code() is grpc.StatusCode.UNIMPLEMENTED:
             fix = (
                 'containerd has its CRI plugin switched off: remove "cri" from disabled_plugins in '
                 "/etc/containerd/config.toml, then systemctl restart containerd"
