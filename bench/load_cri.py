@@ -62,7 +62,7 @@ LOAD_HOOK = textwrap.dedent(
         def handle(self, ctx):
             return Edit(env={{"CRIHOOK_LOAD": ctx.container.name}}, annotations={{{STAMP!r}: "yes"}})
 
-    def create(options):
+    def factory(options, node):
         return Stamp()
     """
 )
