@@ -70,8 +70,9 @@ class FGD:
         return self.cache.get(st, req, rows, fits, lambda r, f: self._best(st, req, r, f))[0]
 
     def pick(self, st: Cluster, req: PodRequest, row: int, fits: np.ndarray) -> list[int]:
-        if req.count == 1 and req.shared:
-            return [int(self._best(st, req, np.array([row]), fits[None, :])[1][0])]
+        if req.count == 1 and req.shared:  # the slot Score chose, unless the node changed since
+            _, choice = self.cache.get(st, req, np.array([row]), fits[None, :], lambda r, f: self._best(st, req, r, f))
+            return [int(choice[0])]
         return _pick_best_fit(st, req, row, fits)
 
 

@@ -644,18 +644,16 @@ class DeviceShare:
                     texts[i][str(refusal)] = texts[i].get(str(refusal), 0) + 1
         rest = usable & ~refused & ~fits
         core_short = rest & (st.core_free[rows] < req.core)
-        counts = np.stack(
-            [
-                fits.sum(axis=1),
-                st.ngpus[rows],
-                (present & ~st.usable[rows]).sum(axis=1),
-                core_short.sum(axis=1),
-                (rest & ~core_short).sum(axis=1),
-                st.host_known[rows] & (st.cpu_free[rows] < req.cpu_milli),
-                st.host_known[rows] & (st.hmem_free[rows] < req.host_memory),
-            ],
-            axis=1,
-        ).tolist()
+        columns = (  # a list per column, not per node: thousands of small lists would be GC-tracked
+            fits.sum(axis=1),
+            st.ngpus[rows],
+            (present & ~st.usable[rows]).sum(axis=1),
+            core_short.sum(axis=1),
+            (rest & ~core_short).sum(axis=1),
+            st.host_known[rows] & (st.cpu_free[rows] < req.cpu_milli),
+            st.host_known[rows] & (st.hmem_free[rows] < req.host_memory),
+        )
+        counts = zip(*(c.astype(np.int64).tolist() for c in columns), strict=True)
         share = "whole GPU" if not req.shared else f"{req.core}% core and {req.ratio or req.memory}"
         share += "" if not req.shared else ("% memory" if req.ratio else " bytes memory")
         tails: dict[tuple[int, int, int, int, int, tuple[tuple[str, int], ...]], str] = {}

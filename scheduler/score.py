@@ -261,7 +261,7 @@ class Outlook:
         self.places = Places(np.zeros((4, 0), np.int64))
         self.scarce = np.zeros(0)
         self.rare = np.zeros(0)
-        self.before = RowMemo(0, np.int64)  # places per shape on each node as it is
+        self.before = RowMemo(0, PLACE)  # places per shape on each node as it is
         self.pool: np.ndarray | None = None  # per model id: GPU lost per GPU percent taken from it
 
     @property
@@ -282,8 +282,11 @@ class Outlook:
         """The shapes seen (the MAX_SHAPES most frequent), type lists resolved to model sets."""
         seen = self.shapes if len(self.shapes) <= MAX_SHAPES else dict(self.shapes.most_common(MAX_SHAPES))
         out: Counter[tuple[int, int, int, int, tuple[str, ...] | None]] = Counter()
+        sets: dict[Types, tuple[str, ...] | None] = {}  # few type lists among many shapes
         for (cpu, hmem, pct, count, types), n in seen.items():
-            out[(cpu, hmem, pct, count, model_set(types, names))] += n
+            if types not in sets:
+                sets[types] = model_set(types, names)
+            out[(cpu, hmem, pct, count, sets[types])] += n
         return out
 
     def update(self, st: Cluster) -> None:
@@ -308,7 +311,7 @@ class Outlook:
         keep = (scarce >= MIN_SCARCE) | (rare >= MIN_RARE)
         self.places = every.subset(keep)
         self.scarce, self.rare = scarce[keep], rare[keep]
-        self.before = RowMemo(self.scarce.size, np.int64)
+        self.before = RowMemo(self.scarce.size, PLACE)
         self.pool = pools(seen, self.seen, future, st, rows) if POOL else None
 
     def costs(
@@ -327,8 +330,7 @@ class Outlook:
             np.put_along_axis(taken, cols, np.take_along_axis(left, cols, axis=1) - pct, axis=1)
             after = pl.count(cpu - req.cpu_milli, hmem - req.host_memory, taken, model)
         before = before[opts[0]]
-        lost = np.maximum(before - after, 0)
-        p = lost @ self.scarce
+        p = (before - after) @ self.scarce  # taking a pod's resources never adds a place
         if self.pool is not None:  # GPU of a pinned pool taken away, at the rate it is to be missed
             if req.count == 1 and req.shared:
                 rate = self.pool[model[opts]]
@@ -368,7 +370,8 @@ def pools(
     return out
 
 
-BIG = 2**40  # places of a shape on a node when nothing limits it (CPU-free, memory-free, GPU-free)
+BIG = 2**30  # places of a shape on a node when nothing limits it (CPU-free, memory-free, GPU-free)
+PLACE = np.int32  # places are counted in int32: the (options x shapes) arrays are most of the outlook's cost
 
 
 class Places:
@@ -389,7 +392,7 @@ class Places:
         parts = sorted(set(keys), key=lambda k: (k[0], k[1], k[2] is not None, k[2] or ()))
         at = {k: i for i, k in enumerate(parts)}
         self.cnt = np.array([max(c, 1) for _, c, _ in parts], np.int64)
-        self.part = np.full(table.shape[1], -1, np.int64)
+        self.part = np.full(table.shape[1], len(parts), np.int64)  # CPU-only shapes: a last column of BIG
         self.part[gpu] = [at[k] for k in keys]
         pcts, self.pct_at = np.unique(np.array([p for p, _, _ in parts], np.int64), return_inverse=True)
         self.div = np.arange(101)[:, None] // np.maximum(pcts, 1)  # (101, P): percent idle // share
@@ -411,14 +414,15 @@ class Places:
         """(K, M) places by CPU and memory; shapes share few distinct sizes, so each is divided once."""
         by_cpu = np.where(self.cpus > 0, np.maximum(cpu, 0)[:, None] // np.maximum(self.cpus, 1), BIG)
         by_mem = np.where(self.mems > 0, np.maximum(hmem, 0)[:, None] // np.maximum(self.mems, 1), BIG)
-        host: np.ndarray = np.minimum(np.take(by_cpu, self.cpu_at, axis=1), np.take(by_mem, self.mem_at, axis=1))
-        return host
+        host = np.take(np.minimum(by_cpu, BIG).astype(PLACE), self.cpu_at, axis=1)
+        mem = np.take(np.minimum(by_mem, BIG).astype(PLACE), self.mem_at, axis=1)
+        out: np.ndarray = np.minimum(host, mem, out=host)
+        return out
 
     def _by_shape(self, gpu: np.ndarray) -> np.ndarray:
         """GPU room per distinct part (..., U) -> per shape (..., M); BIG for CPU-only shapes."""
-        if not self.cnt.size:
-            return np.full(gpu.shape[:-1] + self.part.shape, BIG)
-        return np.where(self.part >= 0, np.take(gpu, np.maximum(self.part, 0), axis=-1), BIG)
+        big = np.full((*gpu.shape[:-1], 1), BIG, PLACE)
+        return np.take(np.concatenate((gpu.astype(PLACE), big), axis=-1), self.part, axis=-1)
 
     def _slot(self, left: np.ndarray, model: np.ndarray | None) -> np.ndarray:
         """(N, U) shares of each part that single slots (N,) hold, 0 on models the part refuses."""
@@ -445,7 +449,8 @@ class Places:
         """(K, M) for K node states: CPU left (K,), memory left (K,), percent idle per slot (K, G),
         model id per slot (K, G)."""
         gpu = self._room(left, model) // self.cnt
-        places: np.ndarray = np.minimum(self._host(cpu, hmem), self._by_shape(gpu))
+        host = self._host(cpu, hmem)
+        places: np.ndarray = np.minimum(host, self._by_shape(gpu), out=host)
         return places
 
     def count_options(
@@ -456,7 +461,8 @@ class Places:
         slot_model = None if model is None else model[k, g]
         moved = self._slot(left[k, g] - pct, slot_model) - self._slot(left[k, g], slot_model)
         gpu = (self._room(left, model)[k] + moved) // self.cnt
-        places: np.ndarray = np.minimum(self._host(cpu[k], hmem[k]), self._by_shape(gpu))
+        host = self._host(cpu, hmem)[k]  # divided per node, then spread over its options
+        places: np.ndarray = np.minimum(host, self._by_shape(gpu), out=host)
         return places
 
 
@@ -582,8 +588,8 @@ class DefaultPolicy:
 
     def pick(self, st: Cluster, req: PodRequest, row: int, fits: np.ndarray) -> list[int]:
         rows = np.array([row])
-        if req.count == 1 and req.shared:
+        if req.count == 1 and req.shared:  # the slot Score chose, unless the node changed since
             self._fresh(st)
-            _, choice = self._evaluate(st, req, rows, fits[None, :])
+            _, choice = self.cache.get(st, req, rows, fits[None, :], lambda r, f: self._evaluate(st, req, r, f))
             return [int(choice[0])]
         return [int(c) for c in best_fit_cols(st.left(rows), fits[None, :], req.count)[0]]

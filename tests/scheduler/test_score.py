@@ -17,7 +17,7 @@ from crihook.scheduler.devices import Gpu, NodeDevices
 from crihook.scheduler.frag import Shape, Typical
 from crihook.scheduler.plugin import DeviceShare, PluginConfig
 from crihook.scheduler.pod import Container, Pod
-from crihook.scheduler.score import Places, poisson_tail, pools, soft_deficit
+from crihook.scheduler.score import BIG, Places, poisson_tail, pools, soft_deficit
 
 shape_rows = st.lists(
     st.tuples(
@@ -83,7 +83,7 @@ def test_places_match_adding_pods_one_by_one(
         for k in range(len(c)):
             for j, s in enumerate(shapes):
                 want = places_reference(s, int(c[k]), int(m[k]), list(lv[k]), list(model[k]))
-                assert got[k, j] == want or (want == math.inf and got[k, j] >= 2**40)
+                assert got[k, j] == want or (want == math.inf and got[k, j] >= BIG)
 
     check(pl.count(cpu, mem, left, model), cpu, mem, left)
     cpu_after = np.maximum(cpu - 500, 0)
@@ -293,3 +293,28 @@ def test_scores_stay_right_when_a_node_with_more_gpus_joins() -> None:
     scores = ds.score_nodes(req)
     assert set(scores) == {"a", "b"} and all(0 <= v <= 100 for v in scores.values())
     assert len(ds.reserve(req, "b").gpus) == 1
+
+
+def _share(uid: str, pct: int) -> Pod:
+    res = {
+        "koordinator.sh/gpu-core": f"{pct}",
+        "koordinator.sh/gpu-memory-ratio": f"{pct}",
+        "koordinator.sh/gpu.shared": "1",
+    }
+    return Pod(uid=uid, namespace="t", name=uid, containers=(Container("m", res),))
+
+
+@pytest.mark.parametrize("policy", ["default", "fgd"])
+def test_reserve_takes_the_slot_score_chose_unless_the_node_changed_since(policy: str) -> None:
+    """Reserve reuses the GPU Score chose for the pod's shape while the node is as it was; once
+    another pod changed the node, the choice is made again on the node as it is."""
+    typ = Typical.of(Counter({Shape(1000, 30, 1): 1}))
+    ds = DeviceShare(PluginConfig(policy=None if policy == "default" else FGD(typ)))
+    ds.set_node(_node("a", 2, 64_000))
+    req = ds.pre_filter(_share("p", 30))
+    assert set(ds.score_nodes(req)) == {"a"}  # both GPUs empty: GPU 0, the first of equals
+    ds.reserve(ds.pre_filter(_share("q", 80)), "a")  # takes GPU 0, which can no longer take 30 %
+    assert [g.minor for g in ds.reserve(req, "a").gpus] == [1]
+    same = ds.pre_filter(_share("r", 30))
+    ds.score_nodes(same)
+    assert [g.minor for g in ds.reserve(same, "a").gpus] == [1]  # unchanged since Score: its choice
