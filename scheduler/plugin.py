@@ -33,6 +33,8 @@ from crihook.scheduler.pod import Pod
 from crihook.scheduler.request import STRATEGIES, PodRequest, RequestError, Selectors, parse_request
 
 LEARNED_MAX = 1 << 16  # pod uids remembered as observed; far more than wait for a place at once
+CPU_SHORT, MEM_SHORT, NO_GPUS, TOO_FEW, NO_NICS, NO_PARTITION, NO_CHOICE = range(7)  # why a node fails, as checked
+TailKey = tuple[int, int, int, int, int, tuple[tuple[str, int], ...]]  # GPU counts and refusals of a failing node
 
 
 class Unschedulable(Exception):
@@ -149,6 +151,19 @@ class Cluster:
         self.idle[row] = np.where(self.usable[row], np.clip(np.minimum(self.core_free[row], mem_pct), 0, 100), 0)
         self.version[row] += 1
         self.generation += 1
+
+
+def same_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(a first row of each distinct row of a small non-negative int matrix, each row's index among
+    them): the columns as digits of one number, which sorts far faster than rows do."""
+    code = np.zeros(a.shape[0], np.int64)
+    for col in a.T:
+        base = int(col.max(initial=0)) + 1
+        if code.size and int(code.max()) >= 2**62 // base:  # renumber before the number overflows
+            code = np.unique(code, return_inverse=True)[1].ravel()
+        code = code * base + col
+    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+    return first, inverse.ravel()
 
 
 class DeviceShare:
@@ -625,14 +640,14 @@ class DeviceShare:
         usable = st.usable[rows] & present
         sel = req.selectors
         refused = np.zeros(fits.shape, bool)
-        by_model: list[tuple[str, list[int]]] = []  # (reason, slots it refuses per node)
+        by_model: list[tuple[str, np.ndarray]] = []  # (reason, slots it refuses per node)
         if sel.use_types or sel.nouse_types:  # per model, as Filter decides them
             model = st.model[rows]
             refused = usable & ~fits & ~self._models_allowed(sel)[model]
             types = Selectors(sel.use_types, sel.nouse_types)
             for m in np.unique(model[refused]).tolist():
                 why = str(types.refuses(st.model_names[m], ""))
-                by_model.append((why, (refused & (model == m)).sum(axis=1).tolist()))
+                by_model.append((why, (refused & (model == m)).sum(axis=1)))
         texts: list[dict[str, int]] = [{} for _ in names] if sel.use_uuids or sel.nouse_uuids else []
         for i, r in enumerate(rows.tolist() if texts else ()):
             nd = st.nodes[r]
@@ -644,44 +659,67 @@ class DeviceShare:
                     texts[i][str(refusal)] = texts[i].get(str(refusal), 0) + 1
         rest = usable & ~refused & ~fits
         core_short = rest & (st.core_free[rows] < req.core)
-        columns = (  # a list per column, not per node: thousands of small lists would be GC-tracked
-            fits.sum(axis=1),
-            st.ngpus[rows],
-            (present & ~st.usable[rows]).sum(axis=1),
-            core_short.sum(axis=1),
-            (rest & ~core_short).sum(axis=1),
-            st.host_known[rows] & (st.cpu_free[rows] < req.cpu_milli),
-            st.host_known[rows] & (st.hmem_free[rows] < req.host_memory),
+        n_fit = fits.sum(axis=1)
+        cause = np.select(  # the first that holds, in this order
+            [
+                st.host_known[rows] & (st.cpu_free[rows] < req.cpu_milli),
+                st.host_known[rows] & (st.hmem_free[rows] < req.host_memory),
+                np.full(rows.size, req.count > 0) & (st.ngpus[rows] == 0),
+                n_fit < req.count,
+                np.full(rows.size, bool(req.rdma)),
+                st.special[rows],
+            ],
+            [CPU_SHORT, MEM_SHORT, NO_GPUS, TOO_FEW, NO_NICS, NO_PARTITION],
+            NO_CHOICE,
         )
-        counts = zip(*(c.astype(np.int64).tolist() for c in columns), strict=True)
+        few = np.flatnonzero(cause == TOO_FEW)
+        counts = np.stack(  # too few GPUs: fitting, all, unhealthy, short of core, of memory, refused per model
+            [
+                n_fit,
+                st.ngpus[rows],
+                (present & ~st.usable[rows]).sum(axis=1),
+                core_short.sum(axis=1),
+                (rest & ~core_short).sum(axis=1),
+                *(per for _, per in by_model),
+            ],
+            axis=1,
+        )[few]
         share = "whole GPU" if not req.shared else f"{req.core}% core and {req.ratio or req.memory}"
         share += "" if not req.shared else ("% memory" if req.ratio else " bytes memory")
-        tails: dict[tuple[int, int, int, int, int, tuple[tuple[str, int], ...]], str] = {}
+
+        def tail(c: list[int], text: dict[str, int]) -> tuple[TailKey, str]:
+            whys = dict(text)
+            for (why, _), n in zip(by_model, c[5:], strict=True):
+                if n:
+                    whys[why] = whys.get(why, 0) + n
+            key = (c[0], c[1], c[2], c[3], c[4], tuple(sorted(whys.items())))
+            causes = {"unhealthy": c[2], "not enough free GPU core": c[3], "not enough free GPU memory": c[4]}
+            causes.update(key[5])
+            detail = "; ".join(f"{n} {r}" for r, n in sorted(causes.items()) if n)
+            return key, f"{c[0]} of {c[1]} GPUs can take a {share}, {req.count} needed ({detail})"
+
+        if texts:  # refused UUIDs are counted per node
+            seen: dict[TailKey, str] = {}
+            tails = [seen.setdefault(*tail(c, texts[i])) for c, i in zip(counts.tolist(), few.tolist(), strict=True)]
+        else:  # nodes in the same situation share one tail
+            first, inverse = same_rows(counts)
+            distinct = [tail(c, {})[1] for c in counts[first].tolist()]
+            tails = [distinct[j] for j in inverse.tolist()]
+        next_tail = iter(tails)
+        cpu_free, hmem_free = st.cpu_free[rows].tolist(), st.hmem_free[rows].tolist()
         out: dict[str, str] = {}
-        for i, (name, row, c) in enumerate(zip(names, rows.tolist(), counts, strict=True)):
-            n_fit, n_gpus, sick, core, mem, cpu_short, mem_short = c
-            if cpu_short:
-                out[name] = f"node {name}: not enough CPU ({st.cpu_free[row]}m free, {req.cpu_milli}m asked)"
-            elif mem_short:
-                out[name] = f"node {name}: not enough memory ({st.hmem_free[row]} bytes free, {req.host_memory} asked)"
-            elif req.count and not n_gpus:
+        for i, (name, c) in enumerate(zip(names, cause.tolist(), strict=True)):
+            if c == TOO_FEW:
+                out[name] = f"node {name}: {next(next_tail)}"
+            elif c == CPU_SHORT:
+                out[name] = f"node {name}: not enough CPU ({cpu_free[i]}m free, {req.cpu_milli}m asked)"
+            elif c == MEM_SHORT:
+                out[name] = f"node {name}: not enough memory ({hmem_free[i]} bytes free, {req.host_memory} asked)"
+            elif c == NO_GPUS:
                 out[name] = f"node {name} has no GPUs"
-            elif n_fit < req.count:
-                whys = dict(texts[i]) if texts else {}
-                for why, per in by_model:
-                    if per[i]:
-                        whys[why] = whys.get(why, 0) + per[i]
-                key = (n_fit, n_gpus, sick, core, mem, tuple(sorted(whys.items())))
-                tail = tails.get(key)
-                if tail is None:
-                    causes = {"unhealthy": sick, "not enough free GPU core": core, "not enough free GPU memory": mem}
-                    causes.update(key[5])
-                    detail = "; ".join(f"{n} {r}" for r, n in sorted(causes.items()) if n)
-                    tail = tails[key] = f"{n_fit} of {n_gpus} GPUs can take a {share}, {req.count} needed ({detail})"
-                out[name] = f"node {name}: {tail}"
-            elif req.rdma:
+            elif c == NO_NICS:
                 out[name] = f"node {name}: not enough free RDMA NICs{' on the GPUs PCIe switches' if req.joint else ''}"
-            elif st.special[row]:
+            elif c == NO_PARTITION:
                 out[name] = f"node {name}: no free GPU partition of size {req.count} matches the pod's partition spec"
             else:
                 out[name] = f"node {name}: no valid GPU choice"

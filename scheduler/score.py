@@ -262,6 +262,7 @@ class Outlook:
         self.scarce = np.zeros(0)
         self.rare = np.zeros(0)
         self.before = RowMemo(0, PLACE)  # places per shape on each node as it is
+        self.kinds = RowMemo(3, np.int64)  # CPU, memory and GPUs of each node, for `node_shapes`
         self.pool: np.ndarray | None = None  # per model id: GPU lost per GPU percent taken from it
 
     @property
@@ -295,7 +296,7 @@ class Outlook:
             return
         seen = self.resolved(st.model_names)
         counts: dict[tuple[int, int, int, int, tuple[str, ...] | None], float] = dict(seen)
-        prior = node_shapes(st, rows) if PRIOR else set()
+        prior = node_shapes(st, rows, self.kinds) if PRIOR else set()
         for shape in prior:
             counts[shape] = counts.get(shape, 0) + PRIOR
         every = Places.of(list(counts), st.model_names)
@@ -466,14 +467,23 @@ class Places:
         return places
 
 
-def node_shapes(st: Cluster, rows: np.ndarray) -> set[tuple[int, int, int, int, None]]:
-    """One pod as large as each kind of node (all its CPU, memory and GPUs)."""
-    out = set()
-    for r in rows:
-        nd = st.nodes[r]
-        if nd is not None and nd.cpu_milli and nd.memory and st.ngpus[r]:
-            out.add((nd.cpu_milli, nd.memory, 100, int(st.ngpus[r]), None))
-    return out
+def node_shapes(st: Cluster, rows: np.ndarray, memo: RowMemo) -> set[tuple[int, int, int, int, None]]:
+    """One pod as large as each kind of node (all its CPU, memory and GPUs), in the order the rows
+    first show them. `memo` keeps each node's size while the node is unchanged: reading them from
+    thousands of node objects at every outlook update was most of the update."""
+
+    def size(at: np.ndarray) -> np.ndarray:
+        out = np.zeros((at.size, 3), np.int64)
+        for i, r in enumerate(rows[at].tolist()):
+            nd = st.nodes[r]
+            if nd is not None:
+                out[i] = (nd.cpu_milli, nd.memory, st.ngpus[r])
+        return out
+
+    kinds = memo.get(st, rows, size)
+    kinds = kinds[(kinds > 0).all(axis=1)]
+    first = np.sort(np.unique(kinds, axis=0, return_index=True)[1])
+    return {(cpu, mem, 100, gpus, None) for cpu, mem, gpus in kinds[first].tolist()}
 
 
 def poisson_tail(mean: float, k: int) -> float:

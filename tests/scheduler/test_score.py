@@ -17,7 +17,7 @@ from crihook.scheduler.devices import Gpu, NodeDevices
 from crihook.scheduler.frag import Shape, Typical
 from crihook.scheduler.plugin import DeviceShare, PluginConfig
 from crihook.scheduler.pod import Container, Pod
-from crihook.scheduler.score import BIG, Places, poisson_tail, pools, soft_deficit
+from crihook.scheduler.score import BIG, Places, RowMemo, node_shapes, poisson_tail, pools, soft_deficit
 
 shape_rows = st.lists(
     st.tuples(
@@ -318,3 +318,24 @@ def test_reserve_takes_the_slot_score_chose_unless_the_node_changed_since(policy
     same = ds.pre_filter(_share("r", 30))
     ds.score_nodes(same)
     assert [g.minor for g in ds.reserve(same, "a").gpus] == [1]  # unchanged since Score: its choice
+
+
+def test_node_kinds_follow_nodes_that_change_join_and_go() -> None:
+    """The pseudo-pods' node sizes are kept per node while it is unchanged, and follow a replaced
+    Device, a new node and a removed one."""
+    ds = DeviceShare()
+    ds.set_node(_node("a", 8, 96_000, 768))
+    ds.set_node(_node("b", 2, 32_000, 128))
+    memo = RowMemo(3, np.int64)
+
+    def kinds() -> set[tuple[int, int, int, int, None]]:
+        return node_shapes(ds.st, np.flatnonzero(ds.st.live), memo)
+
+    assert kinds() == {(96_000, 768 << 30, 100, 8, None), (32_000, 128 << 30, 100, 2, None)}
+    ds.reserve(ds.pre_filter(_pod("p", 8000, 1)), "a")  # a pod changes what is free, not the size
+    assert kinds() == {(96_000, 768 << 30, 100, 8, None), (32_000, 128 << 30, 100, 2, None)}
+    ds.set_node(_node("b", 4, 64_000, 256))
+    assert kinds() == {(96_000, 768 << 30, 100, 8, None), (64_000, 256 << 30, 100, 4, None)}
+    ds.remove_node("a")
+    ds.set_node(_node("c", 2, 32_000, 128))  # takes the row a left
+    assert kinds() == {(64_000, 256 << 30, 100, 4, None), (32_000, 128 << 30, 100, 2, None)}
