@@ -325,12 +325,12 @@ class Outlook:
         pct = share_pct(req)
         if req.count == 1 and req.shared:
             after = pl.count_options(cpu - req.cpu_milli, hmem - req.host_memory, left, model, pct, opts)
-        else:
+            before = before[opts[0]]
+        else:  # one option per node, in node order
             taken = left.copy()
             cols = best_fit_cols(left, fits, req.count)
             np.put_along_axis(taken, cols, np.take_along_axis(left, cols, axis=1) - pct, axis=1)
             after = pl.count(cpu - req.cpu_milli, hmem - req.host_memory, taken, model)
-        before = before[opts[0]]
         p = (before - after) @ self.scarce  # taking a pod's resources never adds a place
         if self.pool is not None:  # GPU of a pinned pool taken away, at the rate it is to be missed
             if req.count == 1 and req.shared:
