@@ -171,7 +171,7 @@ def base_key() -> str:
 def cache_key() -> str:
     """A hash of everything the archive is built from: the base, crihook's sources, the OCI writer."""
     files = [ROOT / p for p in sources() if p.parts[0] in PACKAGE_DIRS or p.name in ("pyproject.toml", "README.md")]
-    return _key(Path(__file__).resolve(), ROOT / "crihook" / "oci.py", *files)
+    return _key(Path(__file__).resolve(), ROOT / "crihook" / "base" / "oci.py", *files)
 
 
 def cache_dir() -> Path:
