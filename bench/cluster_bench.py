@@ -7,14 +7,17 @@ driven over HTTP the way kube-scheduler drives its extender, against the suite's
 (the pod list is the openb trace's, github.com/alibaba/clusterdata, cluster-trace-gpu-v2023)
 
 What kube-scheduler does, and so this script (pkg/scheduler/schedule_one.go, extender.go):
-- one scheduling cycle at a time: its own filters pass every node here (the extender's resources
-  are `ignoredByScheduler`; CPU and memory are checked by the extender too), but it stops after
-  numFeasibleNodesToFind nodes (adaptive percentageOfNodesToScore: 50 - nodes/125 %, at least 5 %
-  and 100 nodes: 420 of 1,000, 500 of 5,000), starting where the last cycle stopped;
-- filter on those nodes (`nodeCacheCapable: true`: NodeNames; false: the full Node objects),
-  prioritize on the nodes that passed, the highest score wins, ties broken at random;
+- one scheduling cycle at a time: its own filter (NodeResourcesFit on CPU and memory, against the
+  pods it has assumed; the GPU resources are `ignoredByScheduler`) runs from where the last cycle
+  stopped until it has numFeasibleNodesToFind nodes (adaptive percentageOfNodesToScore: 50 -
+  nodes/125 %, at least 5 % and 100 nodes: 420 of 1,000, 500 of 5,000);
+- a pod that asks for a GPU (`managedResources`) goes to the extender: filter on those nodes
+  (`nodeCacheCapable: true`: NodeNames; false: the full Node objects), prioritize on the nodes that
+  passed, the highest score wins, ties broken at random (selectHost), bound by the extender; any
+  other pod never reaches the extender: the least allocated node wins (NodeResourcesFit's default
+  score), bound through the API server;
 - binding runs beside the next cycles (its own goroutine), here on `--binders` threads; a pod
-  whose bind fails, or that fits no node in its window, is tried again after the others.
+  whose bind fails, or that fits no node, is tried again after the others.
 Pods are created in the API server by another thread while cycles run, so binds land, and the
 scheduler's watches see them, all along.
 
@@ -40,7 +43,8 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -254,11 +258,53 @@ def run(args: argparse.Namespace) -> None:
     )
 
 
+@dataclass(slots=True)
+class OwnCache:
+    """kube-scheduler's own part: NodeResourcesFit on CPU and memory against what it has assumed
+    (a pod counts on its node from the moment its bind is sent until that bind fails), and
+    NodeResourcesFit's default LeastAllocated score for the pods the extender does not manage."""
+
+    nodes: list[simulate.TraceNode]
+    used: dict[str, list[int]] = field(default_factory=dict)  # node -> [CPU milli, memory MiB] assumed
+    start: int = 0  # nextStartNodeIndex
+
+    def fits(self, n: simulate.TraceNode, p: simulate.TracePod) -> bool:
+        cpu, mem = self.used.get(n.name, (0, 0))
+        return cpu + p.cpu <= n.cpu and mem + p.memory_mib <= n.memory_mib
+
+    def feasible(self, p: simulate.TracePod, want: int) -> list[str]:
+        """findNodesThatPassFilters: from where the last cycle stopped, nodes that fit until `want`
+        are found; the next cycle starts after the last node looked at."""
+        out: list[str] = []
+        k = 0
+        while k < len(self.nodes) and len(out) < want:
+            n = self.nodes[(self.start + k) % len(self.nodes)]
+            if self.fits(n, p):
+                out.append(n.name)
+            k += 1
+        self.start = (self.start + k) % len(self.nodes)
+        return out
+
+    def least_allocated(self, p: simulate.TracePod, names: list[str]) -> dict[str, int]:
+        by_name = {n.name: n for n in self.nodes}
+        out = {}
+        for name in names:
+            n, (cpu, mem) = by_name[name], self.used.get(name, (0, 0))
+            out[name] = (
+                100 * (n.cpu - cpu - p.cpu) // n.cpu + 100 * (n.memory_mib - mem - p.memory_mib) // n.memory_mib
+            ) // 2
+        return out
+
+    def assume(self, p: simulate.TracePod, node: str, sign: int = 1) -> None:
+        u = self.used.setdefault(node, [0, 0])
+        u[0] += sign * p.cpu
+        u[1] += sign * p.memory_mib
+
+
 def schedule(
     args: argparse.Namespace, nodes: list[simulate.TraceNode], arrivals: list[simulate.TracePod], api_host: str,
     api_port: int, port: int,
 ) -> dict[str, Any]:  # fmt: skip
-    names = [n.name for n in nodes]
     full = {n.name: node_objects(n)[0] for n in nodes} if args.form == "nodes" else {}
 
     def args_for(pod: dict[str, Any], chosen: list[str]) -> dict[str, Any]:
@@ -272,86 +318,88 @@ def schedule(
             return [n["metadata"]["name"] for n in (res.get("Nodes") or {}).get("items") or []]
         return res.get("NodeNames") or []
 
-    window = num_feasible_nodes_to_find(args.percentage_of_nodes_to_score, len(names))
-    arrived: queue.Queue[dict[str, Any] | None] = queue.Queue()
+    window = num_feasible_nodes_to_find(args.percentage_of_nodes_to_score, len(nodes))
+    arrived: queue.Queue[tuple[simulate.TracePod, dict[str, Any]] | None] = queue.Queue()
 
     def create() -> None:
         api = Client(api_host, api_port)
         for i, p in enumerate(arrivals):
-            arrived.put(api.call("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod_object(p, i)))
+            arrived.put((p, api.call("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod_object(p, i))))
         arrived.put(None)
 
     local = threading.local()
 
-    def bind(pod: dict[str, Any], node: str) -> str:
-        if not hasattr(local, "client"):
-            local.client = Client("127.0.0.1", port)
+    def bind(pod: dict[str, Any], node: str, managed: bool) -> str:
+        """The extender's bindVerb for the pods it manages, the API's binding for the others."""
         m = pod["metadata"]
-        args_ = {"PodName": m["name"], "PodNamespace": m["namespace"], "PodUID": m["uid"], "Node": node}
-        return local.client.call("POST", "/bind", args_).get("Error", "")
+        if managed:
+            if not hasattr(local, "client"):
+                local.client = Client("127.0.0.1", port)
+            args_ = {"PodName": m["name"], "PodNamespace": m["namespace"], "PodUID": m["uid"], "Node": node}
+            return str(local.client.call("POST", "/bind", args_).get("Error", ""))
+        if not hasattr(local, "api"):
+            local.api = Client(api_host, api_port)
+        binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": m["name"]}, "target": {"name": node}}
+        try:
+            local.api.call("POST", f"/api/v1/namespaces/{NAMESPACE}/pods/{m['name']}/binding", binding)
+        except RuntimeError as e:
+            return str(e)
+        return ""
 
     ext = Client("127.0.0.1", port)
+    own = OwnCache(nodes)
     rng = random.Random(args.seed)
-    start = 0
     times: list[float] = []
-    retry: list[dict[str, Any]] = []
-    bound = unschedulable = rebinds = 0
-    failed_binds: list[Any] = []
+    retry: list[tuple[simulate.TracePod, dict[str, Any]]] = []
+    bound = unschedulable = 0
+    failed_binds: list[str] = []
     creator = threading.Thread(target=create)
     t0 = time.monotonic()
     creator.start()
 
-    def pending() -> Iterator[dict[str, Any]]:
+    def pending() -> Iterator[tuple[simulate.TracePod, dict[str, Any]]]:
         while (p := arrived.get()) is not None:
             yield p
 
+    def settle(item: tuple[simulate.TracePod, dict[str, Any], str], err: str) -> int:
+        if not err:
+            return 1
+        failed_binds.append(err)
+        own.assume(item[0], item[2], -1)
+        retry.append(item[:2])
+        return 0
+
     with ThreadPoolExecutor(args.binders) as binders:
-        in_flight = []
-        for attempt in range(3):  # the pods that fit no node in their window, or lost a bind, go round again
+        in_flight: list[tuple[tuple[simulate.TracePod, dict[str, Any], str], Future[str]]] = []
+        for attempt in range(3):  # the pods that fit no node, or lost a bind, go round again
             source = pending() if attempt == 0 else iter(retry)
             retry = []
-            for pod in source:
-                chosen = [names[(start + k) % len(names)] for k in range(window)]
-                start = (start + window) % len(names)
-                body: dict[str, Any] = {"Pod": pod, "Nodes": None, "NodeNames": chosen}
-                if full:
-                    body = {"Pod": pod, "Nodes": {"items": [full[n] for n in chosen]}, "NodeNames": None}
-                c0 = time.perf_counter()
-                res = ext.call("POST", "/filter", body)
-                fit = (
-                    res["NodeNames"]
-                    if not full
-                    else [n["metadata"]["name"] for n in (res["Nodes"] or {}).get("items") or []]
-                )
+            for tp, pod in source:
+                chosen = own.feasible(tp, window)
                 scores: dict[str, int] = {}
-                if fit:
-                    pbody = {"Pod": pod, "Nodes": None, "NodeNames": fit}
-                    if full:
-                        pbody = {"Pod": pod, "Nodes": {"items": [full[n] for n in fit]}, "NodeNames": None}
-                    scores = {h["Host"]: h["Score"] for h in ext.call("POST", "/prioritize", pbody)}
-                times.append(time.perf_counter() - c0)
-                if not fit:
+                managed = tp.gpu > 0  # managedResources: the extender sees only pods asking for a GPU
+                if managed and chosen:
+                    c0 = time.perf_counter()
+                    fit = passed(ext.call("POST", "/filter", args_for(pod, chosen)))
+                    if fit:
+                        scores = {h["Host"]: h["Score"] for h in ext.call("POST", "/prioritize", args_for(pod, fit))}
+                    times.append(time.perf_counter() - c0)
+                elif chosen:
+                    scores = own.least_allocated(tp, chosen)
+                if not scores:
                     unschedulable += 1
-                    retry.append(pod)
+                    retry.append((tp, pod))
                     continue
                 top = max(scores.values())
-                node = rng.choice([n for n in fit if scores.get(n) == top])
-                in_flight.append((pod, binders.submit(bind, pod, node)))
+                node = rng.choice([n for n, s in scores.items() if s == top])  # selectHost
+                own.assume(tp, node)
+                in_flight.append(((tp, pod, node), binders.submit(bind, pod, node, managed)))
                 for done in [f for f in in_flight if f[1].done()]:
                     in_flight.remove(done)
-                    if err := done[1].result():
-                        failed_binds.append(err)
-                        retry.append(done[0])
-                    else:
-                        bound += 1
-            for p, f in in_flight:
-                if err := f.result():
-                    failed_binds.append(err)
-                    retry.append(p)
-                else:
-                    bound += 1
+                    bound += settle(done[0], done[1].result())
+            for item, f in in_flight:
+                bound += settle(item, f.result())
             in_flight = []
-            rebinds += len(retry)
             if not retry:
                 break
     elapsed = time.monotonic() - t0

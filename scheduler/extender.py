@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -136,6 +136,19 @@ def to_extender_score(score: float) -> int:
     return max(0, min(MAX_EXTENDER_PRIORITY, s))
 
 
+def host_priorities(names: Sequence[str], scores: Mapping[str, float]) -> list[dict[str, Any]]:
+    """HostPriorityList in `names` order. The allocator's best node (the first among equals, as
+    `crihook simulate` picks) alone gets MaxExtenderPriority, every other node at most one less:
+    rounded to 0..10 the top nodes tie, and kube-scheduler's selectHost picks among ties at random,
+    which left 1.1 points more GPU unallocated in a filled cluster (docs/scheduler.md, "Scale")."""
+    best = max((n for n in names if n in scores), key=scores.__getitem__, default=None)
+    top = MAX_EXTENDER_PRIORITY - 1
+    return [
+        {"Host": n, "Score": MAX_EXTENDER_PRIORITY if n == best else min(top, to_extender_score(scores.get(n, 0.0)))}
+        for n in names
+    ]
+
+
 class Extender:
     """The verbs. `ready` says whether the cluster state is complete (the cache's initial lists are
     in); before that filter and bind answer an error so kube-scheduler retries the pod later."""
@@ -195,7 +208,7 @@ class Extender:
             if req is not None and req.wants_devices:
                 with self.lock:
                     scores = self.plugin.score_nodes(req, c.names)
-        return [{"Host": n, "Score": to_extender_score(scores.get(n, 0.0))} for n in c.names]
+        return host_priorities(c.names, scores)
 
     # --- preempt ---
 

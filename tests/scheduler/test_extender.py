@@ -20,7 +20,13 @@ from hypothesis import strategies as st
 
 from crihook.scheduler import server as srv
 from crihook.scheduler import webhook
-from crihook.scheduler.extender import MAX_EXTENDER_PRIORITY, BadRequest, Extender, to_extender_score
+from crihook.scheduler.extender import (
+    MAX_EXTENDER_PRIORITY,
+    BadRequest,
+    Extender,
+    host_priorities,
+    to_extender_score,
+)
 from tests.support.extender import cluster_plugin, fixture
 
 FILTER_RESULT_KEYS = {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
@@ -85,7 +91,9 @@ def test_prioritize(ext: Extender) -> None:
     assert [p["Host"] for p in out] == args["NodeNames"]
     assert all(set(p) == {"Host", "Score"} and 0 <= p["Score"] <= MAX_EXTENDER_PRIORITY for p in out)
     expected = ext.plugin.score_nodes(ext.plugin.pre_filter(_pod(args)), args["NodeNames"])
-    assert [p["Score"] for p in out] == [to_extender_score(expected[n]) for n in args["NodeNames"]]
+    best = max(args["NodeNames"], key=expected.__getitem__)
+    want = [MAX_EXTENDER_PRIORITY if n == best else min(9, to_extender_score(expected[n])) for n in args["NodeNames"]]
+    assert [p["Score"] for p in out] == want
     # a node that can not take the pod scores 0
     args["NodeNames"].append("cpu-node-1")
     assert ext.prioritize(args)[-1] == {"Host": "cpu-node-1", "Score": 0}
@@ -107,6 +115,17 @@ def test_prioritize_prefers_the_partly_used_node_for_a_share(ext: Extender) -> N
     nxt["Pod"]["metadata"]["uid"] = "another"
     after = {p["Host"]: p["Score"] for p in ext.prioritize(nxt)}
     assert after["gpu-node-2"] >= first["gpu-node-2"]
+
+
+@given(st.lists(st.sampled_from([0.0, 12.5, 55.0, 96.0, 100.0]), min_size=1, max_size=8))
+def test_one_node_alone_scores_highest(values: list[float]) -> None:
+    """kube-scheduler picks among equal top scores at random: the allocator's best (the first
+    among equals) must be the only node at MaxExtenderPriority."""
+    names = [f"n{i}" for i in range(len(values))]
+    out = host_priorities(names, dict(zip(names, values, strict=True)))
+    top = [p["Host"] for p in out if p["Score"] == MAX_EXTENDER_PRIORITY]
+    assert top == [names[values.index(max(values))]]
+    assert host_priorities(names, {}) == [{"Host": n, "Score": 0} for n in names]
 
 
 @given(st.floats(-50, 150, allow_nan=False))
