@@ -33,6 +33,7 @@ import argparse
 import http.client
 import json
 import multiprocessing
+import os
 import queue
 import random
 import re
@@ -182,6 +183,12 @@ def proc_status(pid: int, field: str) -> float:
     raise KeyError(field)
 
 
+def proc_cpu(pid: int) -> float:
+    """User + system CPU seconds of a process so far: a cost that does not grow with the load."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def simulate_same(
     nodes: list[simulate.TraceNode], trace: list[simulate.TracePod], seed: int, count: int
 ) -> tuple[float, int]:
@@ -229,7 +236,9 @@ def run(args: argparse.Namespace) -> None:
             loaded, rss0 = time.monotonic() - t0, proc_status(sched.pid, "VmRSS")
             kinds = ", ".join(k[0] for k in KINDS)
             print(f"{args.nodes} nodes x 8 GPUs ({kinds}), cache loaded in {loaded:.1f} s; RSS {rss0:.0f} MiB")
+            cpu0 = proc_cpu(sched.pid)
             result = schedule(args, nodes, arrivals, api_host, int(api_port), port)
+            result["cpu"] = proc_cpu(sched.pid) - cpu0
             rss = proc_status(sched.pid, "VmHWM"), proc_status(sched.pid, "VmRSS")
             server_time = metrics_seconds(Client("127.0.0.1", port).call("GET", "/metrics").decode())
             api_client = Client(api_host, int(api_port))
@@ -430,6 +439,10 @@ def report(
     )
     verbs = ", ".join(f"{p} {s / c * 1000:.2f} ms x {c}" for p, (s, c) in sorted(server.items()) if c)
     print(f"scheduler's own mean time per call: {verbs}")
+    print(
+        f"scheduler CPU {r['cpu']:.1f} s: {r['cpu'] / r['pods'] * 1000:.2f} ms per pod "
+        f"(every verb, its watches and API calls)"
+    )
     print(f"scheduler RSS peak {rss[0]:.0f} MiB, at the end {rss[1]:.0f} MiB")
 
 
