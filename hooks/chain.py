@@ -35,6 +35,7 @@ ENTRY_POINT_GROUP = "crihook.hooks"
 # hanging hook costs a bounded number of threads and never the threads every other hook needs.
 STUCK_PER_HOOK = 2
 SPARE_WORKERS = 4
+ALLOWLIST_MEMO = 4096  # host paths whose verdict is kept (cleared when full: paths from a hook server vary)
 # PreCreateContainer -> pre_create_container, the metrics label
 _STAGE_LABELS = {s: "".join("_" + c.lower() if c.isupper() else c for c in s.value).lstrip("_") for s in Stage}
 
@@ -85,12 +86,24 @@ class Allowlist:
 
     def __init__(self, patterns: Iterable[str]) -> None:
         self.patterns = tuple(os.path.normpath(p) for p in patterns)
+        # host path -> allowed: a node's hooks add the same few device nodes and mounts to every
+        # container, and matching each against every pattern was a tenth of a CreateContainer
+        self._verdicts: dict[str, bool] = {}
+
+    def allows(self, host: str) -> bool:
+        verdict = self._verdicts.get(host)
+        if verdict is None:
+            norm = os.path.normpath(host)
+            verdict = os.path.isabs(host) and any(fnmatch.fnmatchcase(norm, p) for p in self.patterns)
+            if len(self._verdicts) >= ALLOWLIST_MEMO:
+                self._verdicts.clear()
+            self._verdicts[host] = verdict
+        return verdict
 
     def check(self, edit: Edit) -> str | None:
         """The first host path the edit adds that is not allowed, or None."""
         for host in [d.host_path for d in edit.add_devices] + [m.host_path for m in edit.add_mounts]:
-            norm = os.path.normpath(host)
-            if not os.path.isabs(host) or not any(fnmatch.fnmatchcase(norm, p) for p in self.patterns):
+            if not self.allows(host):
                 return host
         return None
 

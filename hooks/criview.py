@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from google.protobuf.message import Message
@@ -31,6 +31,17 @@ def _raw(s: str) -> bytes:
     return s.encode("utf-8", "surrogateescape")
 
 
+class StoredPod(Protocol):
+    """What the proxy's store kept of a pod at RunPodSandbox (proxy.store.PodRecord)."""
+
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+    @property
+    def annotations(self) -> Mapping[str, str]: ...
+    @property
+    def cgroup_parent(self) -> str: ...
+
+
 # -- protobuf -> views ---------------------------------------------------------------------------
 
 
@@ -40,17 +51,22 @@ def resources_view(msg: cri.LinuxContainerResources, present: bool) -> LinuxReso
     return LinuxResources(**{f: getattr(msg, f) for f in RESOURCE_FIELDS}, unified=dict(msg.unified))
 
 
-def pod_view(cfg: cri.PodSandboxConfig, pod_id: str = "", runtime_handler: str = "") -> PodInfo:
+def pod_view(
+    cfg: cri.PodSandboxConfig, pod_id: str = "", runtime_handler: str = "", stored: StoredPod | None = None
+) -> PodInfo:
+    """`stored`: what the hooks made of the pod at RunPodSandbox (its labels, annotations and
+    cgroup parent are taken from it, not converted again from kubelet's copy of the config)."""
     linux = cfg.linux
+    meta = cfg.metadata
     return PodInfo(
-        name=cfg.metadata.name,
-        namespace=cfg.metadata.namespace,
-        uid=cfg.metadata.uid,
-        attempt=cfg.metadata.attempt,
+        name=meta.name,
+        namespace=meta.namespace,
+        uid=meta.uid,
+        attempt=meta.attempt,
         id=pod_id,
-        labels=dict(cfg.labels),
-        annotations=dict(cfg.annotations),
-        cgroup_parent=linux.cgroup_parent,
+        labels=dict(cfg.labels) if stored is None else stored.labels,
+        annotations=dict(cfg.annotations) if stored is None else stored.annotations,
+        cgroup_parent=stored.cgroup_parent if stored is not None and stored.cgroup_parent else linux.cgroup_parent,
         runtime_handler=runtime_handler,
         resources=resources_view(linux.resources, linux.HasField("resources")),
         overhead=resources_view(linux.overhead, linux.HasField("overhead")),
@@ -83,7 +99,9 @@ def _rebuild(
 ) -> None:
     """Set a repeated message field to `after`, reusing the decoded message of every item that did
     not change so its unknown fields survive."""
-    if tuple(before) == tuple(after):
+    n = len(before)
+    if tuple(after[:n]) == tuple(before):  # unchanged, or only added to (the common edit)
+        repeated.extend([make(view) for view in after[n:]])
         return
     originals: dict[_V, deque[_M]] = defaultdict(deque)
     for view, msg in zip(before, repeated, strict=True):

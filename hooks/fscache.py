@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import functools
 import os
 import struct
 import threading
@@ -68,6 +69,10 @@ def _libc() -> Any:
         return None
 
 
+# a hook asks about the same dozen paths on every call: their split is remembered
+_split = functools.lru_cache(maxsize=4096)(os.path.split)
+
+
 class FsMemo:
     """Answers keyed by the path they depend on, each dropped when its directory reports a change
     to that name (or to the directory itself). Thread-safe: the worker thread fills it, the event
@@ -107,8 +112,7 @@ class FsMemo:
     def recall(self, path: str) -> Any:
         """The remembered answer about `path` (re-raising a remembered error). Raises NotCached.
         Call `sync` first, once per call of the hook."""
-        head, name = os.path.split(path)
-        hit = self._memo.get((head, name))
+        hit = self._memo.get(_split(path))
         if hit is None:
             raise NotCached(path)
         value, error = hit
@@ -120,7 +124,7 @@ class FsMemo:
         """compute() (which may block: worker threads only), remembered for `path` if the kernel can
         tell us when it changes. `contents`: the answer depends on what the file holds, not only on
         whether it is there."""
-        head, name = os.path.split(path)
+        head, name = _split(path)
         generation = self._watch(head, CONTENTS if contents else ENTRIES)
         try:
             value = compute()

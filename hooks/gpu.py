@@ -239,15 +239,27 @@ class GpuHook:
             raise NotCached("a decision is running on a worker thread")
         try:
             now = self.clock()
-            self._claims = {k: c for k, c in self._claims.items() if now - c.at < CLAIM_SECONDS}
+            self._expire_claims(now)
             pods = StorePods(self.store, self._claims.values())
             edit = self._decide(ctx, NodeView(cp, facts.exists, facts.pod_live, pods, self.dev_root), facts)
             allocated, minors = StorePods._allocation(ctx.pod.annotations.get(al.DEVICE_ALLOCATED))
             key = (ctx.pod.uid, ctx.container.name)
+            self._claims.pop(key, None)  # re-inserted last: the dict stays in the order of `at`
             self._claims[key] = Claim(now, *key, allocated, minors)
         finally:
             self._lock.release()
         return edit
+
+    def _expire_claims(self, now: float) -> None:
+        """Drop claims older than CLAIM_SECONDS: the oldest come first, so this stops at the first
+        still young (a busy node holds a claim per container created in the last 30 s)."""
+        old = []
+        for key, claim in self._claims.items():
+            if now - claim.at < CLAIM_SECONDS:
+                break
+            old.append(key)
+        for key in old:
+            del self._claims[key]
 
     def _decide(self, ctx: HookContext, node: NodeView, facts: _Facts) -> Edit | None:
         assert ctx.container is not None

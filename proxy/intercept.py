@@ -211,14 +211,9 @@ def _record_sandbox(store: Store, call: Call, req: cri.RunPodSandboxRequest, res
 
 
 def _create_context(store: Store, msg: cri.CreateContainerRequest) -> Views:
-    pod = pod_view(msg.sandbox_config, pod_id=msg.pod_sandbox_id)
-    rec = store.pods.get(msg.pod_sandbox_id)
-    if rec is not None:
-        # kubelet sends its own copy of the sandbox config; what the hooks made of the pod at
-        # RunPodSandbox (labels, annotations, cgroup parent) is in the store
-        pod = replace(
-            pod, labels=rec.labels, annotations=rec.annotations, cgroup_parent=rec.cgroup_parent or pod.cgroup_parent
-        )
+    # kubelet sends its own copy of the sandbox config; what the hooks made of the pod at
+    # RunPodSandbox (labels, annotations, cgroup parent) is in the store
+    pod = pod_view(msg.sandbox_config, pod_id=msg.pod_sandbox_id, stored=store.pods.get(msg.pod_sandbox_id))
     return pod, container_view(msg.config)
 
 
