@@ -4,7 +4,8 @@
 
 Each caller plays kubelet: RunPodSandbox, CreateContainer, StartContainer, StopContainer,
 RemoveContainer, StopPodSandbox, RemovePodSandbox, over and over, leaving every `keep_every`-th pod
-running. It keeps a ledger of what it created and removed. A call that fails leaves its pod in doubt;
+running, the first one among them (so a fault early in a slow run still leaves pods to account for).
+It keeps a ledger of what it created and removed. A call that fails leaves its pod in doubt;
 the caller then cleans that pod up by its uid label, the way kubelet's next sync would, retrying
 until the runtime answers. At the end the runtime's own lists (asked directly, not through crihook)
 must equal the union of the ledgers: nothing leaked, nothing lost, nothing duplicated. crihook's
@@ -218,7 +219,7 @@ class Load:
             while not self._stop.is_set():
                 uid = str(uuid.uuid4())
                 try:
-                    self.lifecycle(cri, ledger, f"load-{self.run_id}-{index}-{n}", uid, keep=n % self.keep_every == 1)
+                    self.lifecycle(cri, ledger, f"load-{self.run_id}-{index}-{n}", uid, keep=n % self.keep_every == 0)
                 except CriError:
                     self.clean_up(cri, ledger, uid)
                     time.sleep(0.2)  # as kubelet waits for its next sync
