@@ -283,14 +283,19 @@ def options_type(factory: Factory) -> type[DataclassInstance]:
 
 
 class PodRecordView(Protocol):
-    """What a hook reads of a pod crihook's store recorded (proxy.store.PodRecord)."""
+    """What hooks and their views read of a pod crihook's store recorded (proxy.store.PodRecord):
+    the gpu hook its placement, the CreateContainer view what the hooks made of it at RunPodSandbox."""
 
     @property
     def id(self) -> str: ...
     @property
     def uid(self) -> str: ...
     @property
+    def labels(self) -> Mapping[str, str]: ...
+    @property
     def annotations(self) -> Mapping[str, str]: ...
+    @property
+    def cgroup_parent(self) -> str: ...
 
 
 class ContainerRecordView(Protocol):

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from google.protobuf.message import Message
 
 from crihook.base.spec import Device, Mount
-from crihook.hooks.base import RESOURCE_FIELDS, ContainerInfo, LinuxResources, PodInfo
+from crihook.hooks.base import RESOURCE_FIELDS, ContainerInfo, LinuxResources, PodInfo, PodRecordView
 from crihook.proto import runtime_v1_pb2 as cri
 
 _V = TypeVar("_V")
@@ -31,17 +31,6 @@ def _raw(s: str) -> bytes:
     return s.encode("utf-8", "surrogateescape")
 
 
-class StoredPod(Protocol):
-    """What the proxy's store kept of a pod at RunPodSandbox (proxy.store.PodRecord)."""
-
-    @property
-    def labels(self) -> Mapping[str, str]: ...
-    @property
-    def annotations(self) -> Mapping[str, str]: ...
-    @property
-    def cgroup_parent(self) -> str: ...
-
-
 # -- protobuf -> views ---------------------------------------------------------------------------
 
 
@@ -52,7 +41,7 @@ def resources_view(msg: cri.LinuxContainerResources, present: bool) -> LinuxReso
 
 
 def pod_view(
-    cfg: cri.PodSandboxConfig, pod_id: str = "", runtime_handler: str = "", stored: StoredPod | None = None
+    cfg: cri.PodSandboxConfig, pod_id: str = "", runtime_handler: str = "", stored: PodRecordView | None = None
 ) -> PodInfo:
     """`stored`: what the hooks made of the pod at RunPodSandbox (its labels, annotations and
     cgroup parent are taken from it, not converted again from kubelet's copy of the config)."""
