@@ -21,7 +21,6 @@ docs/reliability.md.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -39,6 +38,7 @@ from typing import TypeVar
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from crihook.proto import runtime_v1_pb2 as api
+from crihook.proxy.store import read_file
 from tests.support.containerd import Containerd, running_containerd
 from tests.support.cri import POD_UID, Cri, CriError, container_config, pod_config
 from tests.support.daemon import Crihook, CrihookError, install_hook_package, running_crihook
@@ -309,7 +309,7 @@ class Load:
         duplicated += [f"container {n[1]} in {n[0][:13]}" for n, k in names.items() if k > 1]
         mismatch: list[str] = []
         if store_file is not None:
-            body = json.loads(store_file.read_text())["body"]
+            body = read_file(store_file)
             stored_pods = {p["id"] for p in body["pods"] if p["labels"].get(LOAD_LABEL) == self.run_id}
             stored_containers = {c["id"] for c in body["containers"] if c["labels"].get(LOAD_LABEL) == self.run_id}
             mismatch = sorted((stored_pods ^ have_pods) | (stored_containers ^ have_containers))

@@ -2,14 +2,26 @@
 
 The runtime is the source of truth for which pods and containers exist; the store adds what only
 crihook knows (what each hook did) and lets post hooks of Stop/Remove calls, which carry only an
-id, see the pod. It is written atomically (temporary file, fsync, rename) with a checksum over the
-body, so a file cut short or damaged is detected and ignored, never trusted; at start it is
-reconciled against ListPodSandbox/ListContainers before crihook serves.
+id, see the pod. At start it is reconciled against ListPodSandbox/ListContainers before crihook serves.
+
+Two files in the state dir, so that a write costs what changed, not what is stored:
+- `store.json`, the snapshot: written atomically (temporary file, fsync, rename) with a checksum over
+  its body, which names its generation; a file cut short or damaged is set aside, never trusted.
+- `store.journal`, what changed since: one line per write, `<sha256 of the rest> <JSON>`, the JSON
+  holding the generation and each changed record as it now is (null: removed), appended and fsynced.
+  Lines of another generation predate the snapshot (it holds them already) and are skipped; a torn
+  last line (a crash mid-append) is dropped; a line failing its checksum ends what is applied, and
+  the journal is set aside. Once the journal outgrows the snapshot `COMPACT_RATIO` times, the next
+  write is a new snapshot (a new generation), which empties it.
+Version 1 (a snapshot rewritten on every write, no generation, no journal) is still read, so an
+upgraded node keeps its records; the first write after it is a version 2 snapshot.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -27,8 +39,12 @@ from crihook.hooks.criview import resources_from_record
 
 log = logging.getLogger("crihook.store")
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 FLUSH_DELAY = 0.05  # seconds: lifecycle bursts coalesce into one write
+COMPACT_RATIO = 4  # a new snapshot once the journal is this many times the snapshot's size ...
+COMPACT_FLOOR = 64 << 10  # ... or this many bytes, whichever is more
+_HASH_HEX = 64  # a journal line's checksum: sha256, hex
 
 
 @dataclass(slots=True)
@@ -117,6 +133,14 @@ class StoreFileError(Exception):
     pass
 
 
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _canonical(body: Any) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
@@ -125,20 +149,108 @@ def _checksum(body: dict[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(_canonical(body)).hexdigest()
 
 
+@dataclass(slots=True)
+class Contents:
+    """What the two files hold, verified: the snapshot with its journal applied."""
+
+    body: dict[str, Any]  # "pods" and "containers": lists of records as JSON objects
+    generation: int
+    version: int
+    dropped: str = ""  # why part of the journal was not applied; "" when all of it was
+    damaged: bool = False  # the dropped part was more than a torn last append
+
+
+def journal_path(path: Path) -> Path:
+    return path.with_suffix(".journal")
+
+
 def read_file(path: Path) -> dict[str, Any]:
-    """The verified body of a store file. Raises FileNotFoundError or StoreFileError."""
+    """The verified body of a store (the snapshot `path` and its journal beside it).
+    Raises FileNotFoundError or StoreFileError."""
+    return read_store(path).body
+
+
+def read_store(path: Path) -> Contents:
+    """The snapshot and its journal, verified. Raises FileNotFoundError (no snapshot: a journal
+    without one is never used) or StoreFileError (the snapshot is damaged)."""
     raw = path.read_bytes()
     try:
         doc = json.loads(raw)
-        body = doc["body"]
-        ok = doc.get("version") == FORMAT_VERSION and doc.get("checksum") == _checksum(body)
+        body, version = doc["body"], doc.get("version")
+        ok = version in READABLE_VERSIONS and doc.get("checksum") == _checksum(body)
     except (ValueError, KeyError, TypeError, AttributeError):
         raise StoreFileError(f"{path} is not a crihook store file (truncated or damaged)") from None
     if not ok:
         raise StoreFileError(f"{path} failed its checksum (half-written or edited by hand)")
     if not isinstance(body, dict):
         raise StoreFileError(f"{path} holds a {type(body).__name__}, not a store body (edited by hand)")
-    return body
+    generation = body.pop("generation", None) if version > 1 else 0
+    if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
+        raise StoreFileError(f"{path}: generation {generation!r} (edited by hand)")
+    contents = Contents(body, generation, version)
+    if version > 1:
+        kept = {kind: _by_id(body.get(kind, []), f"{path}: {kind}") for kind in ("pods", "containers")}
+        _apply_journal(journal_path(path), contents, kept)
+        body.update((kind, list(rows.values())) for kind, rows in kept.items())
+    return contents
+
+
+def _by_id(raw: Any, where: str) -> dict[str, Any]:
+    if not isinstance(raw, list) or not all(isinstance(r, dict) and isinstance(r.get("id"), str) for r in raw):
+        raise StoreFileError(f"{where}: expected a list of records with an id")
+    return {r["id"]: r for r in raw}
+
+
+def _journal_line(line: bytes) -> dict[str, Any] | None:
+    """One verified journal line, or None: a checksum that fails, or a shape crihook never writes."""
+    payload = line[_HASH_HEX + 1 :]
+    if line[_HASH_HEX : _HASH_HEX + 1] != b" " or hashlib.sha256(payload).hexdigest().encode() != line[:_HASH_HEX]:
+        return None
+    try:
+        batch = json.loads(payload)
+    except ValueError:
+        return None
+    ok = isinstance(batch, dict) and isinstance(batch.get("generation"), int)
+    for kind in ("pods", "containers"):
+        rows = batch.get(kind) if ok else None
+        ok = (
+            ok
+            and isinstance(rows, dict)
+            and all(r is None or (isinstance(r, dict) and r.get("id") == i) for i, r in rows.items())
+        )
+    return batch if ok else None
+
+
+def _apply_journal(path: Path, contents: Contents, kept: dict[str, dict[str, Any]]) -> None:
+    """Apply the journal's lines of the snapshot's generation, in order, up to the first bad one."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return
+    start = number = 0
+    while start < len(raw):
+        end = raw.find(b"\n", start)
+        if end < 0:
+            contents.dropped = f"a torn last append ({len(raw) - start} bytes) was dropped"
+            return
+        number += 1
+        batch = _journal_line(raw[start:end])
+        if batch is None:
+            contents.dropped = (
+                f"line {number} failed its checksum; it and the {len(raw) - end - 1} bytes after it were dropped"
+            )
+            contents.damaged = True
+            return
+        start = end + 1
+        if batch["generation"] != contents.generation:
+            continue  # written before the snapshot, which holds it
+        for kind in ("pods", "containers"):
+            rows = kept[kind]
+            for rid, row in batch[kind].items():
+                if row is None:
+                    rows.pop(rid, None)
+                else:
+                    rows[rid] = row
 
 
 def _record(cls: type, raw: Any, where: str) -> Any:
@@ -176,9 +288,19 @@ def _records(cls: type, raw: Any, where: str) -> dict[str, Any]:
     return {r.id: r for r in (_record(cls, item, f"{where}[{i}]") for i, item in enumerate(raw))}
 
 
+@dataclass(slots=True)
+class _Write:
+    """An encoding for the writer thread: a whole snapshot, or the payload of one journal line."""
+
+    seq: int  # encodings are numbered so that an older one never lands after a newer snapshot
+    pieces: list[bytes]  # joined by the writer, off the event loop
+    snapshot: bool
+
+
 class Store:
     def __init__(self, state_dir: str | Path) -> None:
         self.path = Path(state_dir) / "store.json"
+        self.journal = journal_path(self.path)
         self.pods: dict[str, PodRecord] = {}
         self.containers: dict[str, ContainerRecord] = {}
         self._dirty = False
@@ -186,41 +308,64 @@ class Store:
         self._write_lock = threading.Lock()
         self._encoded = 0  # encodings made
         self._rows: dict[tuple[str, str], bytes] = {}  # ("pods" | "containers", id) -> encoded record
+        self._pending: set[tuple[str, str]] = set()  # records changed since the last encoding
         self._written = 0  # the newest encoding on disk
+        self._generation = 0  # the snapshot's; journal lines carry it
+        self._snapshot_due = True  # no snapshot of this generation on disk to append to yet
+        self._snapshot_bytes = 0
+        self._journal_bytes = 0
 
     # -- persistence -------------------------------------------------------------------------
 
     def load(self) -> str:
-        """Read the file: 'ok', 'missing' or 'corrupt' (the damaged file is set aside)."""
+        """Read the files: 'ok', 'missing', 'partial' (a damaged journal line and what followed it
+        were not applied; the journal is set aside) or 'corrupt' (the snapshot is damaged: both are
+        set aside and nothing is used)."""
+        aside = f".corrupt-{int(time.time())}"
         try:
-            body = read_file(self.path)
-            self.pods = _records(PodRecord, body.get("pods", []), "pods")
-            self.containers = _records(ContainerRecord, body.get("containers", []), "containers")
-            return "ok"
+            contents = read_store(self.path)
+            self.pods = _records(PodRecord, contents.body.get("pods", []), "pods")
+            self.containers = _records(ContainerRecord, contents.body.get("containers", []), "containers")
         except FileNotFoundError:
+            with contextlib.suppress(FileNotFoundError):  # of a snapshot removed by hand: never of use, and
+                self.journal.unlink()  # its generation could match the next snapshot's
+                log.warning("store journal without its snapshot removed", extra={"path": str(self.journal)})
             return "missing"
         except StoreFileError as e:
-            aside = self.path.with_suffix(f".corrupt-{int(time.time())}")
-            log.error("store file ignored", extra={"error": str(e), "moved_to": str(aside)})
-            self.path.replace(aside)
+            log.error("store file ignored", extra={"error": str(e), "moved_to": str(self.path.with_suffix(aside))})
+            self.path.replace(self.path.with_suffix(aside))
+            with contextlib.suppress(FileNotFoundError):
+                self.journal.replace(self.journal.with_name(self.journal.name + aside))
             self.pods, self.containers = {}, {}
             return "corrupt"
+        self._generation = contents.generation
+        # appending after a dropped line would hide the new lines too; a version 1 file is rewritten
+        self._snapshot_due = bool(contents.dropped) or contents.version < FORMAT_VERSION
+        if contents.damaged:
+            moved = self.journal.with_name(self.journal.name + aside)
+            log.error("store journal cut short", extra={"error": contents.dropped, "moved_to": str(moved)})
+            self.journal.replace(moved)
+            return "partial"
+        if contents.dropped:
+            log.warning("store journal cut short", extra={"error": contents.dropped})
+        return "ok"
 
-    def _encode(self, reuse: bool = False) -> tuple[int, list[bytes]]:
-        """The body in canonical JSON (what the checksum covers: json.dumps of {"containers": [...],
-        "pods": [...]} with sorted keys, compact), as pieces that join into it byte for byte, numbered
-        so that an older encoding never replaces a newer one on disk. Marks the store clean.
+    def _encode(self, reuse: bool = False) -> _Write:
+        """A snapshot: the body in canonical JSON (what the checksum covers: json.dumps of
+        {"containers": [...], "generation": N, "pods": [...]} with sorted keys, compact), as pieces
+        that join into it byte for byte, of a new generation. Marks the store clean.
         `reuse`: records not changed through this class's methods since the last encoding keep
         their encoded row (a node's hundred pods are not encoded again for each one that starts);
-        otherwise all are encoded. The pieces are joined by the writer, off the event loop."""
+        otherwise all are encoded."""
         rows = self._rows if reuse else {}
+        self._generation += 1
         pieces = [b'{"containers":[']
         for kind, records, names in (
             ("containers", self.containers, _CONTAINER_FIELDS),
             ("pods", self.pods, _POD_FIELDS),
         ):
             if kind == "pods":
-                pieces.append(b'],"pods":[')
+                pieces.append(b'],"generation":%d,"pods":[' % self._generation)
             comma = False
             for rid, rec in records.items():
                 row = rows.get((kind, rid))
@@ -232,43 +377,104 @@ class Store:
                 comma = True
         pieces.append(b"]}")
         self._rows = rows
+        self._snapshot_due = False
+        self._snapshot_bytes = sum(map(len, pieces))
+        self._journal_bytes = 0
+        return self._encoded_now(pieces, snapshot=True)
+
+    def _encode_changes(self) -> _Write:
+        """A journal line's JSON: each record changed since the last encoding as it is now, null
+        for one removed. Costs what changed, whatever the store holds. Marks the store clean."""
+        pieces = [b'{"containers":{']
+        for kind, records, names in (
+            ("containers", self.containers, _CONTAINER_FIELDS),
+            ("pods", self.pods, _POD_FIELDS),
+        ):
+            if kind == "pods":
+                pieces.append(b'},"generation":%d,"pods":{' % self._generation)
+            comma = False
+            for key in self._pending:
+                if key[0] != kind:
+                    continue
+                rec = records.get(key[1])
+                row = b"null" if rec is None else self._rows.get(key)
+                if row is None:
+                    row = self._rows[key] = _canonical(_row(rec, names))
+                pieces += (b"," if comma else b"", _canonical(key[1]), b":", row)
+                comma = True
+        pieces.append(b"}}")
+        self._journal_bytes += sum(map(len, pieces)) + _HASH_HEX + 2
+        return self._encoded_now(pieces, snapshot=False)
+
+    def _encoded_now(self, pieces: list[bytes], snapshot: bool) -> _Write:
+        self._pending.clear()
         self._encoded += 1
         self._dirty = False
-        return self._encoded, pieces
+        return _Write(self._encoded, pieces, snapshot)
 
-    def _write(self, seq: int, pieces: list[bytes]) -> None:
-        """Write an encoding atomically: may block on the disk, so the event loop calls it through a
-        worker thread. The body is encoded once; the file's "body" is those very bytes."""
+    def _next_write(self) -> _Write:
+        """A journal line, or a snapshot when one is due: none yet, a write failed, or the journal
+        has outgrown the snapshot."""
+        limit = COMPACT_RATIO * max(self._snapshot_bytes, COMPACT_FLOOR)
+        if self._snapshot_due or self._journal_bytes > limit:
+            return self._encode(reuse=True)
+        return self._encode_changes()
+
+    def _write(self, write: _Write) -> None:
+        """Put an encoding on disk: may block on the disk, so the event loop calls it through a
+        worker thread."""
         with self._write_lock:
-            if seq <= self._written:
+            if write.seq <= self._written:
                 return
-            canonical = b"".join(pieces)
-            checksum = "sha256:" + hashlib.sha256(canonical).hexdigest()
-            head = json.dumps({"version": FORMAT_VERSION, "checksum": checksum})[:-1] + ', "body": '
-            data = [head.encode(), canonical, b"}"]
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            tmp = self.path.with_suffix(".tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                os.writev(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
-            dfd = os.open(self.path.parent, os.O_DIRECTORY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-            self._written = seq
+            if write.snapshot:
+                self._write_snapshot(write.pieces)
+            else:
+                self._append(write.pieces)
+            self._written = write.seq
+
+    def _write_snapshot(self, pieces: list[bytes]) -> None:
+        """Atomically replace the snapshot, then empty the journal (its lines are in the snapshot now,
+        and of an older generation: were the emptying lost, they would be skipped)."""
+        canonical = b"".join(pieces)
+        checksum = "sha256:" + hashlib.sha256(canonical).hexdigest()
+        head = json.dumps({"version": FORMAT_VERSION, "checksum": checksum})[:-1] + ', "body": '
+        data = [head.encode(), canonical, b"}"]
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = self.path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.writev(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        _fsync_dir(self.path.parent)  # the rename is on disk before the journal is emptied
+        try:
+            os.close(os.open(self.journal, os.O_WRONLY | os.O_TRUNC))
+        except FileNotFoundError:
+            os.close(os.open(self.journal, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            _fsync_dir(self.path.parent)  # appends are fsynced to a file whose name is on disk
+
+    def _append(self, pieces: list[bytes]) -> None:
+        """Append one checksummed line to the journal and fsync it."""
+        payload = b"".join(pieces)
+        line = hashlib.sha256(payload).hexdigest().encode() + b" " + payload + b"\n"
+        fd = os.open(self.journal, os.O_WRONLY | os.O_APPEND)  # no O_CREAT: a journal gone means a snapshot
+        try:
+            if os.write(fd, line) != len(line):
+                raise OSError(errno.EIO, "short write", str(self.journal))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def save(self) -> None:
-        """Write now, on this thread (start, reconciliation, shutdown)."""
-        self._write(*self._encode())
+        """Write a snapshot now, on this thread (start, reconciliation, shutdown)."""
+        self._write(self._encode())
 
     def changed(self, row: tuple[str, str]) -> None:
         """Schedule a write (calls in one burst share it); `row`'s encoding is stale."""
         self._rows.pop(row, None)
+        self._pending.add(row)
         self._dirty = True
         STORE_OBJECTS.set(len(self.pods), "pods")
         STORE_OBJECTS.set(len(self.containers), "containers")
@@ -276,16 +482,16 @@ class Store:
             self._flush_task = asyncio.get_running_loop().create_task(self._flush())
 
     async def _flush(self) -> None:
-        """Encode on the event loop (a consistent snapshot, no copies), write and fsync on a worker
+        """Encode on the event loop (a consistent state, no copies), write and fsync on a worker
         thread: a slow or stalled disk must not hold up CRI calls. Changes made meanwhile go in the
         next round."""
         while self._dirty:
             await asyncio.sleep(FLUSH_DELAY)
-            seq, pieces = self._encode(reuse=True)
+            write = self._next_write()
             try:
-                await asyncio.to_thread(self._write, seq, pieces)
+                await asyncio.to_thread(self._write, write)
             except OSError as e:
-                self._dirty = True
+                self._dirty = self._snapshot_due = True  # the journal may end in a torn line now
                 log.error("store write failed", extra={"path": str(self.path), "error": str(e)})
                 return
 
@@ -368,6 +574,7 @@ class Store:
         for cid in [cid for cid, c in self.containers.items() if c.pod_id == pod_id]:
             del self.containers[cid]
             self._rows.pop(("containers", cid), None)
+            self._pending.add(("containers", cid))
         if pod is not None:
             self.changed(("pods", pod_id))
         return pod

@@ -1,12 +1,16 @@
-"""The store survives restarts, never trusts a damaged file, and reconciles against the runtime."""
+"""The store survives restarts, never trusts a damaged file, and reconciles against the runtime; a write
+appends what changed to the journal, and a crash at any byte of it loses at most the write it cut."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
 
+from crihook.proxy import store as storemod
 from crihook.proxy.store import ContainerRecord, PodRecord, Store, StoreFileError, read_file, sandbox_cgroup_parent
 
 
@@ -149,3 +153,174 @@ def test_reconcile_takes_the_cgroup_parent_from_the_runtime_else_keeps_its_own(t
 )
 def test_sandbox_cgroup_parent(info: dict[str, str], parent: str) -> None:
     assert sandbox_cgroup_parent(info) == parent
+
+
+# -- the journal -------------------------------------------------------------------------------------
+
+
+async def settle(s: Store) -> None:
+    """Wait for the store's pending write (its flush task) to be on disk."""
+    if s._flush_task is not None:
+        await s._flush_task
+
+
+async def journaled(tmp_path: Path) -> tuple[Store, list[bytes]]:
+    """A store saved once, then changed in three writes: (the store, the journal after each write)."""
+    s = Store(tmp_path)
+    s.put_pod(pod("p1"))
+    s.save()
+    after = []
+    for change in (
+        lambda: s.put_container(ctr("c1", "p1", hooks=[{"hook": "gpu", "result": "ok"}])),
+        lambda: (s.set_container_state("c1", "running"), s.put_pod(pod("p2"))),
+        lambda: (s.remove_pod("p1"), s.put_container(ctr("c2", "p2"))),
+    ):
+        change()
+        await settle(s)
+        after.append(s.journal.read_bytes())
+    return s, after
+
+
+def aside(state_dir: Path) -> list[str]:
+    return [name for name in os.listdir(state_dir) if name.startswith("store.journal.corrupt-")]
+
+
+def state(s: Store) -> tuple[dict[str, PodRecord], dict[str, ContainerRecord]]:
+    return s.pods, s.containers
+
+
+async def test_a_write_appends_only_what_changed(tmp_path: Path) -> None:
+    s = Store(tmp_path)
+    for i in range(50):
+        s.put_pod(pod(f"p{i}", annotations={"a": "x" * 200}))
+    s.save()
+    snapshot = s.path.read_bytes()
+    s.set_pod_state("p7", "notready")
+    await settle(s)
+    assert s.path.read_bytes() == snapshot  # not rewritten
+    line = s.journal.read_bytes()
+    assert line.count(b"\n") == 1 and len(line) < len(snapshot) / 20
+    t = Store(tmp_path)
+    assert t.load() == "ok" and state(t) == state(s) and t.pods["p7"].state == "notready"
+    assert read_file(s.path)["pods"][7]["state"] == "notready"  # what doctor and inspect read
+    await s.close()
+
+
+async def test_a_crash_at_any_byte_of_the_journal_loses_at_most_the_write_it_cut(tmp_path: Path) -> None:
+    s, after = await journaled(tmp_path)
+    journal = after[-1]
+    lines = [0, *(len(j) for j in after)]  # the journal's length after each write
+    states = []
+    for n in range(len(after) + 1):  # the state after each write, as a reader sees it
+        s.journal.write_bytes(journal[: lines[n]])
+        t = Store(tmp_path)
+        assert t.load() == "ok"
+        states.append(state(t))
+    assert states[-1] == state(s) and states[0] != states[1] != states[2] != states[3]
+    for cut in range(len(journal) + 1):
+        s.journal.write_bytes(journal[:cut])
+        t = Store(tmp_path)
+        assert t.load() == "ok", cut
+        whole = sum(1 for end in lines[1:] if end <= cut)
+        assert state(t) == states[whole], cut
+        assert t._snapshot_due == (cut not in lines)  # never append after a torn line
+
+
+async def test_a_damaged_journal_line_ends_what_is_applied_and_is_set_aside(tmp_path: Path) -> None:
+    s, after = await journaled(tmp_path)
+    journal = bytearray(after[-1])
+    first = len(after[0])
+    journal[first + 80] ^= 0x01  # inside the second line: its checksum fails
+    s.journal.write_bytes(bytes(journal))
+    t = Store(tmp_path)
+    assert t.load() == "partial"
+    assert set(t.pods) == {"p1"} and t.containers["c1"].state == "created"  # the first write only
+    assert not t.journal.exists() and aside(tmp_path)
+    t.save()  # start-up's reconcile writes a snapshot and a new journal
+    assert t.journal.read_bytes() == b"" and Store(tmp_path).load() == "ok"
+
+
+async def test_journal_lines_from_before_the_snapshot_are_skipped(tmp_path: Path) -> None:
+    """A crash after a new snapshot's rename and before the journal was emptied leaves lines of the
+    older generation beside it: the snapshot holds them already, and they must not undo a later change."""
+    s, after = await journaled(tmp_path)
+    s.remove_container("c2")
+    s.save()
+    s.journal.write_bytes(after[-1])
+    t = Store(tmp_path)
+    assert t.load() == "ok" and state(t) == state(s) and "c2" not in t.containers
+
+
+async def test_a_version_1_file_is_read_and_rewritten_as_a_snapshot(tmp_path: Path) -> None:
+    """What crihook before the journal wrote: an upgraded node keeps its records."""
+    body = {
+        "containers": [storemod._row(ctr("c1", "p1", hooks=[{"hook": "gpu"}]), storemod._CONTAINER_FIELDS)],
+        "pods": [storemod._row(pod("p1"), storemod._POD_FIELDS)],
+    }
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    checksum = "sha256:" + hashlib.sha256(canonical).hexdigest()
+    (tmp_path / "store.json").write_bytes(
+        b'{"version": 1, "checksum": "%s", "body": %s}' % (checksum.encode(), canonical)
+    )
+    s = Store(tmp_path)
+    assert s.load() == "ok" and s.containers["c1"].hooks == [{"hook": "gpu"}]
+    s.put_pod(pod("p2"))
+    await settle(s)
+    assert json.loads(s.path.read_bytes())["version"] == 2  # a snapshot, not a journal line beside version 1
+    t = Store(tmp_path)
+    assert t.load() == "ok" and state(t) == state(s)
+
+
+async def test_the_journal_is_compacted_into_a_snapshot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(storemod, "COMPACT_FLOOR", 500)
+    monkeypatch.setattr(storemod, "FLUSH_DELAY", 0)
+    s = Store(tmp_path)
+    s.save()
+    sizes = []
+    for i in range(60):
+        s.put_pod(pod(f"p{i}"))
+        await settle(s)
+        sizes.append(s.journal.stat().st_size)
+    assert max(sizes) <= storemod.COMPACT_RATIO * max(s.path.stat().st_size, 500) + 400
+    assert s._generation >= 3 and sizes.count(0) == s._generation - 1  # each snapshot emptied it
+    t = Store(tmp_path)
+    assert t.load() == "ok" and state(t) == state(s)
+
+
+async def test_a_failed_append_makes_the_next_write_a_snapshot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = Store(tmp_path)
+    s.save()
+    real_write = os.write
+
+    def half(fd: int, data: bytes) -> int:
+        real_write(fd, data[: len(data) // 2])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "write", half)
+    s.put_pod(pod("p1"))
+    await settle(s)
+    assert s._dirty and s._snapshot_due
+    monkeypatch.setattr(os, "write", real_write)
+    s.put_pod(pod("p2"))
+    await settle(s)
+    assert s.journal.read_bytes() == b""  # the torn line went with the new snapshot
+    t = Store(tmp_path)
+    assert t.load() == "ok" and set(t.pods) == {"p1", "p2"}
+
+
+async def test_a_damaged_snapshot_sets_its_journal_aside_too(tmp_path: Path) -> None:
+    s, _ = await journaled(tmp_path)
+    s.path.write_bytes(s.path.read_bytes()[:-5])
+    t = Store(tmp_path)
+    assert t.load() == "corrupt" and t.pods == {} and t.containers == {}
+    assert not t.journal.exists() and aside(tmp_path)
+
+
+async def test_a_journal_without_its_snapshot_is_never_applied(tmp_path: Path) -> None:
+    s, _ = await journaled(tmp_path)
+    s.path.unlink()
+    t = Store(tmp_path)
+    assert t.load() == "missing" and not t.journal.exists()
+    t.save()  # generation 1 again: no line of the old journal may ever apply to it
+    u = Store(tmp_path)
+    assert u.load() == "ok" and u.pods == {} and u.containers == {}

@@ -7,7 +7,6 @@ and nothing else the daemon serves waits for either.
 from __future__ import annotations
 
 import contextlib
-import json
 import textwrap
 import threading
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from crihook.proxy.store import read_file
 from tests.support.containerd import Containerd
 from tests.support.cri import Cri, CriError, container_config, pod_config
 from tests.support.daemon import Crihook, install_hook_package, running_crihook
@@ -99,7 +99,7 @@ def client(faulty: Crihook) -> Iterator[Cri]:
 def _store_records(proxy: Crihook, container_id: str) -> list[dict[str, object]]:
     deadline = time.monotonic() + 5
     while True:
-        body = json.loads((proxy.state_dir / "store.json").read_text())["body"]
+        body = read_file(proxy.state_dir / "store.json")
         found = [c["hooks"] for c in body["containers"] if c["id"] == container_id]
         if found or time.monotonic() > deadline:
             return found[0] if found else []
