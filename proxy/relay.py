@@ -720,6 +720,7 @@ class Relay(Generic[C]):
         self.links: set[Link[C]] = set()
         self._labels: dict[tuple[bytes, bytes], tuple[str, str]] = {}
         self._idle = asyncio.Event()
+        self._draining = False
         self.server: asyncio.AbstractServer | None = None
 
     def count(self, path: bytes, status: bytes, seconds: float | None = None) -> None:
@@ -738,7 +739,9 @@ class Relay(Generic[C]):
         return sum(len(link.active) for link in self.links)
 
     def check_idle(self) -> None:
-        if self.in_flight() == 0:
+        """Wake `drain` once no call is in flight. Only `drain` waits, so until it runs the sum over
+        every link is not made after each call."""
+        if self._draining and self.in_flight() == 0:
             self._idle.set()
 
     async def start(self, listen_path: str) -> None:
@@ -747,6 +750,7 @@ class Relay(Generic[C]):
 
     async def drain(self, grace: float) -> int:
         """Stop accepting, wait up to `grace` seconds for in-flight calls, close. Returns calls cut off."""
+        self._draining = True
         if self.server is not None:
             self.server.close()
         deadline = asyncio.get_running_loop().time() + grace
