@@ -1,6 +1,7 @@
 """What crihook costs kubelet: the same client, in the same process, against the same containerd,
-straight and through crihook (and through a bare grpc-aio forwarder, the design we did not pick),
-with targets interleaved call by call so machine noise hits all of them alike.
+straight and through crihook (and through a bare grpc-aio forwarder, the design we did not pick, and a
+byte relay that parses nothing, the floor of any Python proxy), with targets interleaved call by call so
+machine noise hits all of them alike.
 
     python bench/proxy_bench.py [--runtime 1.6|1.7|2] [--rounds 2000] [--seconds 2] [--pods 20]
                                 [--profile crihook.pstats]
@@ -9,12 +10,12 @@ Needs root, containerd and runc (the test suite's private containerd is started 
 `--runtime 1.7` or `2` runs Debian trixie's or sid's containerd as fetched by tests/runtimes.sh.
 crihook runs on a simulated 8-GPU node (the fake NVML library with the dgx-h100 topology, device
 nodes made with mknod): every CreateContainer, alone or in a pod start, is for a pod the scheduler
-gave all 8 GPUs, so the gpu hook does its whole job. Direct and the aio forwarder are sent the
-request crihook forwards (worked out in this process by the same hooks, outside the timing), so
-containerd does the same work for every target and the difference is the proxy's.
+gave all 8 GPUs, so the gpu hook does its whole job. The other targets are sent the request crihook
+forwards (worked out in this process by the same hooks, outside the timing), so containerd does the
+same work for every target and the difference is the proxy's.
 Prints p50/p99 latency added per method, pod start latency, throughput at 1/16/64 concurrent
-callers as a ratio of direct, and crihook's resident memory. `--profile` runs crihook under
-cProfile and writes its stats there on exit.
+callers as a ratio of direct, crihook's and the byte relay's CPU per call, and crihook's resident
+memory. `--profile` runs crihook under cProfile and writes its stats there on exit.
 """
 
 from __future__ import annotations
@@ -102,11 +103,12 @@ class Rewriter:
 def daemons(
     work: Path, backend: str, config_text: str, env: dict[str, str], profile: str | None
 ) -> Iterator[dict[str, tuple[str, int | None]]]:
-    """crihook and the aio forwarder in front of `backend`; yields target -> (socket, pid)."""
+    """crihook, the aio forwarder and the byte relay in front of `backend`; yields target -> (socket, pid)."""
     cfg = work / "crihook.toml"
     cfg.write_text(config_text)
     crihook_sock = str(work / "crihook.sock")
     aio_sock = str(work / "aio.sock")
+    relay_sock = str(work / "relay.sock")
     profiler = ["-m", "cProfile", "-o", profile] if profile else []
     procs = [
         subprocess.Popen(
@@ -128,18 +130,24 @@ def daemons(
         subprocess.Popen(
             [sys.executable, str(ROOT / "bench" / "aio_forwarder.py"), aio_sock, backend], stdout=subprocess.DEVNULL
         ),
+        subprocess.Popen(
+            [sys.executable, str(ROOT / "bench" / "byte_relay.py"), relay_sock, backend], stdout=subprocess.DEVNULL
+        ),
     ]
     try:
         wait_socket(crihook_sock, procs[0])
         wait_socket(aio_sock, procs[1])
+        wait_socket(relay_sock, procs[2])
         yield {
             "direct": (backend, None),
             "crihook": (crihook_sock, procs[0].pid),
             "aio-forwarder": (aio_sock, procs[1].pid),
+            "byte-relay": (relay_sock, procs[2].pid),
         }
     finally:
         procs[0].send_signal(signal.SIGINT)  # crihook stops as on SIGTERM, and cProfile writes its stats
-        procs[1].terminate()
+        for p in procs[1:]:
+            p.terminate()
         for p in procs:
             p.wait(30)
 
@@ -177,10 +185,17 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     return total / 1e9, loop / 1e9
 
 
+def cpu_now(pids: dict[str, int]) -> dict[str, tuple[float, float]]:
+    return {name: cpu_seconds(pid) for name, pid in pids.items()}
+
+
 def report_latency(
-    title: str, samples: dict[str, list[float]], before: tuple[float, float] | None = None, pid: int = 0
+    title: str,
+    samples: dict[str, list[float]],
+    before: dict[str, tuple[float, float]] | None = None,
+    pids: dict[str, int] | None = None,
 ) -> None:
-    """`before`: crihook's cpu_seconds(pid) when the timed calls began; its CPU is printed per call."""
+    """`before`: cpu_now(pids) when the timed calls began; each process's CPU is printed per call."""
     base50, base99 = pct(samples["direct"], 0.5), pct(samples["direct"], 0.99)
     cells = []
     for name, s in samples.items():
@@ -188,10 +203,11 @@ def report_latency(
         extra = "" if name == "direct" else f" (+{(p50 - base50) * 1e3:.3f} / +{(p99 - base99) * 1e3:.3f})"
         cells.append(f"{name} {p50 * 1e3:.3f}/{p99 * 1e3:.3f}{extra}")
     per_call = ""
-    if before is not None:
-        n = len(samples["crihook"]) / 1e3
-        (total, loop), (total0, loop0) = cpu_seconds(pid), before
-        per_call = f" | crihook CPU {(total - total0) / n:.3f} ms/call (event loop {(loop - loop0) / n:.3f})"
+    for name, (total0, loop0) in (before or {}).items():
+        assert pids is not None
+        n = len(samples[name]) / 1e3
+        total, loop = cpu_seconds(pids[name])
+        per_call += f" | {name} CPU {(total - total0) / n:.3f} ms/call (event loop {(loop - loop0) / n:.3f})"
     print(f"{title:<34} p50/p99 ms: " + " | ".join(cells) + per_call, flush=True)
 
 
@@ -248,6 +264,7 @@ def main() -> None:
         chans = {name: grpc.insecure_channel(f"unix://{sock}", options=LIMITS) for name, (sock, _) in t.items()}
         crihook_pid = t["crihook"][1]
         assert crihook_pid is not None
+        measured = {name: pid for name, (_, pid) in t.items() if name in ("crihook", "byte-relay") and pid}
 
         def caller(service: str, method: str, request: object) -> dict[str, Callable[[], object]]:
             body = request.SerializeToString()  # type: ignore[attr-defined]
@@ -268,9 +285,9 @@ def main() -> None:
             ("ImageStatus", caller(IMAGE, "ImageStatus", api.ImageStatusRequest(image=api.ImageSpec(image="x")))),
         ):
             interleaved(fns, 100)
-            cpu = cpu_seconds(crihook_pid)
+            cpu = cpu_now(measured)
             samples = interleaved(fns, args.rounds)
-            report_latency(title, samples, cpu, crihook_pid)
+            report_latency(title, samples, cpu, measured)
 
         # ListContainers over 200 containers (created, not started: the list is what matters)
         direct = chans["direct"]
@@ -317,9 +334,9 @@ def main() -> None:
 
             return fn
 
-        cpu = cpu_seconds(crihook_pid)
+        cpu = cpu_now(measured)
         samples = interleaved({name: create_one(name) for name in chans}, max(60, args.rounds // 20))
-        report_latency("CreateContainer", samples, cpu, crihook_pid)
+        report_latency("CreateContainer", samples, cpu, measured)
         for raw in created:
             cid = api.CreateContainerResponse.FromString(raw).container_id
             remove(api.RemoveContainerRequest(container_id=cid).SerializeToString(), timeout=60)
@@ -346,9 +363,9 @@ def main() -> None:
             return fn
 
         started: list[str] = []
-        cpu = cpu_seconds(crihook_pid)
+        cpu = cpu_now(measured)
         samples = interleaved({name: pod_start(name) for name in chans}, args.pods)
-        report_latency("pod start (run+create+start)", samples, cpu, crihook_pid)
+        report_latency("pod start (run+create+start)", samples, cpu, measured)
         for name in ("direct",):
             ch = chans[name]
             stop = ch.unary_unary(RUNTIME + "StopPodSandbox", request_serializer=ident, response_deserializer=ident)
