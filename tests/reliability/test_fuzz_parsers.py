@@ -14,10 +14,12 @@ The normal suite runs hypothesis' default count; bench/fuzz.sh runs 10,000 examp
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
 import tempfile
+from collections.abc import Callable
 
 from hypothesis import event, given
 from hypothesis import strategies as st
@@ -188,6 +190,45 @@ def test_damaged_store_file_is_never_trusted(data: bytes) -> None:
         event("ignored")
         assert result == "corrupt" and store.pods == {} and store.containers == {}
         assert not store.path.exists()  # set aside, so the next save starts clean
+
+
+def _journaled() -> tuple[bytes, bytes, list[tuple[set[str], set[str]]]]:
+    """A snapshot, the journal of three writes after it, and the (pods, containers) after each."""
+    store = Store(tempfile.mkdtemp(dir=STORES.name))
+    store.pods["p1"] = PodRecord("p1", "web", "default", "uid-1", labels={"a": "b"})
+    store.save()
+    states = [({"p1"}, set())]
+
+    async def write(change: Callable[[], object]) -> None:
+        change()
+        assert store._flush_task is not None
+        await store._flush_task
+
+    for change in (
+        lambda: store.put_container(ContainerRecord("c1", "p1", "main", hooks=[{"hook": "gpu"}])),
+        lambda: store.put_pod(PodRecord("p2", "db", "default", "uid-2")),
+        lambda: store.remove_pod("p1"),
+    ):
+        asyncio.run(write(change))
+        states.append((set(store.pods), set(store.containers)))
+    return store.path.read_bytes(), store.journal.read_bytes(), states
+
+
+SNAPSHOT, JOURNAL, JOURNAL_STATES = _journaled()
+
+
+@given(damaged([JOURNAL]))
+def test_damaged_store_journal_applies_only_whole_verified_lines(data: bytes) -> None:
+    """Whatever is done to the journal, the store loads the state after some of its writes, in order:
+    never a line whose checksum fails, never one after it."""
+    store = Store(tempfile.mkdtemp(dir=STORES.name))
+    store.path.parent.mkdir(parents=True, exist_ok=True)
+    store.path.write_bytes(SNAPSHOT)
+    store.journal.write_bytes(data)
+    result = store.load()
+    event(result)
+    assert result in ("ok", "partial")
+    assert (set(store.pods), set(store.containers)) in JOURNAL_STATES
 
 
 json_values = st.recursive(
