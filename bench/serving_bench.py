@@ -36,6 +36,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -266,20 +267,29 @@ def interleaved(children: dict[str, Child], ctx: ssl.SSLContext, nodes: int, req
     return out
 
 
-def burst_line(label: str, runs: list[tuple[list[float], int, float]]) -> str:
-    """Median over rounds of p50, p99 and max; failures and server CPU summed."""
-    med = [statistics.median(pct(lat, q) for lat, _, _ in runs) * 1000 for q in (0.5, 0.99, 1.0)]
-    fails = sum(f for _, f, _ in runs)
-    cpu = sum(c for _, _, c in runs) / len(runs)
-    return f"{label} {med[0]:7.1f} {med[1]:7.1f} {med[2]:7.1f} {fails:>5} {cpu:9.2f}"
+@dataclass
+class Round:
+    latencies: list[float]
+    failed: int
+    server_cpu: float  # seconds
+    client_cpu: float
 
 
-def run_burst(c: Child, certs: Certs, requests: int, conns: int) -> tuple[list[float], int, float]:
+def burst_line(label: str, runs: list[Round]) -> str:
+    """Median over rounds of p50, p99 and max; failures summed; mean server and client CPU."""
+    med = [statistics.median(pct(r.latencies, q) for r in runs) * 1000 for q in (0.5, 0.99, 1.0)]
+    fails = sum(r.failed for r in runs)
+    cpu = statistics.mean(r.server_cpu for r in runs)
+    client = statistics.mean(r.client_cpu for r in runs)
+    return f"{label} {med[0]:7.1f} {med[1]:7.1f} {med[2]:7.1f} {fails:>5} {cpu:9.2f} {client:9.2f}"
+
+
+def run_burst(c: Child, certs: Certs, requests: int, conns: int) -> Round:
     cpu0 = c.cpu()
     res = burst(c.port, certs, requests, conns)
     if res.failures:
         print(f"  {c.stack}: {len(res.failures)} failed, first: {res.failures[0]}", flush=True)
-    return res.latencies, len(res.failures), c.cpu() - cpu0
+    return Round(res.latencies, len(res.failures), c.cpu() - cpu0, res.client_cpu)
 
 
 def main() -> int:
@@ -306,7 +316,7 @@ def main() -> int:
             for c in children.values():
                 c.wait_serving(ctx)
             rss0 = {s: c.status("VmRSS") for s, c in children.items()}
-            runs: dict[tuple[str, int, int], list[tuple[list[float], int, float]]] = {}
+            runs: dict[tuple[str, int, int], list[Round]] = {}
             for r in range(args.rounds):  # stacks take turns, so a busy minute on the machine hits all
                 for stack in stacks[r % len(stacks) :] + stacks[: r % len(stacks)]:
                     for requests, conns in BURSTS:
@@ -318,7 +328,7 @@ def main() -> int:
         finally:
             for c in children.values():
                 c.stop()
-        mixed: dict[str, list[tuple[list[float], int, float]]] = {}
+        mixed: dict[str, list[Round]] = {}
         for n in sizes[1:]:
             children = {s: Child(s, n, d) for s in stacks}
             try:
@@ -336,7 +346,8 @@ def main() -> int:
                 for c in children.values():
                     c.stop()
     print(f"\nbursts: median of {args.rounds} rounds")
-    print(f"{'stack':<9} {'burst':>13} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'fail':>5} {'srv CPU s':>9}")
+    print(f"{'stack':<9} {'burst':>13} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'fail':>5}", end="")
+    print(f" {'srv CPU s':>9} {'cli CPU s':>9}")
     for (stack, requests, conns), r in runs.items():
         print(burst_line(f"{stack:<9} {requests:>5} over {conns:>3}", r))
     for stack, r in mixed.items():

@@ -270,6 +270,25 @@ def test_half_written_certificate_keeps_the_old_one(tmp_path: Path) -> None:
     assert loaded.context() is not first  # changed again, and loads
 
 
+@needs_openssl
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_3, ssl.TLSVersion.TLSv1_2], ids=["1.3", "1.2"])
+def test_no_session_tickets(tmp_path: Path, version: ssl.TLSVersion) -> None:
+    """Go's clients keep no TLS session cache, so a ticket would be CPU spent on every handshake
+    for nothing; a TLS 1.3 server sends its tickets after the handshake, read here with the answer."""
+    certs = make_certs(tmp_path, "ec")
+    server = serve(srv.TlsFiles(certs.server_cert, certs.server_key, certs.ca))
+    ctx = certs.client_context()
+    ctx.maximum_version = version
+    try:
+        with connect(server.server_address[1], ctx) as sock:
+            assert exchange(sock, b"GET /healthz HTTP/1.1\r\n\r\n")[0] == 200
+            assert sock.version() == ("TLSv1.3" if version == ssl.TLSVersion.TLSv1_3 else "TLSv1.2")
+            assert sock.session is not None and not sock.session.has_ticket
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 # --- a burst against the real command -----------------------------------------------------------------
 
 

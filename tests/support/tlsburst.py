@@ -120,12 +120,14 @@ def check_review(i: int, code: int, body: bytes) -> str:
 class BurstResult:
     latencies: list[float] = field(default_factory=list)  # seconds, one per request
     failures: list[str] = field(default_factory=list)
+    client_cpu: float = 0.0  # seconds of CPU the client processes spent, handshakes included
 
 
 def _connections(port: int, certs: Certs, per_conn: list[list[int]], start_at: float) -> BurstResult:
     """One client process: a thread per connection, all starting at wall-clock `start_at`."""
     ctx = certs.client_context()
     out = BurstResult()
+    cpu0 = time.process_time()
 
     def one(ids: list[int]) -> None:
         bodies = [(i, http_request("/mutate" if i % 2 else "/validate", review(f"uid-{i}"))) for i in ids]
@@ -156,6 +158,7 @@ def _connections(port: int, certs: Certs, per_conn: list[list[int]], start_at: f
         t.start()
     for t in threads:
         t.join()
+    out.client_cpu = time.process_time() - cpu0
     return out
 
 
@@ -175,4 +178,5 @@ def burst(port: int, certs: Certs, requests: int, connections: int, processes: i
     for p in parts:
         out.latencies += p.latencies
         out.failures += p.failures
+        out.client_cpu += p.client_cpu
     return out
