@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import compress
+from itertools import compress, repeat
 from typing import Protocol
 
 import numpy as np
@@ -464,8 +464,7 @@ class DeviceShare:
                 self._all = (names, np.array([st.rows[n] for n in names], dtype=np.int64))
             return self._all[0], self._all[1], []
         names = list(nodes)
-        get = st.rows.get
-        rows = np.array([get(n, -1) for n in names], dtype=np.int64)
+        rows = np.fromiter(map(st.rows.get, names, repeat(-1)), np.int64, len(names))  # C loop, not Python's
         if rows.size and rows.min() < 0:
             keep = (rows >= 0).tolist()
             missing = [n for n, k in zip(names, keep, strict=True) if not k]

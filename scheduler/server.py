@@ -41,7 +41,7 @@ from typing import Any
 from crihook.base import metrics
 from crihook.base.metrics import is_loopback, parse_listen
 from crihook.scheduler import webhook
-from crihook.scheduler.extender import BadRequest, Extender
+from crihook.scheduler.extender import BadRequest, Extender, HostPriorityList
 
 log = logging.getLogger("crihook.scheduler")
 
@@ -202,7 +202,9 @@ class App:
             return 404, b"not found\n", TEXT
         started = time.perf_counter()
         try:
-            answer: Answer = (200, json.dumps(route(json.loads(raw)), separators=(",", ":")).encode(), JSON_TYPE)
+            out = route(json.loads(raw))
+            body = out.json() if isinstance(out, HostPriorityList) else json.dumps(out, separators=(",", ":")).encode()
+            answer: Answer = (200, body, JSON_TYPE)
         except (ValueError, BadRequest, webhook.ReviewError) as e:
             answer = 400, f"bad request: {e}\n".encode(), TEXT
         except Exception:

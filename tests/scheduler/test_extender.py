@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -24,8 +25,9 @@ from crihook.scheduler.extender import (
     MAX_EXTENDER_PRIORITY,
     BadRequest,
     Extender,
+    HostPriorityList,
     host_priorities,
-    to_extender_score,
+    to_extender_scores,
 )
 from tests.support.extender import cluster_plugin, fixture
 
@@ -92,7 +94,8 @@ def test_prioritize(ext: Extender) -> None:
     assert all(set(p) == {"Host", "Score"} and 0 <= p["Score"] <= MAX_EXTENDER_PRIORITY for p in out)
     expected = ext.plugin.score_nodes(ext.plugin.pre_filter(_pod(args)), args["NodeNames"])
     best = max(args["NodeNames"], key=expected.__getitem__)
-    want = [MAX_EXTENDER_PRIORITY if n == best else min(9, to_extender_score(expected[n])) for n in args["NodeNames"]]
+    scaled = to_extender_scores(np.array([expected[n] for n in args["NodeNames"]])).tolist()
+    want = [MAX_EXTENDER_PRIORITY if n == best else min(9, s) for n, s in zip(args["NodeNames"], scaled, strict=True)]
     assert [p["Score"] for p in out] == want
     # a node that can not take the pod scores 0
     args["NodeNames"].append("cpu-node-1")
@@ -125,12 +128,21 @@ def test_one_node_alone_scores_highest(values: list[float]) -> None:
     out = host_priorities(names, dict(zip(names, values, strict=True)))
     top = [p["Host"] for p in out if p["Score"] == MAX_EXTENDER_PRIORITY]
     assert top == [names[values.index(max(values))]]
-    assert host_priorities(names, {}) == [{"Host": n, "Score": 0} for n in names]
+    assert list(host_priorities(names, {})) == [{"Host": n, "Score": 0} for n in names]
+
+
+@given(
+    st.lists(st.tuples(st.one_of(st.from_regex(r"[a-z0-9.-]{1,20}", fullmatch=True), st.text()), st.integers(0, 10)))
+)
+def test_host_priority_list_json(pairs: list[tuple[str, int]]) -> None:
+    """The bytes written without dicts are the JSON of the dicts, names needing escapes included."""
+    out = HostPriorityList([h for h, _ in pairs], [s for _, s in pairs])
+    assert json.loads(out.json()) == [{"Host": h, "Score": s} for h, s in pairs] == list(out)
 
 
 @given(st.floats(-50, 150, allow_nan=False))
 def test_score_scale(score: float) -> None:
-    s = to_extender_score(score)
+    s = int(to_extender_scores(np.array([score]))[0])
     assert 0 <= s <= MAX_EXTENDER_PRIORITY
     if 0 <= score <= 100:
         assert abs(s - score / 10) <= 0.5
