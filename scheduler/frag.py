@@ -136,10 +136,12 @@ def option_stats(
     pct: int,
     opts: tuple[np.ndarray, np.ndarray],
     model: np.ndarray | None = None,
+    known: Stats | None = None,
 ) -> tuple[Stats, Stats]:
     """Stats before (K,) and after (N,) placing a one-GPU share of `pct` (with `cpu` millicores) on
-    each option, option i being slot opts[1][i] of node opts[0][i]."""
-    s = stats(typ, cpu_left, left, model)
+    each option, option i being slot opts[1][i] of node opts[0][i]. `known`: the stats before,
+    when the caller keeps them."""
+    s = stats(typ, cpu_left, left, model) if known is None else known
     k, g = opts
     dn, ds = _deltas(typ, left[k, g], None if model is None else model[k, g], pct)
     return s, Stats(s.nfit[k] + dn, s.small[k] + ds, s.total[k] - pct, cpu_left[k] - cpu)
@@ -153,9 +155,10 @@ def set_stats(
     pct: int,
     cols: np.ndarray,
     model: np.ndarray | None = None,
+    known: Stats | None = None,
 ) -> tuple[Stats, Stats]:
     """Stats before and after (both (K,)) taking `pct` from the slots `cols` (K, C) of each node."""
-    s = stats(typ, cpu_left, left, model)
+    s = stats(typ, cpu_left, left, model) if known is None else known
     taken = np.take_along_axis(left, cols, axis=1)
     dn, ds = _deltas(typ, taken, None if model is None else np.take_along_axis(model, cols, axis=1), pct)
     after = Stats(s.nfit + dn.sum(axis=1), s.small + ds.sum(axis=1), s.total - pct * cols.shape[1], cpu_left - cpu)

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from crihook.scheduler.frag import Shape, Stats, Typical, frag_of, option_stats, set_stats
+from crihook.scheduler.frag import Shape, Stats, Typical, frag_of, option_stats, set_stats, stats
 from crihook.scheduler.request import Selectors
 
 if TYPE_CHECKING:
@@ -99,16 +99,23 @@ def options(st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) ->
 
 
 def placements(
-    typ: Typical, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray, opts: Options
+    typ: Typical,
+    st: Cluster,
+    req: PodRequest,
+    rows: np.ndarray,
+    fits: np.ndarray,
+    opts: Options,
+    known: Stats | None = None,
 ) -> tuple[Stats, Stats]:
-    """Node stats before (K,) and after each option (N,) of `options`."""
+    """Node stats before (K,) and after each option (N,) of `options`; `known`: those before, when
+    the caller keeps them."""
     left = st.left(rows)
     cpu = host_cpu(st, rows)
     pct = share_pct(req)
     model = st.model[rows] if typ.acc is not None else None
     if req.count == 1 and req.shared:
-        return option_stats(typ, cpu, left, req.cpu_milli, pct, opts, model)
-    return set_stats(typ, cpu, left, req.cpu_milli, pct, best_fit_cols(left, fits, req.count), model)
+        return option_stats(typ, cpu, left, req.cpu_milli, pct, opts, model, known)
+    return set_stats(typ, cpu, left, req.cpu_milli, pct, best_fit_cols(left, fits, req.count), model, known)
 
 
 def per_node(q: np.ndarray, opts: Options, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
@@ -145,8 +152,7 @@ class RowMemo:
         self.version = np.zeros(0, np.int64)
         self.value: np.ndarray = np.zeros((0, width), dtype)
 
-    def get(self, st: Cluster, rows: np.ndarray, compute: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-        """(K, width) for the rows; compute(positions in rows) gives the stale ones."""
+    def _fit(self, st: Cluster) -> None:
         n = st.version.size
         if self.epoch != st.epoch or self.version.size != n:
             self.epoch, self.version, self.value = (
@@ -154,6 +160,16 @@ class RowMemo:
                 np.full(n, -1, np.int64),
                 np.zeros((n, self.width), self.dtype),
             )
+
+    def seed(self, st: Cluster, rows: np.ndarray, value: np.ndarray) -> None:
+        """Values the owner has computed anyway, for the rows as they are now."""
+        self._fit(st)
+        self.value[rows] = value
+        self.version[rows] = st.version[rows]
+
+    def get(self, st: Cluster, rows: np.ndarray, compute: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """(K, width) for the rows; compute(positions in rows) gives the stale ones."""
+        self._fit(st)
         pos = np.flatnonzero(self.version[rows] != st.version[rows])
         if pos.size:
             stale = rows[pos]
@@ -317,6 +333,7 @@ class Outlook:
         self.places = every.subset(keep)
         self.scarce, self.rare = scarce[keep], rare[keep]
         self.before = RowMemo(self.scarce.size, PLACE)
+        self.before.seed(st, rows, places[:, keep])  # a shape's places do not depend on the others
         self.pool = pools(seen, self.seen, future, st, rows) if POOL else None
 
     def costs(
@@ -342,7 +359,9 @@ class Outlook:
             else:
                 rate = self.pool[np.take_along_axis(model, cols, axis=1)].sum(axis=1)
             p = p + POOL * pct * rate
-        return p, ((before > 0) & (after == 0)) @ self.rare
+        # the shapes whose last place goes, cast to float as the product casts it, in the same pass
+        gone = np.logical_and(before > 0, after == 0, out=np.empty(after.shape))
+        return p, gone @ self.rare
 
 
 def pools(
@@ -397,12 +416,18 @@ class Places:
         parts = sorted(set(keys), key=lambda k: (k[0], k[1], k[2] is not None, k[2] or ()))
         at = {k: i for i, k in enumerate(parts)}
         self.cnt = np.array([max(c, 1) for _, c, _ in parts], np.int64)
-        self.part = np.full(table.shape[1], len(parts), np.int64)  # CPU-only shapes: a last column of BIG
+        self.part = np.zeros(table.shape[1], np.int64)
         self.part[gpu] = [at[k] for k in keys]
+        self.cpu_only = np.flatnonzero(~gpu)  # BIG places by GPU
         pcts, self.pct_at = np.unique(np.array([p for p, _, _ in parts], np.int64), return_inverse=True)
         self.div = np.arange(101)[:, None] // np.maximum(pcts, 1)  # (101, P): percent idle // share
-        self.cpus, self.cpu_at = np.unique(table[0], return_inverse=True)
-        self.mems, self.mem_at = np.unique(table[1], return_inverse=True)
+        cpus, self.cpu_at = np.unique(table[0], return_inverse=True)
+        mems, mem_at = np.unique(table[1], return_inverse=True)
+        self.ncpu = cpus.size  # the distinct CPU sizes, then the memory sizes, each divided once
+        self.mem_at = mem_at + cpus.size
+        sizes = np.concatenate((cpus, mems))
+        self.sizes = np.maximum(sizes, 1)
+        self.free = np.flatnonzero(sizes <= 0)  # a size of 0 leaves BIG places
         self.acc: np.ndarray | None = None  # (model id, U): the part's shapes accept the model
         if any(m is not None for _, _, m in parts) and self.names:
             self.acc = np.array([[m is None or n in m for _, _, m in parts] for n in self.names], np.int64)
@@ -415,19 +440,28 @@ class Places:
     def subset(self, keep: np.ndarray) -> Places:
         return Places(self.table[:, keep], [m for m, k in zip(self.models, keep, strict=True) if k], self.names)
 
+    # Places per shape are gathered shape-major, (M, K): numpy gathers whole rows several times
+    # faster than single elements of each row; the (K, M) callers get is written once at the end.
+
     def _host(self, cpu: np.ndarray, hmem: np.ndarray) -> np.ndarray:
-        """(K, M) places by CPU and memory; shapes share few distinct sizes, so each is divided once."""
-        by_cpu = np.where(self.cpus > 0, np.maximum(cpu, 0)[:, None] // np.maximum(self.cpus, 1), BIG)
-        by_mem = np.where(self.mems > 0, np.maximum(hmem, 0)[:, None] // np.maximum(self.mems, 1), BIG)
-        host = np.take(np.minimum(by_cpu, BIG).astype(PLACE), self.cpu_at, axis=1)
-        mem = np.take(np.minimum(by_mem, BIG).astype(PLACE), self.mem_at, axis=1)
-        out: np.ndarray = np.minimum(host, mem, out=host)
+        """(M, K) places by CPU and memory; shapes share few distinct sizes, so each is divided once."""
+        by = np.empty((self.sizes.size, cpu.size), np.int64)
+        by[: self.ncpu] = np.maximum(cpu, 0)
+        by[self.ncpu :] = np.maximum(hmem, 0)
+        by //= self.sizes[:, None]
+        by[self.free] = BIG
+        small = np.minimum(by, BIG, out=by).astype(PLACE)
+        host = small.take(self.cpu_at, axis=0)
+        out: np.ndarray = np.minimum(host, small.take(self.mem_at, axis=0), out=host)
         return out
 
     def _by_shape(self, gpu: np.ndarray) -> np.ndarray:
-        """GPU room per distinct part (..., U) -> per shape (..., M); BIG for CPU-only shapes."""
-        big = np.full((*gpu.shape[:-1], 1), BIG, PLACE)
-        return np.take(np.concatenate((gpu.astype(PLACE), big), axis=-1), self.part, axis=-1)
+        """GPU room per distinct part (K, U) -> per shape (M, K); BIG for CPU-only shapes."""
+        if not gpu.shape[1]:  # CPU-only shapes alone
+            return np.full((self.part.size, gpu.shape[0]), BIG, PLACE)
+        out: np.ndarray = np.ascontiguousarray(gpu.T, dtype=PLACE).take(self.part, axis=0)
+        out[self.cpu_only] = BIG
+        return out
 
     def _slot(self, left: np.ndarray, model: np.ndarray | None) -> np.ndarray:
         """(N, U) shares of each part that single slots (N,) hold, 0 on models the part refuses."""
@@ -455,7 +489,7 @@ class Places:
         model id per slot (K, G)."""
         gpu = self._room(left, model) // self.cnt
         host = self._host(cpu, hmem)
-        places: np.ndarray = np.minimum(host, self._by_shape(gpu), out=host)
+        places: np.ndarray = np.ascontiguousarray(np.minimum(host, self._by_shape(gpu), out=host).T)
         return places
 
     def count_options(
@@ -466,8 +500,8 @@ class Places:
         slot_model = None if model is None else model[k, g]
         moved = self._slot(left[k, g] - pct, slot_model) - self._slot(left[k, g], slot_model)
         gpu = (self._room(left, model)[k] + moved) // self.cnt
-        host = self._host(cpu, hmem)[k]  # divided per node, then spread over its options
-        places: np.ndarray = np.minimum(host, self._by_shape(gpu), out=host)
+        host = np.ascontiguousarray(self._host(cpu, hmem).T)[k]  # divided per node, then spread over its options
+        places: np.ndarray = np.minimum(host, np.ascontiguousarray(self._by_shape(gpu).T), out=host)
         return places
 
 
@@ -527,6 +561,7 @@ class DefaultPolicy:
         self.models = 0  # GPU models the cluster had when the shapes were resolved
         self.cache = ShapeCache()
         self.growths: dict[ShapeKey, RowMemo] = {}  # FGD growth per request shape, while `typ` holds
+        self.stats = RowMemo(0, np.int32)  # FGD's stats of each node, while `typ` holds: see `_stats`
 
     def observe(self, req: PodRequest) -> None:
         """Learn the workload: the typical shapes at 1, 2, 4 … pods, then every `refresh`; the
@@ -580,10 +615,30 @@ class DefaultPolicy:
             sub, f = rows[at], fits[at]
             opts = options(st, req, sub, f)
             out = np.zeros((at.size, st.width))
-            out[opts] = growth(self.typ, *placements(self.typ, st, req, sub, f, opts), opts)
+            out[opts] = growth(self.typ, *placements(self.typ, st, req, sub, f, opts, self._stats(st, sub)), opts)
             return out
 
         return memo.get(st, rows, compute)
+
+    def _stats(self, st: Cluster, rows: np.ndarray) -> Stats | None:
+        """FGD's stats of the nodes as they are (GPUs with room and idle too small, per typical
+        shape): they do not depend on the request, so all request shapes share them. Exact
+        integers, kept as int32; None when they would take more than GROWTH_BYTES (a budget of their
+        own beside the growths')."""
+        m = self.typ.weight.size
+        if 8 * m * st.version.size > GROWTH_BYTES:
+            return None
+        if self.stats.width != 2 * m:
+            self.stats = RowMemo(2 * m, np.int32)
+        model = st.model[rows] if self.typ.acc is not None else None
+
+        def compute(at: np.ndarray) -> np.ndarray:
+            s = stats(self.typ, host_cpu(st, rows[at]), st.left(rows[at]), None if model is None else model[at])
+            return np.concatenate((s.nfit, s.small), axis=1)
+
+        both = self.stats.get(st, rows, compute)
+        total = st.left(rows).sum(axis=1).astype(np.float64)
+        return Stats(both[:, :m].astype(np.int64), both[:, m:].astype(np.float64), total, host_cpu(st, rows))
 
     def _fresh(self, st: Cluster) -> None:
         if len(st.model_names) != self.models:  # a new GPU model: shapes pinned to it resolve anew
@@ -593,6 +648,7 @@ class DefaultPolicy:
             if self.retype:
                 self.typ = self._typical(st.model_names)
                 self.growths.clear()
+                self.stats = RowMemo(0, np.int32)
                 self.retype = False
             self.outlook.update(st)
             self.cache.clear()
