@@ -14,10 +14,20 @@ from hypothesis import strategies as st
 
 from crihook.scheduler.baselines import FGD
 from crihook.scheduler.devices import Gpu, NodeDevices
-from crihook.scheduler.frag import Shape, Typical
+from crihook.scheduler.frag import Shape, Typical, stats
 from crihook.scheduler.plugin import DeviceShare, PluginConfig
 from crihook.scheduler.pod import Container, Pod
-from crihook.scheduler.score import BIG, Places, RowMemo, node_shapes, poisson_tail, pools, soft_deficit
+from crihook.scheduler.score import (
+    BIG,
+    DefaultPolicy,
+    Places,
+    RowMemo,
+    host_cpu,
+    node_shapes,
+    poisson_tail,
+    pools,
+    soft_deficit,
+)
 
 shape_rows = st.lists(
     st.tuples(
@@ -339,3 +349,29 @@ def test_node_kinds_follow_nodes_that_change_join_and_go() -> None:
     ds.remove_node("a")
     ds.set_node(_node("c", 2, 32_000, 128))  # takes the row a left
     assert kinds() == {(64_000, 256 << 30, 100, 4, None), (32_000, 128 << 30, 100, 2, None)}
+
+
+def test_kept_node_stats_and_places_are_what_a_fresh_count_gives() -> None:
+    """FGD's stats of each node are kept for all request shapes, and the places each node holds are
+    kept from the outlook's update: after pods of several shapes, past an update, both are what
+    counting the nodes afresh gives."""
+    ds = DeviceShare()
+    for i, (gpus, cpu) in enumerate([(8, 96_000), (2, 104_000), (4, 64_000)] * 3):
+        ds.set_node(_node(f"n{i}", gpus, cpu))
+    for j in range(70):  # the outlook is re-derived at 64 pods
+        pod = _share(f"s{j}", 25 * (1 + j % 3)) if j % 2 else _pod(f"w{j}", 4000 + 1000 * (j % 5), 1 + j % 2)
+        scores = ds.score_nodes(ds.pre_filter(pod))
+        if scores:
+            ds.reserve(ds.pre_filter(pod), max(scores, key=scores.__getitem__))
+    pol, cl = ds.policy, ds.st
+    assert isinstance(pol, DefaultPolicy)
+    rows = np.flatnonzero(cl.live)
+    cpu, left, model = host_cpu(cl, rows), cl.left(rows), cl.model[rows]
+    kept = pol._stats(cl, rows)
+    fresh = stats(pol.typ, cpu, left, model if pol.typ.acc is not None else None)
+    assert kept is not None and pol.typ.weight.size
+    for field in ("nfit", "small", "total", "cpu"):
+        np.testing.assert_array_equal(getattr(kept, field), getattr(fresh, field))
+    places = pol.outlook.places
+    count = places.count(cpu, cl.hmem_free[rows], left, model)
+    np.testing.assert_array_equal(pol.outlook.before.get(cl, rows, lambda at: count[at]), count)
