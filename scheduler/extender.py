@@ -28,6 +28,7 @@ import logging
 import math
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -48,6 +49,9 @@ log = logging.getLogger("crihook.scheduler")
 MAX_EXTENDER_PRIORITY = 10  # k8s.io/kube-scheduler/extender/v1.MaxExtenderPriority
 MAX_PLUGIN_SCORE = 100
 NOT_LEADER = "crihook scheduler: this replica does not hold the leader Lease (any more); not binding"
+# prioritize's hold on a pod's devices whose bind never came (the cycle failed after scoring, in
+# another plugin's Reserve, Permit or PreBind) is let go after this long
+TENTATIVE_SECONDS = 30.0
 
 
 class ApiFailure(Exception):
@@ -214,6 +218,8 @@ class Extender:
         self.lock = threading.Lock()  # guards self.plugin
         self._pod_locks: dict[str, tuple[threading.Lock, int]] = {}
         self._pod_locks_guard = threading.Lock()
+        # pod uid -> (the allocator, when): devices held from prioritize until the bind; guarded by self.lock
+        self._tentative: dict[str, tuple[DeviceShare, float]] = {}
 
     # --- filter / prioritize ---
 
@@ -221,6 +227,27 @@ class Extender:
         pod = pod_from_json(pod_json)
         with self.lock:
             return self.plugin.pre_filter(pod)
+
+    def _hold(self, req: PodRequest, node: str) -> None:
+        """Hold the pod's devices on the node prioritize ranked first until its bind comes, as
+        kube-scheduler assumes a pod at Reserve before its bind completes: the cycles that run while
+        the bind is on its way must not see those GPUs free. Caller holds self.lock."""
+        now = time.monotonic()
+        for uid, (_, since) in list(self._tentative.items()):
+            if now - since > TENTATIVE_SECONDS:
+                self._let_go(uid)
+        with contextlib.suppress(Unschedulable):
+            self.plugin.reserve(req, node)
+            self._tentative[req.uid] = (self.plugin, now)
+
+    def _let_go(self, uid: str, keep_on: str = "") -> None:
+        """End uid's tentative hold, unless it is on `keep_on` (the node its bind names). A new
+        filter or prioritize of the pod means the cycle that made it is over. Caller holds self.lock."""
+        plugin, _ = self._tentative.pop(uid, (None, 0.0))
+        if plugin is not None and plugin is self.plugin:  # a new term's allocator never saw it
+            held = plugin.held.get(uid)
+            if held is not None and held.node != keep_on:
+                plugin.unreserve(uid)
 
     def filter(self, args: Any) -> dict[str, Any]:
         if not isinstance(args, dict):
@@ -236,6 +263,7 @@ class Extender:
         if not req.wants_devices:
             return filter_result(c, c.names, {})
         with self.lock:
+            self._let_go(req.uid)
             fit, failed = self.plugin.filter_nodes(req, c.names)
             helped = self.plugin.could_fit_empty(req, failed) if failed else set()
         resolvable = {n: why for n, why in failed.items() if n in helped}
@@ -245,16 +273,20 @@ class Extender:
         if not isinstance(args, dict):
             raise BadRequest("expected ExtenderArgs (a JSON object)")
         c = candidates(args)
-        scores: Mapping[str, float] = {}
-        if self.ready():
-            try:
-                req = self._request(args.get("Pod"))
-            except (PodError, RequestError):
-                req = None  # filter has said why; every node scores 0
-            if req is not None and req.wants_devices:
-                with self.lock:
-                    scores = self.plugin.score_nodes(req, c.names)
-        return host_priorities(c.names, scores)
+        if not self.ready():
+            return host_priorities(c.names, {})
+        try:
+            req = self._request(args.get("Pod"))
+        except (PodError, RequestError):
+            return host_priorities(c.names, {})  # filter has said why; every node scores 0
+        if not req.wants_devices:
+            return host_priorities(c.names, {})
+        with self.lock:
+            self._let_go(req.uid)
+            out = host_priorities(c.names, self.plugin.score_nodes(req, c.names))
+            if MAX_EXTENDER_PRIORITY in out.scores:
+                self._hold(req, out.hosts[out.scores.index(MAX_EXTENDER_PRIORITY)])
+        return out
 
     # --- preempt ---
 
@@ -394,6 +426,7 @@ class Extender:
             pod = pod_from_json(pod_json)
             with self.lock:
                 plugin = self.plugin  # this term's allocator: a new term brings a new one
+                self._let_go(uid, keep_on=node)  # held on this node: reserve below returns it
                 req = plugin.pre_filter(pod)
                 if req.wants_devices:
                     alloc = plugin.reserve(req, node)

@@ -263,3 +263,43 @@ def test_concurrent_binds_never_share_a_gpu(
     assert sorted(core_on) == list(range(8)) and all(v == 100 for v in core_on.values())
     # the failed binds left nothing reserved
     eventually(lambda: set(sched.plugin.held) == {p["metadata"]["uid"] for p in ok})
+
+
+# --- the tentative hold from prioritize to bind -------------------------------------------------------
+
+BOTH = ["gpu-node-1", "gpu-node-2"]
+
+
+def test_prioritize_holds_the_top_node_until_the_bind(kube: FakeKube, sched: Scheduler) -> None:
+    """kube-scheduler assumes a pod at Reserve, before its bind reaches us: the cycles in between
+    must not be handed the GPUs prioritize ranked it first on."""
+    big = make_pod(kube, "big", {"nvidia.com/gpu": "8"})  # fits gpu-node-1 only
+    top = [p["Host"] for p in sched.ext.prioritize(filter_args(big, BOTH)) if p["Score"] == 10]
+    assert top == [NODE] and sched.plugin.held[big["metadata"]["uid"]].node == NODE
+    small = make_pod(kube, "small", WHOLE)
+    assert sched.ext.filter(filter_args(small, [NODE]))["NodeNames"] == []
+    assert sched.ext.bind(bind_args(big)) == {"Error": ""}
+    assert sorted(gpus_of(kube, "team-a", "big")) == list(range(8))
+
+
+def test_a_new_cycle_or_a_bind_elsewhere_lets_the_hold_go(kube: FakeKube, sched: Scheduler) -> None:
+    pod = make_pod(kube, "p0", WHOLE)
+    uid = pod["metadata"]["uid"]
+    sched.ext.prioritize(filter_args(pod, BOTH))
+    held = sched.plugin.held[uid].node
+    sched.ext.filter(filter_args(pod, BOTH))  # the pod is tried again: that cycle is over
+    assert uid not in sched.plugin.held
+    sched.ext.prioritize(filter_args(pod, BOTH))
+    other = next(n for n in BOTH if n != held)
+    assert sched.ext.bind(bind_args(pod, other)) == {"Error": ""}  # kube-scheduler chose another node
+    assert sched.plugin.held[uid].node == other and list(sched.plugin.held) == [uid]
+
+
+def test_a_hold_whose_bind_never_comes_is_let_go(
+    kube: FakeKube, sched: Scheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, second = make_pod(kube, "p0", WHOLE), make_pod(kube, "p1", WHOLE)
+    sched.ext.prioritize(filter_args(first, BOTH))
+    monkeypatch.setattr("crihook.scheduler.extender.TENTATIVE_SECONDS", 0.0)
+    sched.ext.prioritize(filter_args(second, BOTH))
+    assert list(sched.plugin.held) == [second["metadata"]["uid"]]
