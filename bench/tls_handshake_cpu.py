@@ -1,16 +1,17 @@
-"""Server CPU per mutual-TLS handshake with `crihook scheduler`'s TLS context, and what each part costs.
+"""Server CPU per mutual-TLS connection with `crihook scheduler`'s TLS context, and what each part costs.
 
     taskset -c 0 .venv/bin/python bench/tls_handshake_cpu.py [--key ec|rsa] [--handshakes 500]
 
-A server thread accepts, handshakes, reads one byte and answers one; a client in another process
-connects as Go's clients do (TCP_NODELAY, no TLS session reused). Run it pinned to one core: two
-processes running at once on two cores inflate each other's CPU time, and the handshake's client half
-is not what is measured. Variants, each taking turns over three rounds (median shown):
+A client in another process connects as Go's clients do (TCP_NODELAY, no TLS session reused), sends
+GET /healthz, reads the answer and closes; the server's process CPU is counted. Run it pinned to one
+core: two processes running at once on two cores inflate each other's CPU time. Variants, taking
+turns over three rounds (median shown); all but the last answer from a bare loop on one thread:
 
 - crihook: server.TlsFiles.context(), client certificates required, no session tickets;
 - tickets: the same with OpenSSL's default two TLS 1.3 tickets per handshake (the server before);
 - tls1.2: crihook's context with the client held to TLS 1.2;
-- no client cert: no client certificate asked for or verified (a reference, not an option).
+- no client cert: no client certificate asked for or verified (a reference, not an option);
+- server: crihook's context in scheduler/server.py's Server (selector, worker pool, HTTP parsing).
 """
 
 from __future__ import annotations
@@ -23,14 +24,19 @@ import ssl
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from crihook.scheduler import server
+from crihook.scheduler import server, webhook
+from crihook.scheduler.extender import Extender
+from crihook.scheduler.plugin import DeviceShare
 from tests.support.tlsburst import Certs, make_certs
+
+GET = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 
 
 def contexts(c: Certs) -> dict[str, tuple[Callable[[], ssl.SSLContext], ssl.TLSVersion]]:
@@ -62,30 +68,59 @@ def client(port: int, certs: Certs, version: ssl.TLSVersion, n: int, out: multip
         raw = socket.create_connection(("127.0.0.1", port))
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s:
-            s.sendall(b"x")
-            s.recv(1)
+            s.sendall(GET)
+            buf = b""
+            while not buf.endswith(b"ok\n"):
+                buf += s.recv(4096)
     out.put(time.process_time() - t0)
 
 
+def clients(port: int, certs: Certs, version: ssl.TLSVersion, n: int) -> Callable[[], float]:
+    """Starts the client process; the returned call waits for it and gives its CPU seconds."""
+    q: multiprocessing.Queue[float] = multiprocessing.Queue()
+    proc = multiprocessing.Process(target=client, args=(port, certs, version, n, q))
+    proc.start()
+
+    def done() -> float:
+        cpu = q.get()
+        proc.join()
+        return cpu
+
+    return done
+
+
 def measure(ctx: ssl.SSLContext, certs: Certs, version: ssl.TLSVersion, n: int) -> tuple[float, float]:
-    """(server, client) CPU milliseconds per handshake."""
+    """(server, client) CPU milliseconds per connection, the server a bare loop on this thread."""
+    answer = server.response(200, b"ok\n", server.TEXT, True)
     with socket.socket() as ls:
         ls.bind(("127.0.0.1", 0))
         ls.listen(128)
-        q: multiprocessing.Queue[float] = multiprocessing.Queue()
-        proc = multiprocessing.Process(target=client, args=(ls.getsockname()[1], certs, version, n, q))
-        proc.start()
-        cpu = 0.0
+        done = clients(ls.getsockname()[1], certs, version, n)
+        t0 = time.process_time()
         for _ in range(n):
             sock, _ = ls.accept()
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            t0 = time.thread_time()
             with ctx.wrap_socket(sock, server_side=True) as s:
-                s.recv(1)
-                s.sendall(b"y")
-                cpu += time.thread_time() - t0
-        client_cpu = q.get()
-        proc.join()
+                buf = b""
+                while b"\r\n\r\n" not in buf:
+                    buf += s.recv(4096)
+                s.sendall(answer)
+                s.recv(1)  # the client closes
+        cpu = time.process_time() - t0
+        return cpu / n * 1000, done() / n * 1000
+
+
+def measure_server(files: server.TlsFiles, certs: Certs, n: int) -> tuple[float, float]:
+    """(server, client) CPU milliseconds per connection with scheduler/server.py's Server."""
+    app = server.App(Extender(DeviceShare()), webhook.WebhookConfig(), lambda: True)
+    srv = server.make_server(app, "127.0.0.1", 0, files)
+    threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
+    t0 = time.process_time()
+    client_cpu = clients(srv.server_address[1], certs, ssl.TLSVersion.TLSv1_3, n)()
+    time.sleep(0.2)  # the last connections' close
+    cpu = time.process_time() - t0
+    srv.shutdown()
+    srv.server_close()
     return cpu / n * 1000, client_cpu / n * 1000
 
 
@@ -98,14 +133,16 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         certs = make_certs(Path(d), args.key)
         variants = contexts(certs)
-        got: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}
+        got: dict[str, list[tuple[float, float]]] = {k: [] for k in [*variants, "server"]}
         for _ in range(args.rounds):
             for name, (make, version) in variants.items():
                 got[name].append(measure(make(), certs, version, args.handshakes))
+            files = server.TlsFiles(certs.server_cert, certs.server_key, certs.ca)
+            got["server"].append(measure_server(files, certs, args.handshakes))
     cores = len(os.sched_getaffinity(0))
     print(f"{args.key} keys, {args.handshakes} handshakes x {args.rounds} rounds on {cores} core(s)", end="")
     print(f", load average {os.getloadavg()[0]:.1f}")
-    print(f"{'variant':<15} {'server ms':>9} {'client ms':>9}   CPU per handshake, median of rounds")
+    print(f"{'variant':<15} {'server ms':>9} {'client ms':>9}   CPU per connection, median of rounds")
     for name, runs in got.items():
         srv, cli = (statistics.median(r[i] for r in runs) for i in (0, 1))
         print(f"{name:<15} {srv:9.3f} {cli:9.3f}")
