@@ -120,7 +120,7 @@ class HookChain:
             s: tuple(r for r in self.hooks if s in r.hook.stages) for s in Stage
         }
         blocking = sum(1 for r in self.hooks if not r.is_async)
-        self._executor = _DaemonThreads(SPARE_WORKERS + STUCK_PER_HOOK * blocking) if blocking else None
+        self._executor = DaemonThreads(SPARE_WORKERS + STUCK_PER_HOOK * blocking) if blocking else None
         self._stuck_lock = threading.Lock()
         self._stuck: dict[str, int] = {}  # hook name -> its calls still running past their timeout
 
@@ -298,14 +298,15 @@ class HookChain:
             )
 
 
-class _DaemonThreads(Executor):
+class DaemonThreads(Executor):
     """ThreadPoolExecutor's job, with two differences a hook pool needs. Its threads are daemons:
-    Python joins a pool's threads at exit, and a hook that never returns must not keep crihook from
-    stopping. And a thread stuck in a hook past its timeout can be written off (`write_off`): the pool
+    Python joins a pool's threads at exit, and a hook (or a file system) that never returns must not
+    keep crihook from stopping. And a thread stuck in a hook past its timeout can be written off (`write_off`): the pool
     may start another in its place, and the stuck one leaves when (if ever) its job returns."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, name: str = "crihook-hook") -> None:
         self._size = size
+        self._name = name
         self._jobs: queue.SimpleQueue[
             tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None
         ] = queue.SimpleQueue()
@@ -323,7 +324,7 @@ class _DaemonThreads(Executor):
             self._jobs.put((future, fn, args, kwargs))
             if not self._idle.acquire(blocking=False) and self._threads < self._size:
                 self._threads += 1
-                threading.Thread(target=self._work, name=f"crihook-hook-{self._threads}", daemon=True).start()
+                threading.Thread(target=self._work, name=f"{self._name}-{self._threads}", daemon=True).start()
         return future
 
     def write_off(self) -> None:

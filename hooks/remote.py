@@ -30,7 +30,7 @@ import grpc
 
 from crihook.base.config import NodeConfig, not_empty, not_negative, positive
 from crihook.hooks.base import Edit, HookContext, HookError, Stage
-from crihook.hooks.chain import apply_edit
+from crihook.hooks.chain import DaemonThreads, apply_edit
 from crihook.hooks.remote_config import DEFAULT_DIR, ConfigDir, Policy, ServerConfig
 from crihook.hooks.remote_protocol import (
     RPCS,
@@ -76,10 +76,14 @@ class RemoteHook:
         self.budget = budget
         self.runtime_margin = runtime_margin
         self.reload_interval = reload_interval
-        self._next_reload = time.monotonic() + reload_interval
         self._stubs: dict[str, tuple[grpc.aio.Channel, RuntimeHookServiceStub]] = {}
         self._closing: set[asyncio.Task[None]] = set()
         self._reloading = asyncio.Lock()  # one directory scan at a time, whoever asks
+        # the scans' thread is a daemon: a file system that never answers must not keep crihook from stopping
+        self._scanner = DaemonThreads(1, "crihook-remote-scan")
+        self._refresher: asyncio.Task[None] | None = None
+        self._closed = False
+        self._start_refresher()
 
     @property
     def servers(self) -> tuple[ServerConfig, ...]:
@@ -88,24 +92,23 @@ class RemoteHook:
 
     async def reload(self) -> None:
         """Re-read the configuration directory now, off the event loop, and let go of connections
-        to servers no longer configured."""
+        to servers no longer configured. What the refresher does every `reload_interval`."""
         async with self._reloading:
-            if not await asyncio.to_thread(self.config.refresh):
-                return
+            changed = await asyncio.get_running_loop().run_in_executor(self._scanner, self.config.refresh)
+        if not changed:
+            return
         wanted = {s.endpoint for s in self.config.servers}
         for endpoint in set(self._stubs) - wanted:
             self._drop(endpoint)
 
     def wants(self, stage: Stage) -> bool:
-        """Whether a call at `stage` must come here: a server takes the stage, or the directory is
-        due a re-read (which `handle` does). Otherwise the proxy forwards the call undecoded."""
-        return time.monotonic() >= self._next_reload or any(stage in s.stages for s in self.config.servers)
+        """Whether a call at `stage` must come here: a server takes the stage. Otherwise the proxy
+        forwards the call undecoded."""
+        if self._refresher is None:
+            self._start_refresher()
+        return any(stage in s.stages for s in self.config.servers)
 
     async def handle(self, ctx: HookContext) -> Edit | None:
-        now = time.monotonic()
-        if now >= self._next_reload:
-            self._next_reload = now + self.reload_interval
-            await self.reload()
         if skips_hook_servers(ctx.pod):
             return None
         servers = [s for s in self.config.servers if ctx.stage in s.stages]
@@ -142,11 +145,39 @@ class RemoteHook:
         return None if total.is_empty() else total
 
     async def close(self) -> None:
-        """Close every connection (tests, shutdown)."""
+        """Stop the refresher and close every connection (tests, shutdown, a replaced chain). A scan
+        still running is not waited for: its daemon thread leaves when the file system answers."""
+        self._closed = True
+        if self._refresher is not None:
+            self._refresher.cancel()
+            await asyncio.gather(self._refresher, return_exceptions=True)
+        self._scanner.shutdown(wait=False)
         for endpoint in list(self._stubs):
             self._drop(endpoint)
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
+
+    def _start_refresher(self) -> None:
+        """Start re-reading the directory in the background, on the running event loop; none yet
+        (a hook made outside one), the first call that asks `wants` starts it."""
+        if self._closed:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._refresher = loop.create_task(self._refresh_every_interval(), name="crihook-remote-refresher")
+
+    async def _refresh_every_interval(self) -> None:
+        """A scan `reload_interval` after the last one ended: a file changed is in effect within the
+        interval plus a scan's time, and CRI calls never wait for a scan. A scan stuck on the file
+        system holds only this task; calls go on with the servers last read."""
+        while True:
+            await asyncio.sleep(self.reload_interval)
+            try:
+                await self.reload()
+            except Exception:
+                log.exception("hook server directory not re-read", extra={"dir": self.config.path})
 
     def _limits(self, ctx: HookContext) -> tuple[float, float | None]:
         """(when the servers of this call must be done, time.monotonic(); the cap on one server call)."""

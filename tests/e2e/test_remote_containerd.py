@@ -102,7 +102,7 @@ def cri(daemon: Crihook) -> Iterator[Cri]:
 
 
 def configure(confdir: Path, name: str, server: HookServer | str, policy: str, hooks: list[str]) -> None:
-    """Write one server's file and wait until crihook's next call re-reads the directory."""
+    """Write one server's file and wait until crihook's refresher has re-read the directory."""
     endpoint = server.endpoint if isinstance(server, HookServer) else server
     write_config(confdir, name, endpoint, policy, hooks)
     settle()

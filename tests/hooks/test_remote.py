@@ -8,6 +8,7 @@ import asyncio
 import logging
 import re
 import shutil
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
@@ -86,7 +87,8 @@ async def chains(confdir: Path) -> AsyncIterator[Callable[..., HookChain]]:
     made: list[HookChain] = []
 
     def make(*others: Any, **options: Any) -> HookChain:
-        opts = {"config_dir": str(confdir), "call_timeout_ms": 400, "budget_ms": 1000, "reload_interval_ms": 1}
+        # an hour between re-reads: the refresher stays out of the way, a test re-reads with `reread`
+        opts = {"config_dir": str(confdir), "call_timeout_ms": 400, "budget_ms": 1000, "reload_interval_ms": 3_600_000}
         opts.update(options)
         opts = {k: v for k, v in opts.items() if v is not None}  # None: leave the option out
         default_timeout_ms = opts.pop("default_timeout_ms", 2000)
@@ -99,9 +101,17 @@ async def chains(confdir: Path) -> AsyncIterator[Callable[..., HookChain]]:
 
     yield make
     for chain in made:
-        for reg in chain.hooks:
-            if isinstance(reg.hook, RemoteHook):
-                await reg.hook.close()
+        await remote_of(chain).close()
+
+
+def remote_of(chain: HookChain) -> RemoteHook:
+    (hook,) = (r.hook for r in chain.hooks if isinstance(r.hook, RemoteHook))
+    return hook
+
+
+async def reread(chain: HookChain) -> None:
+    """What the refresher does once an interval has passed."""
+    await remote_of(chain).reload()
 
 
 def envs(outcome: Outcome) -> dict[str, str]:
@@ -320,6 +330,7 @@ async def test_timeouts_follow_the_server_policy(confdir, servers, chains) -> No
     assert envs(await chain.run(create_ctx()))["OK"] == "1"
 
     write_config(confdir, "1-slow.json", slow.endpoint, "Fail", ["PreCreateContainer"])
+    await reread(chain)
     out = await chain.run(create_ctx())
     assert out.error is not None and out.error.code is grpc.StatusCode.DEADLINE_EXCEEDED
     assert "no answer within 100 ms" in out.error.reason
@@ -432,32 +443,30 @@ async def test_config_files_added_changed_and_removed_take_effect(confdir, serve
     assert (await chain.run(create_ctx())).error is None and s.calls == []
 
     write_config(confdir, "a.json", s.endpoint, "Ignore", ["PreCreateContainer"])  # added
-    await asyncio.sleep(0.01)
+    await reread(chain)
     assert (await chain.run(create_ctx())).error is None and len(s.calls) == 1
 
     write_config(confdir, "a.json", s.endpoint, "Fail", ["PreCreateContainer"])  # changed
-    await asyncio.sleep(0.01)
+    await reread(chain)
     assert (await chain.run(create_ctx())).error is not None and len(s.calls) == 2
 
     write_config(confdir, "a.json", s.endpoint, "Fail", ["PreStartContainer"])  # changed stages
-    await asyncio.sleep(0.01)
+    await reread(chain)
     assert (await chain.run(create_ctx())).error is None and len(s.calls) == 2
 
     write_config(confdir, "a.json", s.endpoint, "Fail", ["PreCreateContainer"])
     (confdir / "a.json").unlink()  # removed
-    await asyncio.sleep(0.01)
+    await reread(chain)
     assert (await chain.run(create_ctx())).error is None and len(s.calls) == 2
 
 
-async def test_reload_waits_for_the_interval(confdir, servers, chains) -> None:
+async def test_calls_never_re_read_the_directory(confdir, servers, chains) -> None:
     s = await servers("a")
-    chain = chains(reload_interval_ms=60_000)
+    chain = chains()
     write_config(confdir, "a.json", s.endpoint, "Fail", ["PreCreateContainer"])
     await chain.run(create_ctx())
-    assert s.calls == []  # not re-read yet
-    remote = chain.hooks[0].hook
-    assert isinstance(remote, RemoteHook)
-    await remote.reload()  # what a due interval does
+    assert s.calls == []  # not re-read yet: that is the refresher's, once an interval has passed
+    await reread(chain)
     await chain.run(create_ctx())
     assert len(s.calls) == 1
 
@@ -472,7 +481,7 @@ async def test_malformed_file_is_reported_and_skipped(confdir, servers, chains, 
     with caplog.at_level(logging.INFO, "crihook.hooks.remote"):
         chain = chains()
         assert envs(await chain.run(create_ctx()))["OK"] == "1"
-        await asyncio.sleep(0.01)
+        await reread(chain)
         await chain.run(create_ctx())  # re-read: the same broken files are not reported again
     skipped = {r.server: r.error for r in caplog.records if r.getMessage() == "hook server file skipped"}
     assert set(skipped) == {"broken.json", "policy.json"}
@@ -482,11 +491,11 @@ async def test_malformed_file_is_reported_and_skipped(confdir, servers, chains, 
 
     # a good file that breaks stops being called; fixed, it is called again
     write_raw(confdir, "good.json", b"[]")
-    await asyncio.sleep(0.01)
+    await reread(chain)
     assert "OK" not in envs(await chain.run(create_ctx()))
     assert (HOOK_SERVER_FILES.value("in_use"), HOOK_SERVER_FILES.value("skipped")) == (0, 3)
     write_config(confdir, "good.json", s.endpoint, "Fail", ["PreCreateContainer"])
-    await asyncio.sleep(0.01)
+    await reread(chain)
     assert envs(await chain.run(create_ctx()))["OK"] == "1"
 
 
@@ -497,7 +506,7 @@ async def test_a_file_replaced_by_a_directory_stops_being_a_server(confdir, serv
     await chain.run(create_ctx())
     (confdir / "a.json").unlink()
     (confdir / "a.json").mkdir()
-    await asyncio.sleep(0.01)
+    await reread(chain)
     await chain.run(create_ctx())
     assert len(s.calls) == 1
 
@@ -508,6 +517,86 @@ async def test_missing_directory_means_no_servers(chains, confdir) -> None:
     assert not chain.wants(Stage.PRE_CREATE_CONTAINER)
     out = await chain.run(create_ctx())
     assert out.error is None and out.records == []
+
+
+async def settled(condition: Callable[[], bool], within: float = 10.0) -> None:
+    """Wait, on the event loop, until `condition()` holds; a bound, not a timing."""
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, "not settled in time"
+        await asyncio.sleep(0.005)
+
+
+async def test_the_refresher_applies_changes_within_an_interval(confdir, servers, chains) -> None:
+    s = await servers("a")
+    chain = chains(reload_interval_ms=20)
+    remote = remote_of(chain)
+    assert not chain.wants(Stage.PRE_CREATE_CONTAINER)
+    write_config(confdir, "a.json", s.endpoint, "Fail", ["PreCreateContainer"])
+    await settled(lambda: chain.wants(Stage.PRE_CREATE_CONTAINER))
+    assert (await chain.run(create_ctx())).error is None and len(s.calls) == 1
+    assert set(remote._stubs) == {s.endpoint}  # connected
+    (confdir / "a.json").unlink()
+    await settled(lambda: not remote._stubs)  # the connection to a removed server is let go
+    assert not chain.wants(Stage.PRE_CREATE_CONTAINER)
+
+
+class StalledScan:
+    """Stands in for ConfigDir.refresh on a file system that does not answer until `release`."""
+
+    def __init__(self) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.inside = self.most_inside = 0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> bool:
+        with self._lock:
+            self.threads.append(threading.current_thread())
+            self.inside += 1
+            self.most_inside = max(self.most_inside, self.inside)
+        self.entered.set()
+        self.release.wait(30)
+        with self._lock:
+            self.inside -= 1
+        return False
+
+
+async def test_a_stalled_scan_holds_no_call_and_no_second_scan(confdir, servers, chains) -> None:
+    s = await servers("a")
+    write_config(confdir, "a.json", s.endpoint, "Fail", ["PreCreateContainer"])
+    chain = chains(reload_interval_ms=10)
+    remote = remote_of(chain)
+    scan = StalledScan()
+    remote.config.refresh = scan  # type: ignore[method-assign]
+    try:
+        await settled(scan.entered.is_set)
+        for _ in range(3):  # calls go on with the servers last read
+            assert (await asyncio.wait_for(chain.run(create_ctx()), 5)).error is None
+        assert len(s.calls) == 3 and not scan.release.is_set()
+        asked = asyncio.create_task(remote.reload())  # a re-read asked for meanwhile waits its turn
+        await asyncio.sleep(0.1)  # ten intervals: no second scan starts beside the stalled one
+        assert len(scan.threads) == 1 and not asked.done()
+    finally:
+        scan.release.set()
+    await asyncio.wait_for(asked, 5)
+    assert len(scan.threads) >= 2 and scan.most_inside == 1
+
+
+async def test_close_stops_the_refresher_even_mid_scan(confdir, chains) -> None:
+    chain = chains(reload_interval_ms=10)
+    remote = remote_of(chain)
+    scan = StalledScan()
+    remote.config.refresh = scan  # type: ignore[method-assign]
+    try:
+        await settled(scan.entered.is_set)
+        await asyncio.wait_for(remote.close(), 5)  # not held by the scan
+        assert not [t for t in asyncio.all_tasks() if t.get_name() == "crihook-remote-refresher"]
+    finally:
+        scan.release.set()
+    # the scan's thread leaves once the file system answers; no scan starts after close
+    await settled(lambda: not scan.threads[0].is_alive())
+    assert len(scan.threads) == 1
 
 
 def test_options_are_checked() -> None:
