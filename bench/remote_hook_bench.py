@@ -30,7 +30,7 @@ import uvloop
 from crihook.base.config import HooksConfig, NodeConfig
 from crihook.hooks.base import ContainerInfo, HookContext, LinuxResources, PodInfo, Stage
 from crihook.hooks.chain import build_chain
-from crihook.hooks.remote import RemoteHook, create
+from crihook.hooks.remote import RemoteHook, factory
 from tests.support.hookserver import HookServer, short_dir, write_config
 
 POD = PodInfo(
@@ -70,7 +70,9 @@ def percentiles(samples: list[float]) -> str:
 
 
 async def measure(confdir: Path, calls: int) -> list[float]:
-    chain = build_chain(HooksConfig(options={"remote": {"config_dir": str(confdir)}}), NodeConfig(), {"remote": create})
+    chain = build_chain(
+        HooksConfig(options={"remote": {"config_dir": str(confdir)}}), NodeConfig(), {"remote": factory}
+    )
     ctx = HookContext(Stage.PRE_CREATE_CONTAINER, POD, CONTAINER)
     for _ in range(50):  # connect, warm up
         out = await chain.run(ctx)
