@@ -168,12 +168,26 @@ def num_feasible_nodes_to_find(percentage: int, nodes: int) -> int:
     return max(nodes * percentage // 100, 100)
 
 
-def metrics_seconds(text: str) -> dict[str, tuple[float, int]]:
-    """(sum, count) of crihook_scheduler_request_duration_seconds by path."""
-    out: dict[str, list[float]] = {}
-    for m in re.finditer(r'crihook_scheduler_request_duration_seconds_(sum|count)\{path="([^"]+)"\} (\S+)', text):
-        out.setdefault(m[2], [0.0, 0])[0 if m[1] == "sum" else 1] = float(m[3])
-    return {k: (v[0], int(v[1])) for k, v in out.items()}
+@dataclass(frozen=True)
+class VerbTime:
+    """One verb's time as the scheduler itself measured it (its /metrics histogram): from the
+    request read to the answer written, so without the client's or the network's share."""
+
+    total: float
+    count: int
+    within: dict[float, int]  # bucket bound (seconds) -> calls answered within it
+
+
+def metrics_seconds(text: str) -> dict[str, VerbTime]:
+    """crihook_scheduler_request_duration_seconds by path."""
+    name = "crihook_scheduler_request_duration_seconds"
+    sums: dict[str, list[float]] = {}
+    within: dict[str, dict[float, int]] = {}
+    for m in re.finditer(name + r'_(sum|count)\{path="([^"]+)"\} (\S+)', text):
+        sums.setdefault(m[2], [0.0, 0])[0 if m[1] == "sum" else 1] = float(m[3])
+    for m in re.finditer(name + r'_bucket\{path="([^"]+)",le="([^"]+)"\} (\S+)', text):
+        within.setdefault(m[1], {})[float(m[2])] = int(float(m[3]))
+    return {k: VerbTime(v[0], int(v[1]), within.get(k, {})) for k, v in sums.items()}
 
 
 def proc_status(pid: int, field: str) -> float:
@@ -419,9 +433,7 @@ def schedule(
     }  # fmt: skip
 
 
-def report(
-    args: argparse.Namespace, r: dict[str, Any], rss: tuple[float, float], server: dict[str, tuple[float, int]]
-) -> None:
+def report(args: argparse.Namespace, r: dict[str, Any], rss: tuple[float, float], server: dict[str, VerbTime]) -> None:
     times = r["times"]
     ms = [t * 1000 for t in times]
     pcts = args.percentage_of_nodes_to_score
@@ -437,8 +449,16 @@ def report(
         f"extender filter+prioritize per pod (client side, {len(ms)} cycles): p50 {pct(ms, 0.5):.2f} ms, "
         f"p99 {pct(ms, 0.99):.2f} ms, max {max(ms):.2f} ms"
     )
-    verbs = ", ".join(f"{p} {s / c * 1000:.2f} ms x {c}" for p, (s, c) in sorted(server.items()) if c)
+    verbs = ", ".join(
+        f"{p} {v.total / v.count * 1000:.2f} ms x {v.count}" for p, v in sorted(server.items()) if v.count
+    )
     print(f"scheduler's own mean time per call: {verbs}")
+    shares = ", ".join(
+        f"{p} {v.within.get(0.005, 0) / v.count:.1%} / {v.within.get(0.01, 0) / v.count:.1%}"
+        for p, v in sorted(server.items())
+        if v.count and p in ("/filter", "/prioritize")
+    )
+    print(f"scheduler's own time, share of calls within 5 / 10 ms: {shares}")
     print(
         f"scheduler CPU {r['cpu']:.1f} s: {r['cpu'] / r['pods'] * 1000:.2f} ms per pod "
         f"(every verb, its watches and API calls)"
