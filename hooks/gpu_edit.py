@@ -191,6 +191,8 @@ def _check_conflicts(pod_uid: str, chosen: Sequence[GpuLike], node: NodeView) ->
     """Fail when the checkpoint shows a chosen GPU in use through the device plugin by another pod.
     Device ids are compared as text (UUID, or NVML index for plugins run with the index id
     strategy), so this costs no NVML call."""
+    if not node.checkpoint.entries:  # no device plugin has handed anything out
+        return
     for g in chosen:
         for e in (*node.checkpoint.holders(g.uuid), *node.checkpoint.holders(str(g.index))):
             if e.pod_uid != pod_uid and _plugin_uses(e, node):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,7 +13,7 @@ from crihook.base.config import HooksConfig, NodeConfig
 from crihook.base.spec import Device, Mount
 from crihook.hooks.base import Edit, HookContext, HookError, ResourcesPatch, Stage
 from crihook.hooks.chain import build_chain
-from crihook.hooks.criview import container_view, pod_view
+from crihook.hooks.criview import container_view, pod_view, write_container
 from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proto import wire
 from crihook.proxy.intercept import HANDLERS, Interceptor
@@ -97,6 +98,20 @@ def test_views_decode_non_utf8_env_losslessly() -> None:
     assert view.env("RAW").encode("utf-8", "surrogateescape") == b"\xff\xfe not utf-8"
     pod = pod_view(req.sandbox_config, pod_id=req.pod_sandbox_id)
     assert pod.ref == "ml/train" and pod.id == "sb-1" and pod.cgroup_parent == "/kubepods/podu-1"
+
+
+def test_write_back_keeps_unknown_fields_of_items_it_moves() -> None:
+    """An edit that does not only append (here: a mount put before kubelet's) rebuilds the field;
+    the item kept is kubelet's own message, unknown field and all."""
+    cfg = cri.CreateContainerRequest.FromString(create_request()).config
+    before = container_view(cfg)
+    after = replace(before, mounts=(Mount("/first", "/dev/nvidia0"), *before.mounts), envs=before.envs[1:])
+    write_container(cfg, before, after)
+    out = cfg.SerializeToString()
+    assert b"future-mount" in out and b"future-config" in out
+    assert [(m.container_path, m.host_path) for m in cfg.mounts] == [("/first", "/dev/nvidia0"), ("/data", "/srv/data")]
+    assert [kv.key for kv in cfg.envs] == [b"RAW"]
+    assert [d.container_path for d in cfg.devices] == ["/dev/nvidia7"]
 
 
 async def test_no_change_forwards_kubelet_bytes(tmp_path: Path) -> None:
