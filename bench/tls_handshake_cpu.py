@@ -11,7 +11,10 @@ turns over three rounds (median shown); all but the last answer from a bare loop
 - tickets: the same with OpenSSL's default two TLS 1.3 tickets per handshake (the server before);
 - tls1.2: crihook's context with the client held to TLS 1.2;
 - no client cert: no client certificate asked for or verified (a reference, not an option);
-- server: crihook's context in scheduler/server.py's Server (selector, worker pool, HTTP parsing).
+- server: crihook's context in scheduler/server.py's Server (selector, worker pool, HTTP parsing);
+- pyopenssl: crihook's settings through pyOpenSSL, on the OpenSSL the `cryptography` wheel bundles
+  (newer than the system's, which the stdlib uses); only when pyOpenSSL is installed
+  (`.venv/bin/pip install pyopenssl`). It cannot turn TLS 1.3 tickets off, only OP_NO_TICKET.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -39,7 +43,41 @@ from tests.support.tlsburst import Certs, make_certs
 GET = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 
 
-def contexts(c: Certs) -> dict[str, tuple[Callable[[], ssl.SSLContext], ssl.TLSVersion]]:
+# a server-side TLS connection: the object to talk through, and how to close it
+Wrap = Callable[[socket.socket], tuple[Any, Callable[[], None]]]
+
+
+def stdlib(ctx: ssl.SSLContext) -> Wrap:
+    def wrap(sock: socket.socket) -> tuple[Any, Callable[[], None]]:
+        s = ctx.wrap_socket(sock, server_side=True)
+        return s, s.close
+
+    return wrap
+
+
+def pyopenssl(c: Certs) -> Wrap | None:
+    """crihook's TLS settings through pyOpenSSL, or None without it."""
+    try:
+        from OpenSSL import SSL
+    except ImportError:
+        return None
+    ctx = SSL.Context(SSL.TLS_SERVER_METHOD)
+    ctx.use_certificate_chain_file(c.server_cert)
+    ctx.use_privatekey_file(c.server_key)
+    ctx.load_verify_locations(c.ca)
+    ctx.set_verify(SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT)
+    ctx.set_options(SSL.OP_NO_TICKET)
+
+    def wrap(sock: socket.socket) -> tuple[Any, Callable[[], None]]:
+        conn = SSL.Connection(ctx, sock)
+        conn.set_accept_state()
+        conn.do_handshake()
+        return conn, sock.close
+
+    return wrap
+
+
+def contexts(c: Certs) -> dict[str, tuple[Callable[[], Wrap], ssl.TLSVersion]]:
     files = server.TlsFiles(c.server_cert, c.server_key, c.ca)
 
     def tickets() -> ssl.SSLContext:
@@ -52,12 +90,16 @@ def contexts(c: Certs) -> dict[str, tuple[Callable[[], ssl.SSLContext], ssl.TLSV
         return server.TlsFiles(c.server_cert, c.server_key).context()
 
     v13, v12 = ssl.TLSVersion.TLSv1_3, ssl.TLSVersion.TLSv1_2
-    return {
-        "crihook": (files.context, v13),
-        "tickets": (tickets, v13),
-        "tls1.2": (files.context, v12),
-        "no client cert": (no_client_cert, v13),
+    out: dict[str, tuple[Callable[[], Wrap], ssl.TLSVersion]] = {
+        "crihook": (lambda: stdlib(files.context()), v13),
+        "tickets": (lambda: stdlib(tickets()), v13),
+        "tls1.2": (lambda: stdlib(files.context()), v12),
+        "no client cert": (lambda: stdlib(no_client_cert()), v13),
     }
+    other = pyopenssl(c)
+    if other is not None:
+        out["pyopenssl"] = (lambda: other, v13)
+    return out
 
 
 def client(port: int, certs: Certs, version: ssl.TLSVersion, n: int, out: multiprocessing.Queue[float]) -> None:
@@ -89,7 +131,7 @@ def clients(port: int, certs: Certs, version: ssl.TLSVersion, n: int) -> Callabl
     return done
 
 
-def measure(ctx: ssl.SSLContext, certs: Certs, version: ssl.TLSVersion, n: int) -> tuple[float, float]:
+def measure(wrap: Wrap, certs: Certs, version: ssl.TLSVersion, n: int) -> tuple[float, float]:
     """(server, client) CPU milliseconds per connection, the server a bare loop on this thread."""
     answer = server.response(200, b"ok\n", server.TEXT, True)
     with socket.socket() as ls:
@@ -100,12 +142,18 @@ def measure(ctx: ssl.SSLContext, certs: Certs, version: ssl.TLSVersion, n: int) 
         for _ in range(n):
             sock, _ = ls.accept()
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with ctx.wrap_socket(sock, server_side=True) as s:
+            s, close = wrap(sock)
+            try:
                 buf = b""
                 while b"\r\n\r\n" not in buf:
                     buf += s.recv(4096)
                 s.sendall(answer)
                 s.recv(1)  # the client closes
+            except Exception as e:  # pyOpenSSL reports the client's close as an error
+                if "OpenSSL" not in type(e).__module__:
+                    raise
+            finally:
+                close()
         cpu = time.process_time() - t0
         return cpu / n * 1000, done() / n * 1000
 

@@ -42,8 +42,8 @@ log = logging.getLogger("crihook.store")
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 FLUSH_DELAY = 0.05  # seconds: lifecycle bursts coalesce into one write
-COMPACT_RATIO = 4  # a new snapshot once the journal is this many times the snapshot's size ...
-COMPACT_FLOOR = 64 << 10  # ... or this many bytes, whichever is more
+COMPACT_RATIO = 4  # a new snapshot once the journal is this many times the snapshot's size,
+COMPACT_FLOOR = 64 << 10  # the snapshot counted as at least this many bytes (a journal of 256 KiB at least)
 _HASH_HEX = 64  # a journal line's checksum: sha256, hex
 
 

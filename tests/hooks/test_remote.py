@@ -562,15 +562,21 @@ class StalledScan:
         return False
 
 
-async def test_a_stalled_scan_holds_no_call_and_no_second_scan(confdir, servers, chains) -> None:
-    s = await servers("a")
-    write_config(confdir, "a.json", s.endpoint, "Fail", ["PreCreateContainer"])
+async def stalled_scan(chains: Callable[..., HookChain]) -> tuple[HookChain, RemoteHook, StalledScan]:
+    """A chain whose remote hook re-reads every 10 ms, its first scan now stuck in the file system."""
     chain = chains(reload_interval_ms=10)
     remote = remote_of(chain)
     scan = StalledScan()
     remote.config.refresh = scan  # type: ignore[method-assign]
+    await settled(scan.entered.is_set)
+    return chain, remote, scan
+
+
+async def test_a_stalled_scan_holds_no_call_and_no_second_scan(confdir, servers, chains) -> None:
+    s = await servers("a")
+    write_config(confdir, "a.json", s.endpoint, "Fail", ["PreCreateContainer"])
+    chain, remote, scan = await stalled_scan(chains)
     try:
-        await settled(scan.entered.is_set)
         for _ in range(3):  # calls go on with the servers last read
             assert (await asyncio.wait_for(chain.run(create_ctx()), 5)).error is None
         assert len(s.calls) == 3 and not scan.release.is_set()
@@ -584,12 +590,8 @@ async def test_a_stalled_scan_holds_no_call_and_no_second_scan(confdir, servers,
 
 
 async def test_close_stops_the_refresher_even_mid_scan(confdir, chains) -> None:
-    chain = chains(reload_interval_ms=10)
-    remote = remote_of(chain)
-    scan = StalledScan()
-    remote.config.refresh = scan  # type: ignore[method-assign]
+    _, remote, scan = await stalled_scan(chains)
     try:
-        await settled(scan.entered.is_set)
         await asyncio.wait_for(remote.close(), 5)  # not held by the scan
         assert not [t for t in asyncio.all_tasks() if t.get_name() == "crihook-remote-refresher"]
     finally:
