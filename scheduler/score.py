@@ -122,7 +122,8 @@ def per_node(q: np.ndarray, opts: Options, shape: tuple[int, int]) -> tuple[np.n
     """(best value (K,), its option's slot (K,)) of option values q (N,); -1 for a node without one."""
     out = np.full(shape, -1.0)
     out[opts] = q
-    return out.max(axis=1), np.argmax(out, axis=1)
+    best = np.argmax(out, axis=1)
+    return np.take_along_axis(out, best[:, None], axis=1)[:, 0], best
 
 
 def growth(typ: Typical, before: Stats, after: Stats, opts: Options) -> np.ndarray:
@@ -281,7 +282,7 @@ class Outlook:
         self.places = Places(np.zeros((4, 0), np.int64))
         self.scarce = np.zeros(0)
         self.rare = np.zeros(0)
-        self.before = RowMemo(0, PLACE)  # places per shape on each node as it is
+        self.before = RowMemo(0, PLACE)  # places per shape, then shares per GPU part, on each node as it is
         self.kinds = RowMemo(3, np.int64)  # CPU, memory and GPUs of each node, for `node_shapes`
         self.pool: np.ndarray | None = None  # per model id: GPU lost per GPU percent taken from it
 
@@ -332,33 +333,35 @@ class Outlook:
         keep = (scarce >= MIN_SCARCE) | (rare >= MIN_RARE)
         self.places = every.subset(keep)
         self.scarce, self.rare = scarce[keep], rare[keep]
-        self.before = RowMemo(self.scarce.size, PLACE)
-        self.before.seed(st, rows, places[:, keep])  # a shape's places do not depend on the others
+        self.before = RowMemo(self.scarce.size + self.places.cnt.size, PLACE)
+        room = self.places.room(st.left(rows), st.model[rows])  # a shape's places do not depend on the others:
+        self.before.seed(st, rows, np.concatenate((places[:, keep], room), axis=1))
         self.pool = pools(seen, self.seen, future, st, rows) if POOL else None
 
     def costs(
-        self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray, opts: Options
+        self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray, opts: Options, cpu: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """(scarcity p, rarity r), both (N,), of each option `placements` makes."""
-        cpu, hmem, left, model = host_cpu(st, rows), st.hmem_free[rows], st.left(rows), st.model[rows]
+        """(scarcity p, rarity r), both (N,), of each option `placements` makes; `cpu`: the rows'
+        CPU left (`host_cpu`)."""
+        hmem, left, model = st.hmem_free[rows], st.left(rows), st.model[rows]
         pl = self.places
-        before = self.before.get(st, rows, lambda at: pl.count(cpu[at], hmem[at], left[at], model[at]))
+        known = self.before.get(st, rows, lambda at: pl.count_room(cpu[at], hmem[at], left[at], model[at]))
         pct = share_pct(req)
         if req.count == 1 and req.shared:
-            after = pl.count_options(cpu - req.cpu_milli, hmem - req.host_memory, left, model, pct, opts)
-            before = before[opts[0]]
-        else:  # one option per node, in node order
-            taken = left.copy()
+            k, g = opts
+            known = known[k]
+            slot_model = model[k, g, None]
+            before, room = known[:, : self.scarce.size], known[:, self.scarce.size :]
+            after = pl.taken(cpu - req.cpu_milli, hmem - req.host_memory, room, pct, left[k, g, None], slot_model, k)
+        else:  # one option per node, in node order: the best-fitting slots
             cols = best_fit_cols(left, fits, req.count)
-            np.put_along_axis(taken, cols, np.take_along_axis(left, cols, axis=1) - pct, axis=1)
-            after = pl.count(cpu - req.cpu_milli, hmem - req.host_memory, taken, model)
+            slot_model = np.take_along_axis(model, cols, axis=1)
+            slots = np.take_along_axis(left, cols, axis=1)
+            before, room = known[:, : self.scarce.size], known[:, self.scarce.size :]
+            after = pl.taken(cpu - req.cpu_milli, hmem - req.host_memory, room, pct, slots, slot_model)
         p = (before - after) @ self.scarce  # taking a pod's resources never adds a place
         if self.pool is not None:  # GPU of a pinned pool taken away, at the rate it is to be missed
-            if req.count == 1 and req.shared:
-                rate = self.pool[model[opts]]
-            else:
-                rate = self.pool[np.take_along_axis(model, cols, axis=1)].sum(axis=1)
-            p = p + POOL * pct * rate
+            p = p + POOL * pct * self.pool[slot_model].sum(axis=1)
         # the shapes whose last place goes, cast to float as the product casts it, in the same pass
         gone = np.logical_and(before > 0, after == 0, out=np.empty(after.shape))
         return p, gone @ self.rare
@@ -416,17 +419,20 @@ class Places:
         parts = sorted(set(keys), key=lambda k: (k[0], k[1], k[2] is not None, k[2] or ()))
         at = {k: i for i, k in enumerate(parts)}
         self.cnt = np.array([max(c, 1) for _, c, _ in parts], np.int64)
+        self.cnt_f = self.cnt.astype(np.float64)
         self.part = np.zeros(table.shape[1], np.int64)
         self.part[gpu] = [at[k] for k in keys]
         self.cpu_only = np.flatnonzero(~gpu)  # BIG places by GPU
         pcts, self.pct_at = np.unique(np.array([p for p, _, _ in parts], np.int64), return_inverse=True)
         self.div = np.arange(101)[:, None] // np.maximum(pcts, 1)  # (101, P): percent idle // share
+        self.div_part = self.div[:, self.pct_at]  # (101, U): the same per part
+        self.loss: dict[int, np.ndarray] = {}  # per percent taken: (101, U) shares lost by idle percent
         cpus, self.cpu_at = np.unique(table[0], return_inverse=True)
         mems, mem_at = np.unique(table[1], return_inverse=True)
         self.ncpu = cpus.size  # the distinct CPU sizes, then the memory sizes, each divided once
         self.mem_at = mem_at + cpus.size
         sizes = np.concatenate((cpus, mems))
-        self.sizes = np.maximum(sizes, 1)
+        self.sizes = np.maximum(sizes, 1).astype(np.float64)[:, None]
         self.free = np.flatnonzero(sizes <= 0)  # a size of 0 leaves BIG places
         self.acc: np.ndarray | None = None  # (model id, U): the part's shapes accept the model
         if any(m is not None for _, _, m in parts) and self.names:
@@ -444,11 +450,14 @@ class Places:
     # faster than single elements of each row; the (K, M) callers get is written once at the end.
 
     def _host(self, cpu: np.ndarray, hmem: np.ndarray) -> np.ndarray:
-        """(M, K) places by CPU and memory; shapes share few distinct sizes, so each is divided once."""
-        by = np.empty((self.sizes.size, cpu.size), np.int64)
-        by[: self.ncpu] = np.maximum(cpu, 0)
-        by[self.ncpu :] = np.maximum(hmem, 0)
-        by //= self.sizes[:, None]
+        """(M, K) places by CPU and memory; shapes share few distinct sizes, so each is divided once.
+        In floats, several times faster than integers, and exact: the floor of a correctly rounded
+        a / b is a // b for 0 <= a < 2**52 (a quotient below an integer n stays 1 / b from it)."""
+        by = np.empty((self.sizes.size, cpu.size))
+        np.maximum(cpu, 0, out=by[: self.ncpu])
+        np.maximum(hmem, 0, out=by[self.ncpu :])
+        by /= self.sizes
+        np.floor(by, out=by)
         by[self.free] = BIG
         small = np.minimum(by, BIG, out=by).astype(PLACE)
         host = small.take(self.cpu_at, axis=0)
@@ -456,19 +465,27 @@ class Places:
         return out
 
     def _by_shape(self, gpu: np.ndarray) -> np.ndarray:
-        """GPU room per distinct part (K, U) -> per shape (M, K); BIG for CPU-only shapes."""
+        """GPU room per distinct part (K, U) -> per shape (M, K); BIG for CPU-only shapes. Room in
+        whole pods of the part, or their quotient in floats (cast to integers here: the floor)."""
         if not gpu.shape[1]:  # CPU-only shapes alone
             return np.full((self.part.size, gpu.shape[0]), BIG, PLACE)
         out: np.ndarray = np.ascontiguousarray(gpu.T, dtype=PLACE).take(self.part, axis=0)
         out[self.cpu_only] = BIG
         return out
 
-    def _slot(self, left: np.ndarray, model: np.ndarray | None) -> np.ndarray:
-        """(N, U) shares of each part that single slots (N,) hold, 0 on models the part refuses."""
-        per = np.take(self.div[np.clip(left, 0, 100)], self.pct_at, axis=-1)
-        return per * self.acc[model] if self.acc is not None and model is not None else per
+    def _lost(self, slots: np.ndarray, model: np.ndarray | None, pct: int) -> np.ndarray:
+        """(N, U) shares of each part that slots (N, C) lose when `pct` is taken from each, 0 on
+        models the part refuses."""
+        lost = self.loss.get(pct)
+        if lost is None:
+            lost = self.loss[pct] = self.div_part - self.div_part[np.maximum(np.arange(101) - pct, 0)]
+        per = lost[np.clip(slots, 0, 100)]
+        if self.acc is not None and model is not None:
+            per *= self.acc[model]
+        out: np.ndarray = per.sum(axis=1)
+        return out
 
-    def _room(self, left: np.ndarray, model: np.ndarray | None) -> np.ndarray:
+    def room(self, left: np.ndarray, model: np.ndarray | None) -> np.ndarray:
         """(K, U) shares of each part the nodes' slots (K, G) hold together. Shares are counted
         once per distinct percent; a node of one model takes or refuses all of its slots at once,
         only nodes that mix models are counted slot by slot."""
@@ -487,9 +504,40 @@ class Places:
     def count(self, cpu: np.ndarray, hmem: np.ndarray, left: np.ndarray, model: np.ndarray | None = None) -> np.ndarray:
         """(K, M) for K node states: CPU left (K,), memory left (K,), percent idle per slot (K, G),
         model id per slot (K, G)."""
-        gpu = self._room(left, model) // self.cnt
+        return self._places(cpu, hmem, self.room(left, model))
+
+    def count_room(self, cpu: np.ndarray, hmem: np.ndarray, left: np.ndarray, model: np.ndarray | None) -> np.ndarray:
+        """(K, M + U): `count`, then `room`, for what `taken` needs of the nodes as they are."""
+        room = self.room(left, model)
+        return np.concatenate((self._places(cpu, hmem, room), room.astype(PLACE)), axis=1)
+
+    def _places(self, cpu: np.ndarray, hmem: np.ndarray, room: np.ndarray) -> np.ndarray:
+        """(K, M) of nodes with this CPU and memory left (K,) and shares per part (K, U): a float
+        quotient, cast to an integer, is the floor `_host` has."""
         host = self._host(cpu, hmem)
-        places: np.ndarray = np.ascontiguousarray(np.minimum(host, self._by_shape(gpu), out=host).T)
+        places: np.ndarray = np.minimum(host, self._by_shape(room / self.cnt_f), out=host)
+        return np.ascontiguousarray(places.T)
+
+    def taken(
+        self,
+        cpu: np.ndarray,
+        hmem: np.ndarray,
+        room: np.ndarray,
+        pct: int,
+        slots: np.ndarray,
+        model: np.ndarray | None,
+        k: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """(N, M): the places of `count` after `pct` is taken from each of the slots (idle percent
+        `slots` (N, C), their model ids `model`) of node k[i] (node i when k is None), given the
+        nodes' CPU and memory (K,) as they are to be and the `room` (N, U) of each one's node as it
+        is. A delta on the room: the slots' shares lost, not a recount of every slot."""
+        room = room - self._lost(slots, model, pct)
+        if k is None:
+            return self._places(cpu, hmem, room)
+        spread = np.ascontiguousarray(self._host(cpu, hmem).T)[k]  # divided per node, then spread over its options
+        by_part = np.ascontiguousarray(self._by_shape(room / self.cnt_f).T)
+        places: np.ndarray = np.minimum(spread, by_part, out=spread)
         return places
 
     def count_options(
@@ -497,12 +545,8 @@ class Places:
     ) -> np.ndarray:
         """(N, M): the same after `pct` is taken from each option's slot (CPU and memory as given)."""
         k, g = opts
-        slot_model = None if model is None else model[k, g]
-        moved = self._slot(left[k, g] - pct, slot_model) - self._slot(left[k, g], slot_model)
-        gpu = (self._room(left, model)[k] + moved) // self.cnt
-        host = np.ascontiguousarray(self._host(cpu, hmem).T)[k]  # divided per node, then spread over its options
-        places: np.ndarray = np.minimum(host, np.ascontiguousarray(self._by_shape(gpu).T), out=host)
-        return places
+        slot_model = None if model is None else model[k, g, None]
+        return self.taken(cpu, hmem, self.room(left, model)[k], pct, left[k, g, None], slot_model, k)
 
 
 def node_shapes(st: Cluster, rows: np.ndarray, memo: RowMemo) -> set[tuple[int, int, int, int, None]]:
@@ -587,8 +631,9 @@ class DefaultPolicy:
         """(score (K,), chosen slot (K,)): the best option's score, the first option that has it."""
         opts = options(st, req, rows, fits)
         d = self._growth(st, req, rows, fits)[opts]
-        p, r = self.outlook.costs(st, req, rows, fits, opts)
-        cpu = host_cpu(st, rows).astype(np.float64)
+        cpu = host_cpu(st, rows)
+        p, r = self.outlook.costs(st, req, rows, fits, opts, cpu)
+        cpu = cpu.astype(np.float64)
         gpu = st.left(rows).sum(axis=1).astype(np.float64)
         rho = self.outlook.rho
         s = soft_deficit(cpu - req.cpu_milli, gpu - req.count * share_pct(req), rho)

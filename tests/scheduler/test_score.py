@@ -103,6 +103,11 @@ def test_places_match_adding_pods_one_by_one(
         moved = left.copy()
         moved[:, col] = np.maximum(moved[:, col] - pct, 0)
         check(each[:, col, :], cpu_after, mem, moved)
+    cols = np.array([[1, 3]] * len(nodes))  # a set of slots taken from each node
+    both = pl.taken(cpu_after, mem, pl.room(left, model), pct, left[:, [1, 3]], model[:, [1, 3]])
+    moved = left.copy()
+    np.put_along_axis(moved, cols, np.maximum(np.take_along_axis(left, cols, axis=1) - pct, 0), axis=1)
+    check(both, cpu_after, mem, moved)
 
 
 @pytest.mark.parametrize("mean", [0.0, 0.3, 2.5, 40.0, 400.0])
@@ -374,4 +379,6 @@ def test_kept_node_stats_and_places_are_what_a_fresh_count_gives() -> None:
         np.testing.assert_array_equal(getattr(kept, field), getattr(fresh, field))
     places = pol.outlook.places
     count = places.count(cpu, cl.hmem_free[rows], left, model)
-    np.testing.assert_array_equal(pol.outlook.before.get(cl, rows, lambda at: count[at]), count)
+    fresh_room = places.count_room(cpu, cl.hmem_free[rows], left, model)  # places, then shares per GPU part
+    np.testing.assert_array_equal(fresh_room[:, : count.shape[1]], count)
+    np.testing.assert_array_equal(pol.outlook.before.get(cl, rows, lambda at: fresh_room[at]), fresh_room)
