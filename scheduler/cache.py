@@ -20,11 +20,12 @@ import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
+from urllib.parse import quote, urlencode
 
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from crihook.base.allocation import CONTAINER_DEVICES, DEVICE_ALLOCATED, AnnotationError
+from crihook.scheduler.apijson import MERGE_PATCH, ApiJson
 from crihook.scheduler.devices import DeviceError, node_from_device
 from crihook.scheduler.extender import ApiFailure
 from crihook.scheduler.fence import CLAIM_LABEL, claim_value
@@ -48,14 +49,6 @@ class Expired(Exception):
     """The watch's resourceVersion is too old (410): list again."""
 
 
-def _failure(e: ApiException) -> ApiFailure:
-    try:
-        message = json.loads(e.body or "").get("message") or e.reason
-    except (TypeError, ValueError, AttributeError):
-        message = e.reason or str(e)
-    return ApiFailure(int(e.status or 0), f"{e.status} {message}")
-
-
 def json_body(resp: Any) -> dict[str, Any]:
     """The JSON object a call made with _preload_content=False answered: the client then returns
     urllib3's response, not the model its annotations name."""
@@ -64,11 +57,15 @@ def json_body(resp: Any) -> dict[str, Any]:
 
 
 class KubeApi:
-    """The calls a bind makes, as extender.PodApi."""
+    """The calls a bind makes, as extender.PodApi, through ApiJson (scheduler/apijson.py)."""
 
     def __init__(self, api_client: client.ApiClient, timeout: float = 10.0) -> None:
-        self.core = client.CoreV1Api(api_client)
-        self.timeout = timeout
+        self.api = ApiJson(api_client, timeout)
+
+    @staticmethod
+    def _pod_path(namespace: str, name: str, sub: str = "") -> str:
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
+        return f"{path}/{sub}" if sub else path
 
     def claims(self, node: str) -> list[dict[str, Any]]:
         """The live pods claiming `node`, read from the API server now (a LIST without
@@ -84,21 +81,15 @@ class KubeApi:
         return list(by_uid.values())
 
     def _pods(self, fields: str, labels: str) -> list[dict[str, Any]]:
-        try:
-            resp = self.core.list_pod_for_all_namespaces(
-                field_selector=fields, label_selector=labels, _preload_content=False, _request_timeout=self.timeout
-            )
-        except ApiException as e:
-            raise _failure(e) from None
-        items: list[dict[str, Any]] = json_body(resp).get("items") or []
+        query = {"fieldSelector": fields, **({"labelSelector": labels} if labels else {})}
+        items: list[dict[str, Any]] = self.api.call("GET", f"/api/v1/pods?{urlencode(query)}").get("items") or []
         return items
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        try:
-            resp = self.core.read_namespaced_pod(name, namespace, _preload_content=False, _request_timeout=self.timeout)
-        except ApiException as e:
-            raise _failure(e) from None
-        return json_body(resp)
+        return self.api.call("GET", self._pod_path(namespace, name))
+
+    def _patch_pod(self, namespace: str, name: str, meta: dict[str, Any]) -> dict[str, Any]:
+        return self.api.call("PATCH", self._pod_path(namespace, name), {"metadata": meta}, MERGE_PATCH)
 
     def annotate_pod(
         self,
@@ -117,44 +108,28 @@ class KubeApi:
             meta["labels"] = dict(labels)
         if resource_version:
             meta["resourceVersion"] = resource_version
-        try:
-            resp = self.core.patch_namespaced_pod(
-                name, namespace, {"metadata": meta}, _preload_content=False, _request_timeout=self.timeout
-            )
-        except ApiException as e:
-            raise _failure(e) from None
-        return str((json_body(resp).get("metadata") or {}).get("resourceVersion") or "")
+        return str((self._patch_pod(namespace, name, meta).get("metadata") or {}).get("resourceVersion") or "")
 
     def clear_claim(self, namespace: str, name: str, resource_version: str) -> None:
         """Take the claim label and the allocation annotations off an unbound pod, if it has not
         changed since `resource_version` (409 otherwise: it may have been bound meanwhile)."""
-        meta: dict[str, Any] = {
-            "resourceVersion": resource_version,
-            "labels": {CLAIM_LABEL: None},
-            "annotations": {DEVICE_ALLOCATED: None, CONTAINER_DEVICES: None},
-        }
-        try:
-            self.core.patch_namespaced_pod(
-                name, namespace, {"metadata": meta}, _preload_content=False, _request_timeout=self.timeout
-            )
-        except ApiException as e:
-            raise _failure(e) from None
+        self._patch_pod(
+            namespace,
+            name,
+            {
+                "resourceVersion": resource_version,
+                "labels": {CLAIM_LABEL: None},
+                "annotations": {DEVICE_ALLOCATED: None, CONTAINER_DEVICES: None},
+            },
+        )
 
     def bind_pod(self, namespace: str, name: str, uid: str, node: str, resource_version: str = "") -> None:
         # uid and resourceVersion are preconditions of the Binding (BindingREST in the API server)
-        binding = client.V1Binding(
-            metadata=client.V1ObjectMeta(
-                name=name, namespace=namespace, uid=uid, resource_version=resource_version or None
-            ),
-            target=client.V1ObjectReference(kind="Node", name=node, api_version="v1"),
-        )
-        try:
-            # the API server answers a Status the generated client can not decode as a Binding: read it raw
-            self.core.create_namespaced_pod_binding(
-                name, namespace, binding, _preload_content=False, _request_timeout=self.timeout
-            )
-        except ApiException as e:
-            raise _failure(e) from None
+        meta = {"name": name, "namespace": namespace, "uid": uid}
+        if resource_version:
+            meta["resourceVersion"] = resource_version
+        binding = {"apiVersion": "v1", "kind": "Binding", "metadata": meta, "target": {"kind": "Node", "name": node}}
+        self.api.call("POST", self._pod_path(namespace, name, "binding"), binding)
 
 
 class Reflector:

@@ -31,7 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
+from urllib.parse import quote
 
+from crihook.scheduler.apijson import ApiJson
 from crihook.scheduler.extender import ApiFailure
 
 log = logging.getLogger("crihook.scheduler")
@@ -199,41 +201,25 @@ class Elector:
 
 
 class KubeLeaseApi:
-    """LeaseApi with the `kubernetes` client, bodies read raw (the generated models parse
+    """LeaseApi through ApiJson (scheduler/apijson.py): bodies as JSON (the generated models parse
     MicroTime into datetimes we would only format back)."""
 
     def __init__(self, api_client: Any, name: str, namespace: str, timeout: float = 5.0) -> None:
-        from kubernetes import client
-
-        self.api = client.CoordinationV1Api(api_client)
+        self.api = ApiJson(api_client, timeout)
         self.name = name
         self.namespace = namespace
-        self.timeout = timeout
-
-    def _call(self, fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
-        from crihook.scheduler.cache import _failure, json_body
-
-        try:
-            resp = fn(*args, _preload_content=False, _request_timeout=self.timeout)
-        except ApiException as e:
-            raise _failure(e) from None
-        except (HTTPError, OSError) as e:  # refused, reset, timed out: the API server is away
-            raise ApiFailure(0, f"{type(e).__name__}: {e}") from None
-        return json_body(resp)
+        self.path = f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace, safe='')}/leases"
 
     def get(self) -> dict[str, Any] | None:
         try:
-            return self._call(self.api.read_namespaced_lease, self.name, self.namespace)
+            return self.api.call("GET", f"{self.path}/{quote(self.name, safe='')}")
         except ApiFailure as e:
             if e.code == 404:
                 return None
             raise
 
     def create(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._call(self.api.create_namespaced_lease, self.namespace, body)
+        return self.api.call("POST", self.path, body)
 
     def replace(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._call(self.api.replace_namespaced_lease, self.name, self.namespace, body)
+        return self.api.call("PUT", f"{self.path}/{quote(self.name, safe='')}", body)

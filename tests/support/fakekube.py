@@ -392,6 +392,7 @@ class Request:
     query: str
     content_type: str
     body: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -1007,7 +1008,8 @@ class _Handler(BaseHTTPRequestHandler):
         query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
         try:
             body = self._body()
-            fake.requests.append(Request(method, path, url.query, self.headers.get("Content-Type", ""), body))
+            ctype = self.headers.get("Content-Type", "")
+            fake.requests.append(Request(method, path, url.query, ctype, body, dict(self.headers.items())))
             if fake.delay:
                 time.sleep(fake.delay)
             if (fault := fake._take_fault(method, path)) is not None:
