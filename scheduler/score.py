@@ -122,8 +122,7 @@ def per_node(q: np.ndarray, opts: Options, shape: tuple[int, int]) -> tuple[np.n
     """(best value (K,), its option's slot (K,)) of option values q (N,); -1 for a node without one."""
     out = np.full(shape, -1.0)
     out[opts] = q
-    best = np.argmax(out, axis=1)
-    return np.take_along_axis(out, best[:, None], axis=1)[:, 0], best
+    return out.max(axis=1), np.argmax(out, axis=1)
 
 
 def growth(typ: Typical, before: Stats, after: Stats, opts: Options) -> np.ndarray:
@@ -605,7 +604,7 @@ class DefaultPolicy:
         self.models = 0  # GPU models the cluster had when the shapes were resolved
         self.cache = ShapeCache()
         self.growths: dict[ShapeKey, RowMemo] = {}  # FGD growth per request shape, while `typ` holds
-        self.stats = RowMemo(0, np.int32)  # FGD's stats of each node, while `typ` holds: see `_stats`
+        self.stats = RowMemo(0)  # FGD's stats of each node, while `typ` holds: see `_stats`
 
     def observe(self, req: PodRequest) -> None:
         """Learn the workload: the typical shapes at 1, 2, 4 … pods, then every `refresh`; the
@@ -668,22 +667,22 @@ class DefaultPolicy:
     def _stats(self, st: Cluster, rows: np.ndarray) -> Stats | None:
         """FGD's stats of the nodes as they are (GPUs with room and idle too small, per typical
         shape): they do not depend on the request, so all request shapes share them. Exact
-        integers, kept as int32; None when they would take more than GROWTH_BYTES (a budget of their
-        own beside the growths')."""
+        integers, kept as floats as `frag_of` reads them (the counts compare the same); None when
+        they would take more than GROWTH_BYTES (a budget of their own beside the growths')."""
         m = self.typ.weight.size
-        if 8 * m * st.version.size > GROWTH_BYTES:
+        if 16 * m * st.version.size > GROWTH_BYTES:
             return None
         if self.stats.width != 2 * m:
-            self.stats = RowMemo(2 * m, np.int32)
+            self.stats = RowMemo(2 * m)
+        cpu, left = host_cpu(st, rows), st.left(rows)
         model = st.model[rows] if self.typ.acc is not None else None
 
         def compute(at: np.ndarray) -> np.ndarray:
-            s = stats(self.typ, host_cpu(st, rows[at]), st.left(rows[at]), None if model is None else model[at])
+            s = stats(self.typ, cpu[at], left[at], None if model is None else model[at])
             return np.concatenate((s.nfit, s.small), axis=1)
 
         both = self.stats.get(st, rows, compute)
-        total = st.left(rows).sum(axis=1).astype(np.float64)
-        return Stats(both[:, :m].astype(np.int64), both[:, m:].astype(np.float64), total, host_cpu(st, rows))
+        return Stats(both[:, :m], both[:, m:], left.sum(axis=1).astype(np.float64), cpu)
 
     def _fresh(self, st: Cluster) -> None:
         if len(st.model_names) != self.models:  # a new GPU model: shapes pinned to it resolve anew
@@ -693,7 +692,7 @@ class DefaultPolicy:
             if self.retype:
                 self.typ = self._typical(st.model_names)
                 self.growths.clear()
-                self.stats = RowMemo(0, np.int32)
+                self.stats = RowMemo(0)
                 self.retype = False
             self.outlook.update(st)
             self.cache.clear()
