@@ -30,6 +30,7 @@ the same order on the same nodes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import multiprocessing
@@ -131,8 +132,9 @@ def pod_object(p: simulate.TracePod, i: int) -> dict[str, Any]:
     }
 
 
-def host_api(nodes: list[simulate.TraceNode], conn: Any, kubeconfig: Path) -> None:
+def host_api(nodes: list[simulate.TraceNode], conn: Any, kubeconfig: Path, nice: int) -> None:
     """The fake API server, in a process of its own so its threads do not share a GIL with ours."""
+    os.nice(nice)
     with FakeKube() as kube:
         for t in nodes:
             node, device = node_objects(t)
@@ -178,9 +180,9 @@ class VerbTime:
     within: dict[float, int]  # bucket bound (seconds) -> calls answered within it
 
 
-def metrics_seconds(text: str) -> dict[str, VerbTime]:
-    """crihook_scheduler_request_duration_seconds by path."""
-    name = "crihook_scheduler_request_duration_seconds"
+def metrics_seconds(text: str, name: str = "crihook_scheduler_request_duration_seconds") -> dict[str, VerbTime]:
+    """A histogram of the scheduler's /metrics by path: its time per call, or with
+    crihook_scheduler_request_cpu_seconds the CPU the answering thread spent on it."""
     sums: dict[str, list[float]] = {}
     within: dict[str, dict[float, int]] = {}
     for m in re.finditer(name + r'_(sum|count)\{path="([^"]+)"\} (\S+)', text):
@@ -201,6 +203,43 @@ def proc_cpu(pid: int) -> float:
     """User + system CPU seconds of a process so far: a cost that does not grow with the load."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu() -> float:
+    """CPU seconds every process of the machine has used so far (/proc/stat: user, nice, system, irq, softirq)."""
+    user, nice, system, _, _, irq, softirq = map(int, Path("/proc/stat").read_text().split()[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def runnable_wait(pid: int) -> float:
+    """Seconds the threads of a process have spent runnable but waiting for a core (schedstat)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            total += int((task / "schedstat").read_text().split()[1])
+    return total / 1e9
+
+
+@dataclass(frozen=True)
+class Usage:
+    """CPU seconds so far of the scheduler, the fake API server, this bench and the whole machine,
+    and the scheduler's wait for a core."""
+
+    scheduler: float
+    api: float
+    bench: float
+    machine: float
+    waited: float
+
+    @classmethod
+    def now(cls, sched: int, api: int) -> Usage:
+        return cls(proc_cpu(sched), proc_cpu(api), proc_cpu(os.getpid()), machine_cpu(), runnable_wait(sched))
+
+    def __sub__(self, o: Usage) -> Usage:
+        return Usage(
+            self.scheduler - o.scheduler, self.api - o.api, self.bench - o.bench, self.machine - o.machine,
+            self.waited - o.waited,
+        )  # fmt: skip
 
 
 def simulate_same(
@@ -226,7 +265,9 @@ def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as d:
         kubeconfig = Path(d) / "kubeconfig"
         parent, child = multiprocessing.get_context("fork").Pipe()
-        api = multiprocessing.get_context("fork").Process(target=host_api, args=(nodes, child, kubeconfig), daemon=True)
+        api = multiprocessing.get_context("fork").Process(
+            target=host_api, args=(nodes, child, kubeconfig, args.api_nice), daemon=True
+        )
         api.start()
         api_host, api_port = parent.recv().removeprefix("http://").rsplit(":", 1)
         with socket.socket() as s:
@@ -250,11 +291,14 @@ def run(args: argparse.Namespace) -> None:
             loaded, rss0 = time.monotonic() - t0, proc_status(sched.pid, "VmRSS")
             kinds = ", ".join(k[0] for k in KINDS)
             print(f"{args.nodes} nodes x 8 GPUs ({kinds}), cache loaded in {loaded:.1f} s; RSS {rss0:.0f} MiB")
-            cpu0 = proc_cpu(sched.pid)
+            assert api.pid is not None
+            use0 = Usage.now(sched.pid, api.pid)
             result = schedule(args, nodes, arrivals, api_host, int(api_port), port)
-            result["cpu"] = proc_cpu(sched.pid) - cpu0
+            result["use"] = Usage.now(sched.pid, api.pid) - use0
             rss = proc_status(sched.pid, "VmHWM"), proc_status(sched.pid, "VmRSS")
-            server_time = metrics_seconds(Client("127.0.0.1", port).call("GET", "/metrics").decode())
+            text = Client("127.0.0.1", port).call("GET", "/metrics").decode()
+            server_time = metrics_seconds(text)
+            server_cpu = metrics_seconds(text, "crihook_scheduler_request_cpu_seconds")
             api_client = Client(api_host, int(api_port))
             devices = api_client.call("GET", "/apis/scheduling.koordinator.sh/v1alpha1/devices")["items"]
             pods = api_client.call("GET", f"/api/v1/namespaces/{NAMESPACE}/pods")["items"]
@@ -263,7 +307,7 @@ def run(args: argparse.Namespace) -> None:
             sched.wait()
             parent.send("stop")
             api.join(10)
-    report(args, result, rss, server_time)
+    report(args, result, rss, server_time, server_cpu)
     check = audit_objects(devices, pods)
     gpu_pods = {f"{a.name}-{i}" for i, a in enumerate(arrivals) if a.gpu}
     unannotated = [n for n in check.unannotated_bound if n in gpu_pods]  # pods without GPUs carry none
@@ -433,7 +477,10 @@ def schedule(
     }  # fmt: skip
 
 
-def report(args: argparse.Namespace, r: dict[str, Any], rss: tuple[float, float], server: dict[str, VerbTime]) -> None:
+def report(
+    args: argparse.Namespace, r: dict[str, Any], rss: tuple[float, float], server: dict[str, VerbTime],
+    cpu: dict[str, VerbTime],
+) -> None:  # fmt: skip
     times = r["times"]
     ms = [t * 1000 for t in times]
     pcts = args.percentage_of_nodes_to_score
@@ -449,19 +496,24 @@ def report(args: argparse.Namespace, r: dict[str, Any], rss: tuple[float, float]
         f"extender filter+prioritize per pod (client side, {len(ms)} cycles): p50 {pct(ms, 0.5):.2f} ms, "
         f"p99 {pct(ms, 0.99):.2f} ms, max {max(ms):.2f} ms"
     )
-    verbs = ", ".join(
-        f"{p} {v.total / v.count * 1000:.2f} ms x {v.count}" for p, v in sorted(server.items()) if v.count
-    )
-    print(f"scheduler's own mean time per call: {verbs}")
-    shares = ", ".join(
-        f"{p} {v.within.get(0.005, 0) / v.count:.1%} / {v.within.get(0.01, 0) / v.count:.1%}"
-        for p, v in sorted(server.items())
-        if v.count and p in ("/filter", "/prioritize")
-    )
-    print(f"scheduler's own time, share of calls within 5 / 10 ms: {shares}")
+    for what, h in (("time", server), ("CPU", cpu)):
+        verbs = ", ".join(f"{p} {v.total / v.count * 1000:.2f} ms x {v.count}" for p, v in sorted(h.items()) if v.count)
+        shares = ", ".join(
+            f"{p} {v.within.get(0.005, 0) / v.count:.1%} / {v.within.get(0.01, 0) / v.count:.1%}"
+            for p, v in sorted(h.items())
+            if v.count and p in ("/filter", "/prioritize")
+        )
+        print(f"scheduler's own {what} per call: mean {verbs}; share within 5 / 10 ms: {shares}")
+    u: Usage = r["use"]
     print(
-        f"scheduler CPU {r['cpu']:.1f} s: {r['cpu'] / r['pods'] * 1000:.2f} ms per pod "
-        f"(every verb, its watches and API calls)"
+        f"scheduler CPU {u.scheduler:.1f} s: {u.scheduler / r['pods'] * 1000:.2f} ms per pod "
+        f"(every verb, its watches and API calls); its threads waited {u.waited:.1f} s for a core"
+    )
+    others = u.machine - u.scheduler - u.api - u.bench
+    print(
+        f"CPU over the run ({os.cpu_count()} cores x {r['elapsed']:.1f} s): fake API server {u.api:.1f} s"
+        f"{f' (nice {args.api_nice})' if args.api_nice else ''}, this bench {u.bench:.1f} s, "
+        f"other processes {others:.1f} s"
     )
     print(f"scheduler RSS peak {rss[0]:.0f} MiB, at the end {rss[1]:.0f} MiB")
 
@@ -475,6 +527,10 @@ def main() -> None:
     ap.add_argument("--form", choices=("names", "nodes"), default="names", help="nodeCacheCapable true / false")
     ap.add_argument("--percentage-of-nodes-to-score", type=int, default=0, help="kube-scheduler's; 0: adaptive")
     ap.add_argument("--binders", type=int, default=16)
+    ap.add_argument(
+        "--api-nice", type=int, default=0, help="run the fake API server at this nice value (it stands for a "
+        "kube-apiserver, which a cluster runs on other cores)"
+    )  # fmt: skip
     run(ap.parse_args())
 
 

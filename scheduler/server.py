@@ -200,7 +200,7 @@ class App:
         route = self.routes.get(path)
         if route is None:
             return 404, b"not found\n", TEXT
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         try:
             out = route(json.loads(raw))
             body = out.json() if isinstance(out, HostPriorityList) else json.dumps(out, separators=(",", ":")).encode()
@@ -212,6 +212,7 @@ class App:
             answer = 500, b"internal error\n", TEXT
         # counted before the answer goes out: a client that reads /metrics after its reply sees its call
         metrics.SCHEDULER_SECONDS.observe(time.perf_counter() - started, path)
+        metrics.SCHEDULER_CPU_SECONDS.observe(time.thread_time() - cpu, path)
         metrics.SCHEDULER_REQUESTS.inc(path, str(answer[0]))
         return answer
 

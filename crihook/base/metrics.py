@@ -357,6 +357,12 @@ SCHEDULER_SECONDS = Histogram(
     "Time `crihook scheduler` took to answer an extender verb or admission review, by path.",
     ("path",),
 )
+SCHEDULER_CPU_SECONDS = Histogram(
+    "crihook_scheduler_request_cpu_seconds",
+    "CPU time the thread answering an extender verb or admission review spent on it, by path: what the "
+    "duration has beyond it was spent waiting (for a core, the GIL, the allocator lock, the API server).",
+    ("path",),
+)
 SCHEDULER_LEADER = Gauge(
     "crihook_scheduler_leader",
     "1 while this `crihook scheduler` replica holds the leader Lease (its term runs), else 0.",

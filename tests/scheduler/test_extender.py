@@ -229,13 +229,14 @@ def test_metrics_count_requests_by_path_and_status(http_server: Any) -> None:
     from crihook.base import metrics
 
     ok, bad = metrics.SCHEDULER_REQUESTS.value("/filter", "200"), metrics.SCHEDULER_REQUESTS.value("/filter", "400")
-    timed = metrics.SCHEDULER_SECONDS.count("/filter")
+    timed, cpu = metrics.SCHEDULER_SECONDS.count("/filter"), metrics.SCHEDULER_CPU_SECONDS.count("/filter")
     conn = http.client.HTTPConnection("127.0.0.1", http_server.server_address[1], timeout=10)
     assert post(conn, "/filter", fixture("filter_node_names.json"))[0] == 200
     assert post(conn, "/filter", b"{not json")[0] == 400
     assert metrics.SCHEDULER_REQUESTS.value("/filter", "200") == ok + 1
     assert metrics.SCHEDULER_REQUESTS.value("/filter", "400") == bad + 1
     assert metrics.SCHEDULER_SECONDS.count("/filter") == timed + 2
+    assert metrics.SCHEDULER_CPU_SECONDS.count("/filter") == cpu + 2
     conn.request("GET", "/metrics")
     r = conn.getresponse()
     text = r.read().decode()
