@@ -4,15 +4,19 @@ sending what the generated client would (credentials, content types) and failing
 from __future__ import annotations
 
 import socket
+import ssl
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from kubernetes import client
+import yaml
+from kubernetes import client, config
 
 from crihook.scheduler.apijson import MERGE_PATCH, ApiJson
 from crihook.scheduler.cache import KubeApi
 from crihook.scheduler.extender import ApiFailure
 from tests.support.fakekube import FakeKube
+from tests.support.tlsburst import make_ca, make_certs
 
 
 @pytest.fixture
@@ -87,3 +91,38 @@ def test_no_answer_is_code_0_not_an_exception_of_the_http_library() -> None:
     with pytest.raises(ApiFailure) as e:
         ApiJson(client.ApiClient(cfg), 2.0).call("GET", "/api/v1/namespaces/ns/pods/p")
     assert e.value.code == 0
+
+
+def test_mutual_tls_and_token_from_a_kubeconfig(tmp_path: Path) -> None:
+    """TLS is the client's, as load_kube_config builds it: the API server's CA, a client certificate."""
+    certs = make_certs(tmp_path)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(certs.server_cert, certs.server_key)
+    ctx.load_verify_locations(certs.ca)
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    with FakeKube(tls=ctx) as kube:
+        kube.create("pods", {"metadata": {"name": "p", "namespace": "ns"}, "spec": {"containers": []}}, "ns")
+
+        def api(ca: str) -> KubeApi:
+            user = {"token": "secret", "client-certificate": certs.client_cert, "client-key": certs.client_key}
+            doc = {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": kube.url, "certificate-authority": ca}}],
+                "users": [{"name": "u", "user": user}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c",
+            }
+            path = tmp_path / "kubeconfig"
+            path.write_text(yaml.safe_dump(doc))
+            cfg = client.Configuration()
+            config.load_kube_config(config_file=str(path), client_configuration=cfg)
+            cfg.retries = False
+            return KubeApi(client.ApiClient(cfg), timeout=5.0)
+
+        assert api(certs.ca).get_pod("ns", "p")["metadata"]["name"] == "p"
+        assert kube.requests[-1].headers.get("authorization") == "Bearer secret"
+        other = make_ca(tmp_path, "other")[0]  # a CA that did not sign the server's certificate
+        with pytest.raises(ApiFailure) as e:
+            api(str(other)).get_pod("ns", "p")
+        assert e.value.code == 0 and "CERTIFICATE_VERIFY_FAILED" in str(e.value)

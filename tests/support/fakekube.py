@@ -51,6 +51,7 @@ import copy
 import json
 import re
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -403,6 +404,7 @@ class FakeKube:
     delay: float = 0.0  # seconds added to every request
     history: int = 10_000  # events kept for watch resume
     requests: list[Request] = field(default_factory=list)
+    tls: ssl.SSLContext | None = None  # serve HTTPS with this server context
 
     def __post_init__(self) -> None:
         self._cond = threading.Condition()
@@ -426,6 +428,8 @@ class FakeKube:
             fake = kube
 
         self._server = _Server((self.host, 0), Handler)
+        if self.tls is not None:
+            self._server.socket = self.tls.wrap_socket(self._server.socket, server_side=True)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="fakekube", daemon=True)
         self._thread.start()
@@ -449,7 +453,8 @@ class FakeKube:
     @property
     def url(self) -> str:
         assert self._server is not None, "not started"
-        return f"http://{self.host}:{self._server.server_address[1]}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://{self.host}:{self._server.server_address[1]}"
 
     def configuration(self) -> Any:
         """A `kubernetes.client.Configuration` pointing at this server."""
