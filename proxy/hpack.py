@@ -17,6 +17,7 @@ from hpack.table import HeaderTable
 _STATIC: tuple[tuple[bytes, bytes], ...] = HeaderTable.STATIC_TABLE
 _STATIC_LEN = len(_STATIC)
 _ENTRY_OVERHEAD = 32
+KNOWN_BLOCKS = 64  # indexed-only blocks remembered per direction (a runtime sends a handful)
 
 
 class HpackError(Exception):
@@ -61,13 +62,19 @@ def _string(data: bytes, pos: int) -> tuple[bytes, int]:
 class Follower:
     """Tracks one direction's dynamic table and reports the values of `wanted` header names."""
 
-    __slots__ = ("_dyn", "_size", "max_size", "wanted")
+    __slots__ = ("_dyn", "_known", "_size", "_version", "limit", "max_size", "wanted")
 
-    def __init__(self, wanted: frozenset[bytes], max_size: int = 4096) -> None:
+    def __init__(self, wanted: frozenset[bytes], limit: int = 4096) -> None:
         self.wanted = wanted
-        self.max_size = max_size  # SETTINGS_HEADER_TABLE_SIZE announced by the decoding peer
+        self.limit = limit  # SETTINGS_HEADER_TABLE_SIZE announced by the decoding peer
+        self.max_size = limit  # the table's size now: the encoder may set it anywhere up to `limit`
         self._dyn: deque[tuple[bytes, bytes]] = deque()
         self._size = 0
+        # A block made only of indexed fields changes no table and reads the same while the table
+        # does not change: a gRPC server's answers after the first (":status 200", the content type,
+        # "grpc-status 0") are such blocks. block -> (table version, what it read)
+        self._version = 0
+        self._known: dict[bytes, tuple[int, dict[bytes, bytes]]] = {}
 
     def _entry(self, index: int) -> tuple[bytes, bytes]:
         if 0 < index <= _STATIC_LEN:
@@ -81,9 +88,11 @@ class Follower:
         size = len(name) + len(value) + _ENTRY_OVERHEAD
         dyn = self._dyn
         if size > self.max_size:
+            self._version += 1
             dyn.clear()
             self._size = 0
             return
+        self._version += 1
         dyn.appendleft((name, value))
         self._size += size
         while self._size > self.max_size:
@@ -91,19 +100,25 @@ class Follower:
             self._size -= len(n) + len(v) + _ENTRY_OVERHEAD
 
     def _resize(self, size: int) -> None:
-        if size > self.max_size:
-            raise HpackError(f"table size update {size} above the announced {self.max_size}")
+        if size > self.limit:
+            raise HpackError(f"table size update {size} above the announced {self.limit}")
         self.max_size = size
+        self._version += 1
         dyn = self._dyn
         while self._size > size:
             n, v = dyn.pop()
             self._size -= len(n) + len(v) + _ENTRY_OVERHEAD
 
     def decode(self, block: bytes) -> dict[bytes, bytes]:
+        """The wanted headers of a block (the caller only reads the dict: it may be shared)."""
+        known = self._known.get(block)
+        if known is not None and known[0] == self._version:
+            return known[1]
         found: dict[bytes, bytes] = {}
         wanted = self.wanted
         pos = 0
         end = len(block)
+        indexed_only = True
         while pos < end:
             b = block[pos]
             if b & 0x80:  # indexed field
@@ -114,6 +129,7 @@ class Follower:
                 if name in wanted:
                     found[name] = value
                 continue
+            indexed_only = False
             if b & 0xE0 == 0x20:  # dynamic table size update
                 size, pos = _int(block, pos, 5)
                 self._resize(size)
@@ -129,6 +145,10 @@ class Follower:
                 self._insert(name, value)
             if name in wanted:
                 found[name] = value
+        if indexed_only:
+            if len(self._known) >= KNOWN_BLOCKS:
+                self._known.clear()
+            self._known[block] = (self._version, found)
         return found
 
 
