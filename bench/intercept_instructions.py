@@ -80,7 +80,7 @@ async def pod_starts(work: Path, calls: int, resident: int, timings: dict[str, l
 
     async def pre(step: str, call: Any, body: bytes) -> bytes:
         began = time.thread_time()
-        out = await icpt.pre(call, body)
+        out = await icpt.rewrite(call, body)
         if timings is not None and clock["on"]:
             timings.setdefault(step, []).append(time.thread_time() - began)
         return out

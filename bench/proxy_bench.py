@@ -3,8 +3,8 @@ straight and through crihook (and through a bare grpc-aio forwarder, the design 
 byte relay that parses nothing, the floor of any Python proxy), with targets interleaved call by call so
 machine noise hits all of them alike.
 
-    python bench/proxy_bench.py [--runtime 1.6|1.7|2] [--rounds 2000] [--seconds 2] [--pods 20]
-                                [--profile crihook.pstats]
+    python bench/proxy_bench.py [--runtime 1.6|1.7|2] [--rounds 2000] [--creates 400] [--seconds 2]
+                                [--pods 20] [--profile crihook.pstats]
 
 Needs root, containerd and runc (the test suite's private containerd is started and stopped here);
 `--runtime 1.7` or `2` runs Debian trixie's or sid's containerd as fetched by tests/runtimes.sh.
@@ -13,8 +13,10 @@ nodes made with mknod): every CreateContainer, alone or in a pod start, is for a
 gave all 8 GPUs, so the gpu hook does its whole job. The other targets are sent the request crihook
 forwards (worked out in this process by the same hooks, outside the timing), so containerd does the
 same work for every target and the difference is the proxy's.
-Prints p50/p99 latency added per method, pod start latency, throughput at 1/16/64 concurrent
-callers as a ratio of direct, crihook's and the byte relay's CPU per call, and crihook's resident
+Prints p50/p99 latency added per method (after the p50 added, in brackets, its 95 % bootstrap
+interval: a p50 of a hundred calls moves by a fraction of a millisecond from run to run), pod start
+latency, throughput at 1/16/64 concurrent callers as a ratio of direct, crihook's and the byte
+relay's CPU per call, and crihook's resident
 memory. `--profile` runs crihook under cProfile and writes its stats there on exit.
 """
 
@@ -36,6 +38,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -96,7 +99,7 @@ class Rewriter:
     def __call__(self, request: bytes) -> bytes:
         call = self.interceptor.classify(b"/runtime.v1.RuntimeService/CreateContainer")
         assert call is not None and call.handler is HANDLERS[b"/runtime.v1.RuntimeService/CreateContainer"]
-        return self.loop.run_until_complete(self.interceptor.pre(call, request))
+        return self.loop.run_until_complete(self.interceptor.rewrite(call, request))
 
 
 @contextlib.contextmanager
@@ -158,14 +161,30 @@ def pct(samples: list[float], q: float) -> float:
 
 
 def interleaved(targets: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
-    """Seconds per call; a target that times itself (preparing its request untimed) returns them."""
+    """Seconds per call; a target that times itself (preparing its request untimed) returns them.
+    Each round calls every target once, starting one further along each time, so no target always
+    follows the same one (containerd's state and the CPU caches left by the call before differ)."""
     out: dict[str, list[float]] = {name: [] for name in targets}
-    for _ in range(rounds):
-        for name, fn in targets.items():
+    order = list(targets.items())
+    for r in range(rounds):
+        k = r % len(order)
+        for name, fn in order[k:] + order[:k]:
             start = time.perf_counter()
             took = fn()
             out[name].append(took if isinstance(took, float) else time.perf_counter() - start)
     return out
+
+
+def added_p50_interval(target: list[float], direct: list[float], resamples: int = 2000) -> tuple[float, float]:
+    """95 % bootstrap interval of p50(target) - p50(direct), resampling whole rounds so each pair
+    measured side by side stays together: how far the printed difference can be from the truth
+    with this many calls."""
+    rng = np.random.default_rng(0)
+    t, d = np.asarray(target), np.asarray(direct)
+    picks = rng.integers(0, len(t), size=(resamples, len(t)))
+    diffs = np.median(t[picks], axis=1) - np.median(d[picks], axis=1)
+    lo, hi = np.quantile(diffs, [0.025, 0.975])
+    return float(lo), float(hi)
 
 
 def cpu_seconds(pid: int) -> tuple[float, float]:
@@ -200,7 +219,10 @@ def report_latency(
     cells = []
     for name, s in samples.items():
         p50, p99 = pct(s, 0.5), pct(s, 0.99)
-        extra = "" if name == "direct" else f" (+{(p50 - base50) * 1e3:.3f} / +{(p99 - base99) * 1e3:.3f})"
+        extra = ""
+        if name != "direct":
+            lo, hi = added_p50_interval(s, samples["direct"])
+            extra = f" (+{(p50 - base50) * 1e3:.3f} [{lo * 1e3:+.3f}, {hi * 1e3:+.3f}] / +{(p99 - base99) * 1e3:.3f})"
         cells.append(f"{name} {p50 * 1e3:.3f}/{p99 * 1e3:.3f}{extra}")
     per_call = ""
     for name, (total0, loop0) in (before or {}).items():
@@ -240,6 +262,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=2000)
     ap.add_argument("--seconds", type=float, default=2.0, help="per throughput slice")
+    ap.add_argument("--creates", type=int, default=400, help="CreateContainers per target (default %(default)s)")
     ap.add_argument("--pods", type=int, default=20, help="pod starts per target")
     ap.add_argument("--runtime", choices=RUNTIMES, default="1.6", help="containerd release (default %(default)s)")
     ap.add_argument("--profile", help="run crihook under cProfile, stats to this file")
@@ -335,7 +358,7 @@ def main() -> None:
             return fn
 
         cpu = cpu_now(measured)
-        samples = interleaved({name: create_one(name) for name in chans}, max(60, args.rounds // 20))
+        samples = interleaved({name: create_one(name) for name in chans}, args.creates)
         report_latency("CreateContainer", samples, cpu, measured)
         for raw in created:
             cid = api.CreateContainerResponse.FromString(raw).container_id
@@ -375,7 +398,12 @@ def main() -> None:
                 rm(api.RemovePodSandboxRequest(pod_sandbox_id=pid).SerializeToString(), timeout=60)
         d50 = statistics.median(samples["direct"])
         c50 = statistics.median(samples["crihook"])
-        print(f"pod start through crihook: {(c50 / d50 - 1) * 100:+.1f} % vs direct (median)", flush=True)
+        lo, hi = added_p50_interval(samples["crihook"], samples["direct"])
+        print(
+            f"pod start through crihook: {(c50 / d50 - 1) * 100:+.1f} % vs direct (median;"
+            f" 95 % interval {lo / d50 * 100:+.1f} to {hi / d50 * 100:+.1f} %)",
+            flush=True,
+        )
 
         for concurrency in (1, 16, 64):
             totals = {name: 0.0 for name in t}

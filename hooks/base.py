@@ -325,6 +325,15 @@ class NeedsStore(Protocol):
 
 
 @runtime_checkable
+class PreparesPods(Protocol):
+    """A hook with per-pod work it can do before the pod's first CreateContainer (the gpu and rdma
+    hooks: parsing the allocation annotation). The chain calls it once the pod's sandbox has started,
+    after kubelet has its answer, so that work is on no call's path."""
+
+    def prepare_pod(self, pod: PodInfo) -> None: ...
+
+
+@runtime_checkable
 class OwnsGpus(Protocol):
     """A hook that keeps the node's GPU index. The daemon's device reporter refreshes the index each
     round and publishes a device-plugin GPU only when `plugin_holds` says its holder really uses it."""

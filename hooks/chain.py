@@ -12,7 +12,7 @@ import os.path
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field, replace
 from importlib.metadata import entry_points
@@ -22,7 +22,17 @@ import grpc
 
 from crihook.base.config import ConfigError, HooksConfig, NodeConfig
 from crihook.base.metrics import HOOK_FAILURES, HOOK_SECONDS
-from crihook.hooks.base import Edit, Factory, Hook, HookContext, HookError, Stage, options_type
+from crihook.hooks.base import (
+    Edit,
+    Factory,
+    Hook,
+    HookContext,
+    HookError,
+    PodInfo,
+    PreparesPods,
+    Stage,
+    options_type,
+)
 from crihook.hooks.fscache import NotCached
 
 log = logging.getLogger("crihook.hooks")
@@ -63,13 +73,14 @@ class HookRecord:
     stage: str
     result: str  # "ok" | "noop" | "ignored-error" | "failed"
     ms: float
+    # the reason of a failure; the edit of an "ok", summarised only when the record is kept (after the call)
     detail: Any = None
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"hook": self.hook, "stage": self.stage, "result": self.result}
         out["ms"] = round(self.ms, 3)
         if self.detail:
-            out["detail"] = self.detail
+            out["detail"] = self.detail.summary() if isinstance(self.detail, Edit) else self.detail
         return out
 
 
@@ -119,6 +130,7 @@ class HookChain:
         self._by_stage: dict[Stage, tuple[Registered, ...]] = {
             s: tuple(r for r in self.hooks if s in r.hook.stages) for s in Stage
         }
+        self._preparing = tuple(r.hook for r in self.hooks if isinstance(r.hook, PreparesPods))
         blocking = sum(1 for r in self.hooks if not r.is_async)
         self._executor = DaemonThreads(SPARE_WORKERS + STUCK_PER_HOOK * blocking) if blocking else None
         self._stuck_lock = threading.Lock()
@@ -132,6 +144,15 @@ class HookChain:
         """False lets the proxy forward a call untouched without decoding it. A hook may narrow its
         `stages` call by call with `wants(stage)` (a remote hook with no server for the stage)."""
         return any(not r.narrows or r.hook.wants(stage) for r in self._by_stage[stage])  # type: ignore[attr-defined]
+
+    def prepare_pod(self, pod: PodInfo) -> None:
+        """Once a pod's sandbox has started: each hook's per-pod work that needs no I/O (see
+        PreparesPods). A hook that fails here fails again, with its policy, at CreateContainer."""
+        for hook in self._preparing:
+            try:
+                hook.prepare_pod(pod)
+            except Exception:
+                log.exception("hook prepare_pod failed", extra={"hook": hook.name, "pod": pod.ref})
 
     async def close(self) -> None:
         """Release what hooks hold (a remote hook's channels) once this chain is replaced or the
@@ -150,43 +171,55 @@ class HookChain:
                 log.exception("hook close failed", extra={"hook": reg.hook.name})
 
     async def run(self, ctx: HookContext) -> Outcome:
-        out = Outcome(ctx)
-        try:
-            await self._run(ctx, out)
-        finally:
-            stage = _STAGE_LABELS[ctx.stage]
-            for r in out.records:
-                HOOK_SECONDS.observe(r.ms / 1000, r.hook, stage)
-                if r.result in ("failed", "ignored-error"):
-                    HOOK_FAILURES.inc(r.hook)
-        return out
+        outcome = self.run_now(ctx)
+        return outcome if isinstance(outcome, Outcome) else await outcome
 
-    async def _run(self, ctx: HookContext, out: Outcome) -> None:
+    def run_now(self, ctx: HookContext) -> Outcome | Awaitable[Outcome]:
+        """The outcome, when every hook answers without waiting (blocking hooks from their caches,
+        on the loop: the common case costs no task); otherwise an awaitable that runs the rest, from
+        the first hook that must wait."""
+        out = Outcome(ctx)
         regs = self._by_stage[ctx.stage]
         if any(r.narrows for r in regs):  # a hook that does not want this call is not called
             regs = tuple(r for r in regs if not r.narrows or r.hook.wants(ctx.stage))  # type: ignore[attr-defined]
-        i = 0
-        while i < len(regs) and out.error is None:
-            if regs[i].is_async:
+        i = self._run_cached(regs, 0, _blocking_end(regs, 0), out)
+        if i < len(regs) and out.error is None:
+            return self._run(regs, i, out)
+        self._count(out)
+        return out
+
+    def _count(self, out: Outcome) -> None:
+        stage = _STAGE_LABELS[out.ctx.stage]
+        for r in out.records:
+            HOOK_SECONDS.observe(r.ms / 1000, r.hook, stage)
+            if r.result in ("failed", "ignored-error"):
+                HOOK_FAILURES.inc(r.hook)
+
+    async def _run(self, regs: tuple[Registered, ...], i: int, out: Outcome) -> Outcome:
+        """The hooks from regs[i], which must wait: an async hook, or a blocking one not answering
+        from its cache (with the blocking ones after it, on a worker thread)."""
+        try:
+            while i < len(regs) and out.error is None:
                 reg = regs[i]
-                start = time.perf_counter()
-                limit = reg.timeout
-                if reg.follows_deadline and out.ctx.deadline is not None:
-                    limit = max(out.ctx.deadline - time.monotonic(), 0.0)
-                try:
-                    result: Any = await asyncio.wait_for(reg.hook.handle(out.ctx), limit)  # type: ignore[arg-type]
-                except Exception as exc:
-                    self._settle(reg, out, start, exc=exc, limit=limit)
+                if not reg.is_async:
+                    i += await self._run_blocking(regs[i : _blocking_end(regs, i)], out)
                 else:
-                    self._settle(reg, out, start, result=result, limit=limit)
-                i += 1
-                continue
-            j = i
-            while j < len(regs) and not regs[j].is_async:
-                j += 1
-            i = self._run_cached(regs, i, j, out)
-            if i < j and out.error is None:
-                i += await self._run_blocking(regs[i:j], out)
+                    start = time.perf_counter()
+                    limit = reg.timeout
+                    if reg.follows_deadline and out.ctx.deadline is not None:
+                        limit = max(out.ctx.deadline - time.monotonic(), 0.0)
+                    try:
+                        result: Any = await asyncio.wait_for(reg.hook.handle(out.ctx), limit)  # type: ignore[arg-type]
+                    except Exception as exc:
+                        self._settle(reg, out, start, exc=exc, limit=limit)
+                    else:
+                        self._settle(reg, out, start, result=result, limit=limit)
+                    i += 1
+                if out.error is None:
+                    i = self._run_cached(regs, i, _blocking_end(regs, i), out)
+        finally:
+            self._count(out)
+        return out
 
     def _run_cached(self, regs: tuple[Registered, ...], i: int, j: int, out: Outcome) -> int:
         """Run blocking hooks i..j-1 on the event loop for as long as each can answer from what it
@@ -278,7 +311,7 @@ class HookChain:
                         f"host path {bad!r} is outside the allowed device and mount paths",
                     )
                 out.ctx = apply_edit(out.ctx, edit)
-                out.records.append(HookRecord(name, stage, "ok", _ms(start), edit.summary()))
+                out.records.append(HookRecord(name, stage, "ok", _ms(start), edit))
             else:
                 out.records.append(HookRecord(name, stage, "noop", _ms(start)))
         except Exception as e:  # a hook must never take the daemon down
@@ -411,6 +444,13 @@ class _BlockingRun:
                 self.chain._settle(reg, self.work_out, start, result=result, exc=exc)
                 self.settled += 1
                 self.started = time.perf_counter()
+
+
+def _blocking_end(regs: tuple[Registered, ...], i: int) -> int:
+    """The end of the run of blocking hooks starting at regs[i] (i itself when regs[i] is async)."""
+    while i < len(regs) and not regs[i].is_async:
+        i += 1
+    return i
 
 
 def apply_edit(ctx: HookContext, edit: Edit) -> HookContext:

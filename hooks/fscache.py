@@ -23,6 +23,7 @@ import ctypes.util
 import errno
 import functools
 import os
+import select
 import struct
 import threading
 import weakref
@@ -85,6 +86,10 @@ class FsMemo:
         self._fd: int | None = fd if fd >= 0 else None
         # a memo dropped without close() (a chain built and forgotten) still gives its descriptor back
         self._finalizer = weakref.finalize(self, os.close, fd) if fd >= 0 else None
+        # asks the kernel whether any event is queued, without a read that fails when none is
+        self._queued = select.poll()
+        if fd >= 0:
+            self._queued.register(fd, select.POLLIN)
         self._wd: dict[str, int] = {}  # directory -> watch descriptor
         self._mask: dict[str, int] = {}  # directory -> events asked for
         self._dirs: dict[int, str] = {}
@@ -104,7 +109,7 @@ class FsMemo:
 
     def sync(self) -> None:
         """Drop every answer the kernel has reported a change for. Never blocks on a file system."""
-        if self._fd is None:
+        if self._fd is None or not self._queued.poll(0):
             return
         with self._lock:
             self._drain()

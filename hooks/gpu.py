@@ -25,10 +25,11 @@ from crihook.base import allocation as al
 from crihook.base.config import NodeConfig
 from crihook.devices import kubelet
 from crihook.devices.checkpoint import Checkpoint, CheckpointError, CheckpointReader
-from crihook.hooks.base import Edit, HookContext, HookError, PodRecordView, RecordStore, Stage
+from crihook.hooks.base import Edit, HookContext, HookError, PodInfo, PodRecordView, RecordStore, Stage
 from crihook.hooks.cdi import GENERATE_FIX, CdiIndex
 from crihook.hooks.fscache import FsMemo, NotCached
 from crihook.hooks.gpu_edit import GpuLookup, GpuOptions, NodeView, SeenPod, gpu_edit
+from crihook.hooks.scheduled import prime
 
 log = logging.getLogger("crihook.hooks.gpu")
 
@@ -208,6 +209,9 @@ class GpuHook:
         pod it has not seen yet counts)."""
         seen = StorePods(self.store).get(pod_uid) if self.store is not None else None
         return not (seen is not None and seen.allocated) and self.pod_live(pod_uid)
+
+    def prepare_pod(self, pod: PodInfo) -> None:
+        prime(pod, al.GPU)
 
     def handle(self, ctx: HookContext) -> Edit | None:
         return self._handle(ctx, _Facts(self, cached=False))

@@ -18,7 +18,7 @@ from crihook.base.config import NodeConfig, NoOptions
 from crihook.base.spec import Device
 from crihook.hooks.base import ContainerInfo, Edit, HookContext, PodInfo, Stage
 from crihook.hooks.fscache import NotCached
-from crihook.hooks.scheduled import refuse, scheduled
+from crihook.hooks.scheduled import prime, refuse, scheduled
 
 PRIORITY = 210  # after the gpu hook
 RDMA_CM = "infiniband/rdma_cm"
@@ -88,6 +88,9 @@ class RdmaHook:
     def __init__(self, node: NodeConfig) -> None:
         self.dev_root = node.dev_root.rstrip("/")
         self.verbs_of = sysfs_verbs(node.sys_root.rstrip("/"))
+
+    def prepare_pod(self, pod: PodInfo) -> None:
+        prime(pod, al.RDMA_TYPE)
 
     def handle(self, ctx: HookContext) -> Edit | None:
         assert ctx.container is not None

@@ -5,17 +5,19 @@
 A CreateContainer through the code (docs/proxy.md opens with the same path):
 
     relay.py      Link.down_data         HEADERS: HeaderBlocks.feed reads :path, Interceptor.classify
-                                         claims the stream; DATA is held until END_STREAM
-                  Link.request_complete  -> Link.run_pre (a task)
+                                         claims the stream; DATA is held until END_STREAM, and once
+                                         the frames read with it are written, Link.request_complete
     intercept.py  Interceptor.pre        decode; _create_context builds the view (pod from the store)
-    chain.py      HookChain.run          -> _run -> each hook's handle -> _settle (allowlist, apply_edit)
-    intercept.py  Interceptor.pre        _write_create: criview.write_container, only what changed
-    relay.py      RuntimeWindow.pump     the rewritten request to containerd, within its windows
+    chain.py      HookChain.run_now      each hook's handle_cached -> _settle (allowlist, apply_edit);
+                                         a hook that must wait: the rest in a task (HookChain._run)
+    intercept.py  Interceptor._written   _write_create: criview.write_container, only what changed
+    relay.py      Link.forward           RuntimeWindow.pump: the rewritten request to containerd
                   Link.up_data           containerd's trailers -> Link.stream_done
     intercept.py  Interceptor.post       _record_create: the store's ContainerRecord, from the views
 
-The relay calls `pre` and `post` with the forwarding in between: the call is not held in a task
-across it, so an observed call (one no hook may change) costs no task at all.
+The relay calls `pre` and `post` with the forwarding in between. When every hook answers from what it
+has (the gpu hook from its file-system memo), `pre` returns the request to forward at once and the call
+costs no task; only a hook that must wait (a read on a worker thread, a hook server) makes one.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -31,7 +33,7 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 
 from crihook.hooks.base import ContainerInfo, HookContext, PodInfo, Stage, log_fields
-from crihook.hooks.chain import HookChain, HookRecord
+from crihook.hooks.chain import HookChain, HookRecord, Outcome
 from crihook.hooks.criview import (
     container_view,
     pod_view,
@@ -76,6 +78,8 @@ class Handler:
     records_from_views: bool = False
     # refused with FAILED_PRECONDITION, its message may name a task CRI lost track of (orphans.py)
     may_name_orphan: bool = False
+    # once recorded, the hooks may get ready for the pod's containers (HookChain.prepare_pod)
+    prepares_pod: bool = False
 
 
 @dataclass(slots=True)
@@ -107,8 +111,10 @@ class Interceptor:
             return None
         return Call(handler, handler.pre is not None and self.chain.wants(handler.pre))
 
-    async def pre(self, call: Call, request: bytes, deadline: float | None = None) -> bytes:
-        """The request to forward. `deadline`: time.monotonic() by which kubelet wants the answer."""
+    def pre(self, call: Call, request: bytes, deadline: float | None = None) -> bytes | Awaitable[bytes]:
+        """The request to forward, at once when no hook has to wait (then the relay needs no task),
+        or an awaitable of it. Raises Rejected. `deadline`: time.monotonic() by which kubelet wants
+        the answer."""
         handler = call.handler
         assert handler.pre is not None and handler.context is not None
         # 1. decode
@@ -122,7 +128,24 @@ class Interceptor:
         pod, container = handler.context(self.store, msg)
         ctx = HookContext(handler.pre, pod, container, deadline)
         # 3. the hooks, in order
-        outcome = await self.chain.run(ctx)
+        outcome = self.chain.run_now(ctx)
+        if isinstance(outcome, Outcome):
+            return self._written(call, request, msg, ctx, outcome)
+        return self._written_later(call, request, msg, ctx, outcome)
+
+    async def rewrite(self, call: Call, request: bytes, deadline: float | None = None) -> bytes:
+        """`pre`, awaited (for callers other than the relay)."""
+        result = self.pre(call, request, deadline)
+        return result if isinstance(result, bytes) else await result
+
+    async def _written_later(
+        self, call: Call, request: bytes, msg: Message, ctx: HookContext, pending: Awaitable[Outcome]
+    ) -> bytes:
+        return self._written(call, request, msg, ctx, await pending)
+
+    def _written(self, call: Call, request: bytes, msg: Message, ctx: HookContext, outcome: Outcome) -> bytes:
+        """4. What the hooks changed, written back (the relay forwards it); a refusal raises Rejected."""
+        handler = call.handler
         call.records = outcome.records
         call.ctx = outcome.ctx
         if outcome.error is not None:
@@ -131,9 +154,8 @@ class Interceptor:
                 extra={**outcome.ctx.log_fields(), "hooks": _summary(outcome.records), "reason": outcome.error.reason},
             )
             raise Rejected(outcome.error.code, outcome.error.reason)
-        # 4. what they changed, written back (the relay forwards it)
-        if outcome.ctx == ctx:
-            return request  # nothing changed: forward kubelet's own bytes
+        if outcome.ctx is ctx:
+            return request  # no hook edited the call: forward kubelet's own bytes
         handler.write_back(msg, ctx, outcome.ctx)
         return msg.SerializeToString()
 
@@ -155,7 +177,11 @@ class Interceptor:
             log.warning("undecodable lifecycle message", extra={"method": handler.name, "error": str(e)})
             return
         views = handler.record(self.store, call, req, resp)
-        if views is None or handler.post is None or not self.chain.wants(handler.post):
+        if views is None:
+            return
+        if handler.prepares_pod:
+            self.chain.prepare_pod(views[0])
+        if handler.post is None or not self.chain.wants(handler.post):
             return
         task = asyncio.get_running_loop().create_task(self._post_hooks(HookContext(handler.post, *views)))
         self._tasks.add(task)
@@ -185,7 +211,7 @@ def _write_sandbox(msg: cri.RunPodSandboxRequest, before: HookContext, after: Ho
     write_pod(msg.config, before.pod, after.pod)
 
 
-def _record_sandbox(store: Store, call: Call, req: cri.RunPodSandboxRequest, resp: cri.RunPodSandboxResponse) -> None:
+def _record_sandbox(store: Store, call: Call, req: cri.RunPodSandboxRequest, resp: cri.RunPodSandboxResponse) -> Views:
     pod = pod_view(req.config, pod_id=resp.pod_sandbox_id)
     store.put_pod(
         PodRecord(
@@ -205,6 +231,7 @@ def _record_sandbox(store: Store, call: Call, req: cri.RunPodSandboxRequest, res
         )
     )
     _log_event("pod sandbox started", pod, None, call.records)
+    return pod, None
 
 
 # -- CreateContainer -----------------------------------------------------------------------------
@@ -346,6 +373,7 @@ HANDLERS: dict[bytes, Handler] = {
             pre=Stage.PRE_RUN_POD_SANDBOX,
             context=_sandbox_context,
             write_back=_write_sandbox,
+            prepares_pod=True,
         ),
         Handler(
             "CreateContainer",

@@ -129,9 +129,10 @@ class CallHandler(Protocol[C]):
     def classify(self, path: bytes) -> C | None:
         """The handler's state for a new call to `path`, or None to pass it through untouched."""
 
-    def pre(self, call: C, request: bytes, deadline: float | None) -> Awaitable[bytes]:
-        """The request to forward. `deadline`: time.monotonic() by which the client wants its
-        answer (grpc-timeout), if any."""
+    def pre(self, call: C, request: bytes, deadline: float | None) -> bytes | Awaitable[bytes]:
+        """The request to forward, or, when it can not be had without waiting, an awaitable of it.
+        Raises (or the awaitable raises) Rejected. `deadline`: time.monotonic() by which the client
+        wants its answer (grpc-timeout), if any."""
 
     def post(
         self, call: C, request: bytes, response: bytes | None, status: grpc.StatusCode, message: bytes | None
@@ -399,6 +400,7 @@ class Link(Generic[C]):
         run = 0  # start of frames copied verbatim, not yet emitted
         refund = 0
         stream_refunds: list[bytes] = []
+        complete: list[tuple[int, _Stream[C]]] = []  # held requests now whole: pre runs once the batch is out
         streams = self.streams
         flow = self.flow
         while n - pos >= 9:
@@ -425,16 +427,18 @@ class Link(Generic[C]):
                             self.dead.discard(sid)
                     else:
                         stream.request += _payload(buf, pos + 9, end, flags)
-                        if flags & END_STREAM:
-                            self.request_complete(sid, stream)
-                        elif length:
-                            stream_refunds.append(frame(WINDOW_UPDATE, 0, sid, length.to_bytes(4, "big")))
                         if len(stream.request) > self.relay.max_message + 5:
+                            stream.request_done = bool(flags & END_STREAM)  # else the rest is dropped
                             self.reject(
                                 sid,
                                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"request larger than {self.relay.max_message} bytes",
                             )
+                        elif flags & END_STREAM:
+                            stream.request_done = True
+                            complete.append((sid, stream))
+                        elif length:
+                            stream_refunds.append(frame(WINDOW_UPDATE, 0, sid, length.to_bytes(4, "big")))
                     pos = end
                     continue
                 if stream is not None:
@@ -469,7 +473,7 @@ class Link(Generic[C]):
             elif ftype == SETTINGS and not flags & ACK:
                 for ident, value in _settings(buf, pos + 9, end):
                     if ident == SETTINGS_HEADER_TABLE_SIZE:
-                        self.responses.hpack.max_size = value
+                        self.responses.hpack.limit = value
                     elif ident == SETTINGS_MAX_FRAME_SIZE:
                         # never below what was allowed before: frames sent before the ACK stay legal
                         self.down_max_frame = max(self.down_max_frame, value)
@@ -483,6 +487,9 @@ class Link(Generic[C]):
             stream_refunds.append(frame(WINDOW_UPDATE, 0, 0, refund.to_bytes(4, "big")))
         if stream_refunds:
             self.down.write(b"".join(stream_refunds))
+        for sid, stream in complete:
+            if self.streams.get(sid) is stream:  # not reset by a later frame of the batch
+                self.request_complete(sid, stream)
 
     def claim(self, sid: int, path: bytes, call: C, headers: dict[bytes, bytes]) -> None:
         """A new stream the handler claimed: its bodies are copied (and held, when it modifies)."""
@@ -492,32 +499,49 @@ class Link(Generic[C]):
         self.streams[sid] = stream
 
     def request_complete(self, sid: int, stream: _Stream[C]) -> None:
-        stream.request_done = True
-        body = bytes(stream.request)
-        stream.task = asyncio.get_running_loop().create_task(self.run_pre(sid, stream, body))
-
-    async def run_pre(self, sid: int, stream: _Stream[C], body: bytes) -> None:
-        message = _grpc_message(body)
+        """A held request is whole, and the frames before it are written (its HEADERS among them).
+        `pre` answers at once when no hook has to wait (the common case: no task, no loop turn);
+        otherwise the rest runs as a task."""
+        message = _grpc_message(stream.request)
         try:
             if message is None:
                 raise Rejected(
                     grpc.StatusCode.UNIMPLEMENTED, "crihook can not inspect a compressed or malformed request"
                 )
-            rewritten = await self.relay.handler.pre(stream.call, message, stream.deadline)
-        except Rejected as r:
-            if self.streams.get(sid) is stream:
-                self.reject(sid, r.code, r.message)
+            result = self.relay.handler.pre(stream.call, message, stream.deadline)
+        except Exception as e:
+            self.pre_failed(sid, stream, e)
             return
+        if isinstance(result, bytes):
+            self.forward(sid, stream, result)
+        else:
+            stream.task = asyncio.get_running_loop().create_task(self.run_pre(sid, stream, result))
+
+    async def run_pre(self, sid: int, stream: _Stream[C], pending: Awaitable[bytes]) -> None:
+        try:
+            rewritten = await pending
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # the handler itself failed: refuse rather than forward unchecked
-            log.exception("interceptor failed", extra={"method": stream.path.decode()})
-            if self.streams.get(sid) is stream:
-                self.reject(sid, grpc.StatusCode.INTERNAL, f"crihook: {type(e).__name__}: {e}")
+        except Exception as e:
+            self.pre_failed(sid, stream, e)
             return
         if self.streams.get(sid) is not stream or self.closed:
             return  # kubelet gave up meanwhile
         stream.task = None
+        self.forward(sid, stream, rewritten)
+
+    def pre_failed(self, sid: int, stream: _Stream[C], e: Exception) -> None:
+        """A refusal answers kubelet with its status; a failure of the handler itself refuses the call
+        rather than forward it unchecked."""
+        if isinstance(e, Rejected):
+            refusal = e
+        else:
+            log.error("interceptor failed", exc_info=e, extra={"method": stream.path.decode()})
+            refusal = Rejected(grpc.StatusCode.INTERNAL, f"crihook: {type(e).__name__}: {e}")
+        if self.streams.get(sid) is stream:
+            self.reject(sid, refusal.code, refusal.message)
+
+    def forward(self, sid: int, stream: _Stream[C], rewritten: bytes) -> None:
         stream.request = bytearray(rewritten)
         stream.out = memoryview(b"\x00" + len(rewritten).to_bytes(4, "big") + rewritten)
         self.flow.pump(sid, stream)
@@ -547,6 +571,9 @@ class Link(Generic[C]):
         out: list[bytes] = []
         run = 0
         streams = self.streams
+        # header blocks and resets, read once kubelet has the batch: what the relay learns from them
+        # (a call's status, its end) is bookkeeping no answer should wait for
+        learn: list[tuple[int, int, int]] = []
         while n - pos >= 9:
             hi, lo, ftype, flags, sid = _FH.unpack_from(buf, pos)
             length = (hi << 8) | lo
@@ -563,15 +590,8 @@ class Link(Generic[C]):
                     stream = streams.get(sid & 0x7FFFFFFF)
                     if stream is not None:
                         stream.response += _payload(buf, pos + 9, end, flags)
-            elif ftype in (HEADERS, CONTINUATION):
-                responses = self.responses
-                try:
-                    found = responses.feed(buf, pos, end, ftype)
-                except ProtocolViolation as e:
-                    self.protocol_error(str(e))
-                    return
-                if found is not None and responses.ends_stream:  # trailers: the call is over
-                    self.stream_done(responses.sid, found.get(b"grpc-status", _UNKNOWN), found.get(b"grpc-message"))
+            elif ftype in (HEADERS, CONTINUATION, RST_STREAM):
+                learn.append((pos, end, ftype))
             elif ftype == WINDOW_UPDATE:
                 sid &= 0x7FFFFFFF
                 inc = int.from_bytes(buf[pos + 9 : pos + 13], "big") & 0x7FFFFFFF
@@ -592,8 +612,6 @@ class Link(Generic[C]):
                         run = end
                         if stream.out is not None:
                             self.flow.pump(sid, stream)
-            elif ftype == RST_STREAM:
-                self.stream_done(sid & 0x7FFFFFFF, _CANCELLED, None)
             elif ftype == SETTINGS and not flags & ACK:
                 self.up_settings(buf, pos + 9, end)
             pos = end
@@ -602,6 +620,24 @@ class Link(Generic[C]):
             out.append(buf if run == 0 and pos == n else buf[run:pos])
         if out:
             self.down.write(out[0] if len(out) == 1 else b"".join(out))
+        if learn:
+            self.learn(buf, learn)
+
+    def learn(self, buf: bytes, frames: list[tuple[int, int, int]]) -> None:
+        """The runtime's header blocks (through HPACK, in order) and resets of a batch already
+        forwarded: trailers and resets end their calls."""
+        responses = self.responses
+        for pos, end, ftype in frames:
+            if ftype == RST_STREAM:
+                self.stream_done(int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF, _CANCELLED, None)
+                continue
+            try:
+                found = responses.feed(buf, pos, end, ftype)
+            except ProtocolViolation as e:
+                self.protocol_error(f"from the runtime: {e}")
+                return
+            if found is not None and responses.ends_stream:  # trailers: the call is over
+                self.stream_done(responses.sid, found.get(b"grpc-status", _UNKNOWN), found.get(b"grpc-message"))
 
     def up_settings(self, buf: bytes, start: int, end: int) -> None:
         flow = self.flow
@@ -614,7 +650,7 @@ class Link(Generic[C]):
             elif ident == SETTINGS_MAX_FRAME_SIZE:
                 flow.max_frame = max(flow.max_frame, value)
             elif ident == SETTINGS_HEADER_TABLE_SIZE:
-                self.requests.hpack.max_size = value
+                self.requests.hpack.limit = value
 
     def stream_done(self, sid: int, status: bytes, message: bytes | None) -> None:
         entry = self.active.pop(sid, None)

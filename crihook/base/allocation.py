@@ -228,6 +228,45 @@ def format_container_devices(assignment: Mapping[str, Mapping[str, tuple[int, ..
     )
 
 
+@dataclass(frozen=True, slots=True)
+class PodDevices:
+    """One device type's part of a pod's annotations, parsed once for all of its containers."""
+
+    dtype: str
+    allocs: tuple[DeviceAllocation, ...]  # empty: the scheduler gave the pod none of this type
+    # the container-devices annotation, when the pod has one: container -> type -> minors
+    per_container: Mapping[str, Mapping[str, tuple[int, ...]]] | None = None
+
+    def for_container(self, container: str) -> tuple[DeviceAllocation, ...] | None:
+        """See allocated_to. Raises AnnotationError for a minor the pod was not given."""
+        if not self.allocs:
+            return None
+        if self.per_container is None:
+            return self.allocs
+        wanted = self.per_container.get(container, {}).get(self.dtype, ())
+        allocated = {a.minor for a in self.allocs}
+        for i, minor in enumerate(wanted):
+            if minor not in allocated:
+                raise AnnotationError(
+                    CONTAINER_DEVICES,
+                    f"{field_path(container, self.dtype)}[{i}]",
+                    f"minor {minor} is not among the pod's allocated {self.dtype} minors {sorted(allocated)}",
+                )
+        return tuple(a for a in self.allocs if a.minor in wanted)
+
+
+def pod_devices(annotations: Mapping[str, str], dtype: str) -> PodDevices:
+    """The pod's `dtype` allocation and how it is split among containers. Raises AnnotationError."""
+    text = annotations.get(DEVICE_ALLOCATED)
+    if text is None:
+        return PodDevices(dtype, ())
+    allocs = parse_device_allocated(text, (dtype,)).get(dtype, ())
+    per_container = annotations.get(CONTAINER_DEVICES)
+    if not allocs or per_container is None:
+        return PodDevices(dtype, allocs)
+    return PodDevices(dtype, allocs, parse_container_devices(per_container))
+
+
 def allocated_to(annotations: Mapping[str, str], container: str, dtype: str) -> tuple[DeviceAllocation, ...] | None:
     """The `dtype` devices the scheduler gave to one container of a pod, or None when it gave the
     pod none of that type (then the scheduler has no say over the pod's containers).
@@ -235,22 +274,4 @@ def allocated_to(annotations: Mapping[str, str], container: str, dtype: str) -> 
     With the per-container annotation a container gets exactly the minors listed for it; without
     it every container gets all of the pod's devices, as Koordinator does. Raises AnnotationError.
     """
-    text = annotations.get(DEVICE_ALLOCATED)
-    if text is None:
-        return None
-    pod_allocs = parse_device_allocated(text, (dtype,)).get(dtype)
-    if not pod_allocs:
-        return None
-    per_container = annotations.get(CONTAINER_DEVICES)
-    if per_container is None:
-        return pod_allocs
-    wanted = parse_container_devices(per_container).get(container, {}).get(dtype, ())
-    allocated = {a.minor for a in pod_allocs}
-    for i, minor in enumerate(wanted):
-        if minor not in allocated:
-            raise AnnotationError(
-                CONTAINER_DEVICES,
-                f"{field_path(container, dtype)}[{i}]",
-                f"minor {minor} is not among the pod's allocated {dtype} minors {sorted(allocated)}",
-            )
-    return tuple(a for a in pod_allocs if a.minor in wanted)
+    return pod_devices(annotations, dtype).for_container(container)

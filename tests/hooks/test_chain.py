@@ -15,7 +15,8 @@ import pytest
 from crihook.base.config import HooksConfig, NodeConfig
 from crihook.base.spec import Device
 from crihook.hooks.base import ContainerInfo, Edit, HookContext, HookError, PodInfo, Stage
-from crihook.hooks.chain import STUCK_PER_HOOK, HookChain, build_chain
+from crihook.hooks.chain import STUCK_PER_HOOK, HookChain, Outcome, build_chain
+from crihook.hooks.fscache import NotCached
 
 STAGE = Stage.PRE_CREATE_CONTAINER
 
@@ -191,3 +192,63 @@ async def test_bad_answers_fail_with_a_named_reason(body: Any, code: grpc.Status
         )
         ignored = await chain(hook, policy="ignore", allowed_host_paths=("/dev/nvidia*",)).run(ctx())
         assert ignored.error is None and ignored.records[0].result == "ignored-error" and env(ignored.ctx) == {}
+
+
+class Cached(Blocking):
+    """A blocking hook that answers on the loop (`handle_cached`) until told it must read."""
+
+    def __init__(self, name: str, priority: int, body: Callable[[HookContext], Any]) -> None:
+        super().__init__(name, priority, body)
+        self.must_read = False
+        self.cached_calls = 0
+
+    def handle_cached(self, c: HookContext) -> Any:
+        self.cached_calls += 1
+        if self.must_read:
+            raise NotCached("a read")
+        return self.body(c)
+
+
+async def test_hooks_answering_from_their_caches_finish_without_waiting() -> None:
+    a, b = Cached("a", 1, setter("A")), Cached("b", 2, setter("B"))
+    out = chain(a, b).run_now(ctx())
+    assert isinstance(out, Outcome)  # no task, no worker thread
+    assert env(out.ctx) == {"A": "1", "B": "1"} and a.threads == b.threads == []
+
+
+async def test_the_first_hook_that_must_wait_takes_the_rest_off_the_loop_once() -> None:
+    a, b, c = Cached("a", 1, setter("A")), Cached("b", 2, setter("B")), Cached("c", 3, setter("C"))
+    b.must_read = True
+    pending = chain(a, b, c).run_now(ctx())
+    assert not isinstance(pending, Outcome)
+    out = await pending
+    assert env(out.ctx) == {"A": "1", "B": "1", "C": "1"}
+    assert [r.hook for r in out.records] == ["a", "b", "c"]
+    assert a.cached_calls == 1 and a.threads == []  # not run again
+    assert len(b.threads) == len(c.threads) == 1 and b.threads == c.threads  # one hand-off for both
+
+
+async def test_an_async_hook_is_awaited_where_it_stands() -> None:
+    seen: list[dict[str, str]] = []
+    hooks = (Cached("a", 1, setter("A")), Async("m", 2, setter("M", seen)), Cached("z", 3, setter("Z", seen)))
+    pending = chain(*hooks).run_now(ctx())
+    assert not isinstance(pending, Outcome)
+    await pending
+    assert seen == [{"A": "1"}, {"A": "1", "M": "1"}] and hooks[2].threads == []  # z from its cache
+
+
+def test_prepare_pod_reaches_the_hooks_that_have_it_and_survives_their_failure() -> None:
+    class Preparing(Blocking):
+        def __init__(self, name: str, fail: bool) -> None:
+            super().__init__(name, 1, setter(name))
+            self.fail = fail
+            self.pods: list[str] = []
+
+        def prepare_pod(self, pod: PodInfo) -> None:
+            self.pods.append(pod.uid)
+            if self.fail:
+                raise RuntimeError("boom")
+
+    bad, good, plain = Preparing("bad", True), Preparing("good", False), Blocking("plain", 3, setter("P"))
+    chain(bad, good, plain).prepare_pod(PodInfo(name="p", namespace="ns", uid="u1"))
+    assert bad.pods == good.pods == ["u1"]

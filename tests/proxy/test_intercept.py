@@ -11,7 +11,7 @@ import pytest
 
 from crihook.base.config import HooksConfig, NodeConfig
 from crihook.base.spec import Device, Mount
-from crihook.hooks.base import Edit, HookContext, HookError, ResourcesPatch, Stage
+from crihook.hooks.base import Edit, HookContext, HookError, PodInfo, ResourcesPatch, Stage
 from crihook.hooks.chain import build_chain
 from crihook.hooks.criview import container_view, pod_view, write_container
 from crihook.proto import runtime_v1_pb2 as cri
@@ -120,7 +120,7 @@ async def test_no_change_forwards_kubelet_bytes(tmp_path: Path) -> None:
     raw = create_request()
     call = ic.classify(CREATE)
     assert call is not None and call.modifies
-    assert await ic.pre(call, raw) is raw
+    assert await ic.rewrite(call, raw) is raw
     assert hook.seen[0].container.name == "main"
     assert hook.seen[0].pod.annotations["scheduling.koordinator.sh/device-allocated"]
 
@@ -135,7 +135,7 @@ async def test_edit_rewrites_only_what_changed_and_keeps_unknown_fields(tmp_path
     )
     ic = interceptor(tmp_path, EditHook({Stage.PRE_CREATE_CONTAINER}, edit))
     raw = create_request()
-    out = await ic.pre(ic.classify(CREATE), raw)
+    out = await ic.rewrite(ic.classify(CREATE), raw)
     assert b"future-mount" in out and b"future-config" in out
     cfg = cri.CreateContainerRequest.FromString(out).config
     assert [(kv.key, kv.value) for kv in cfg.envs] == [
@@ -153,7 +153,7 @@ async def test_disallowed_host_path_refuses_the_call(tmp_path: Path) -> None:
     edit = Edit(add_mounts=[Mount("/host", "/etc")])
     ic = interceptor(tmp_path, EditHook({Stage.PRE_CREATE_CONTAINER}, edit))
     with pytest.raises(Rejected) as err:
-        await ic.pre(ic.classify(CREATE), create_request())
+        await ic.rewrite(ic.classify(CREATE), create_request())
     assert err.value.code is grpc.StatusCode.PERMISSION_DENIED
     assert "hook edit: pod ml/train container main" in err.value.message and "/etc" in err.value.message
 
@@ -162,7 +162,7 @@ async def test_hook_refusal_carries_its_code(tmp_path: Path) -> None:
     err = HookError(grpc.StatusCode.FAILED_PRECONDITION, "GPU 3 is held by pod other/x")
     ic = interceptor(tmp_path, EditHook({Stage.PRE_CREATE_CONTAINER}, error=err))
     with pytest.raises(Rejected) as rej:
-        await ic.pre(ic.classify(CREATE), create_request())
+        await ic.rewrite(ic.classify(CREATE), create_request())
     assert rej.value.code is grpc.StatusCode.FAILED_PRECONDITION
     assert rej.value.message == "hook edit: pod ml/train container main: GPU 3 is held by pod other/x"
 
@@ -170,7 +170,7 @@ async def test_hook_refusal_carries_its_code(tmp_path: Path) -> None:
 async def test_malformed_request_is_invalid_argument(tmp_path: Path) -> None:
     ic = interceptor(tmp_path, EditHook({Stage.PRE_CREATE_CONTAINER}))
     with pytest.raises(Rejected) as err:
-        await ic.pre(ic.classify(CREATE), b"\x12\xff\xff\xff")
+        await ic.rewrite(ic.classify(CREATE), b"\x12\xff\xff\xff")
     assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT
     assert "CreateContainer" in err.value.message
 
@@ -179,7 +179,7 @@ async def test_pod_stage_edits_labels_annotations_cgroup(tmp_path: Path) -> None
     edit = Edit(labels={"l": "1"}, annotations={"a": "2"}, cgroup_parent="/kubepods/besteffort/podu-1")
     ic = interceptor(tmp_path, EditHook({Stage.PRE_RUN_POD_SANDBOX}, edit))
     raw = cri.RunPodSandboxRequest(config=sandbox(), runtime_handler="runc").SerializeToString()
-    out = cri.RunPodSandboxRequest.FromString(await ic.pre(ic.classify(RUN), raw))
+    out = cri.RunPodSandboxRequest.FromString(await ic.rewrite(ic.classify(RUN), raw))
     assert out.config.labels["l"] == "1" and out.config.labels["app"] == "train"
     assert out.config.annotations["a"] == "2"
     assert out.config.linux.cgroup_parent == "/kubepods/besteffort/podu-1"
@@ -343,7 +343,7 @@ async def test_update_shows_the_stored_container_with_the_update_applied(tmp_pat
     request = cri.UpdateContainerResourcesRequest(
         container_id="c-1", linux=cri.LinuxContainerResources(cpuset_cpus="0")
     )
-    out = cri.UpdateContainerResourcesRequest.FromString(await ic.pre(call, request.SerializeToString(), 123.0))
+    out = cri.UpdateContainerResourcesRequest.FromString(await ic.rewrite(call, request.SerializeToString(), 123.0))
     (seen,) = hook.seen
     assert seen.deadline == 123.0 and seen.pod.cgroup_parent == "/kubepods/podu-1"
     assert seen.container.envs == (("A", "1"), ("B", "2")) and seen.container.annotations == {"a": "1"}
@@ -387,7 +387,7 @@ async def test_update_no_hook_changed_forwards_kubelet_bytes(tmp_path: Path) -> 
     raw = cri.UpdateContainerResourcesRequest(
         container_id="c-1", linux=cri.LinuxContainerResources(cpuset_cpus="0-1"), annotations={"k": "v"}
     ).SerializeToString()
-    assert await ic.pre(ic.classify(UPDATE), raw) is raw
+    assert await ic.rewrite(ic.classify(UPDATE), raw) is raw
 
 
 async def test_update_of_a_container_crihook_never_saw(tmp_path: Path) -> None:
@@ -398,7 +398,7 @@ async def test_update_of_a_container_crihook_never_saw(tmp_path: Path) -> None:
     raw = cri.UpdateContainerResourcesRequest(
         container_id="x", linux=cri.LinuxContainerResources(cpu_shares=300)
     ).SerializeToString()
-    assert await ic.pre(ic.classify(UPDATE), raw) is raw
+    assert await ic.rewrite(ic.classify(UPDATE), raw) is raw
     assert hook.seen[0].container.id == "x" and hook.seen[0].container.resources.cpu_shares == 300
     ic.post(ic.classify(UPDATE), raw, b"", grpc.StatusCode.OK, None)
     assert ic.store.containers == {}
@@ -442,3 +442,27 @@ def test_resource_fields_are_the_views_and_both_protocols_fields() -> None:
     assert {f.name for f in fields(ResourcesPatch)} - {"unified"} == scalars
     for message in (cri.LinuxContainerResources, pb.LinuxContainerResources):
         assert scalars <= set(message.DESCRIPTOR.fields_by_name)
+
+
+async def test_a_started_sandbox_lets_hooks_prepare_for_its_containers(tmp_path: Path) -> None:
+    """After RunPodSandbox's answer (never before it, never for a failed one), hooks that prepare
+    per-pod work get the pod as recorded."""
+
+    class Preparing(EditHook):
+        def __init__(self) -> None:
+            super().__init__({Stage.PRE_CREATE_CONTAINER})
+            self.prepared: list[PodInfo] = []
+
+        def prepare_pod(self, pod: PodInfo) -> None:
+            self.prepared.append(pod)
+
+    hook = Preparing()
+    ic = interceptor(tmp_path, hook)
+    run, body = ic.classify(RUN), cri.RunPodSandboxRequest(config=sandbox()).SerializeToString()
+    assert run is not None
+    ic.post(run, body, None, grpc.StatusCode.DEADLINE_EXCEEDED, None)
+    assert hook.prepared == []
+    ic.post(run, body, cri.RunPodSandboxResponse(pod_sandbox_id="sb-1").SerializeToString(), grpc.StatusCode.OK, None)
+    assert [(p.id, p.uid, dict(p.annotations)) for p in hook.prepared] == [
+        ("sb-1", sandbox().metadata.uid, dict(sandbox().annotations))
+    ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +56,8 @@ class ScriptedInterceptor:
     messages: list[bytes | None] = field(default_factory=list)
     delay: float = 0.0
     deadlines: list[float | None] = field(default_factory=list)
+    # with no delay, answer at once (as Interceptor.pre does when no hook waits), not as a coroutine
+    eager: bool = False
 
     def classify(self, path: bytes) -> Spec | None:
         if path.startswith(b"/t.S/Modify"):
@@ -64,10 +66,18 @@ class ScriptedInterceptor:
             return Spec(False)
         return None
 
-    async def pre(self, spec: Spec, request: bytes, deadline: float | None) -> bytes:
+    def pre(self, spec: Spec, request: bytes, deadline: float | None) -> bytes | Awaitable[bytes]:
         self.deadlines.append(deadline)
+        if self.eager and not self.delay:
+            return self._answer(request)
+        return self._later(request)
+
+    async def _later(self, request: bytes) -> bytes:
         if self.delay:
             await asyncio.sleep(self.delay)
+        return self._answer(request)
+
+    def _answer(self, request: bytes) -> bytes:
         if request.startswith(b"refuse"):
             raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, "refused by test: 100% sure, ünïcode")
         return request + b"+" * self.grow
@@ -105,15 +115,17 @@ class Backend(grpc.GenericRpcHandler):
             yield b"part%d" % i
 
 
-@pytest.fixture
-async def setup(tmp_path: Path) -> AsyncIterator[tuple[grpc.aio.Channel, ScriptedInterceptor, Relay, str]]:
+@pytest.fixture(params=[False, True], ids=["pre-in-a-task", "pre-at-once"])
+async def setup(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[tuple[grpc.aio.Channel, ScriptedInterceptor, Relay, str]]:
     backend = str(tmp_path / "backend.sock")
     front = str(tmp_path / "front.sock")
     server = grpc.aio.server()
     server.add_generic_rpc_handlers([Backend()])
     server.add_insecure_port(f"unix://{backend}")
     await server.start()
-    interceptor = ScriptedInterceptor()
+    interceptor = ScriptedInterceptor(eager=request.param)
     relay = Relay(backend, interceptor, max_message=1 << 20)
     await relay.start(front)
     channel = grpc.aio.insecure_channel(f"unix://{front}", options=[("grpc.max_receive_message_length", 8 << 20)])

@@ -197,7 +197,7 @@ def check(method_path: bytes, data: bytes) -> bytes | None:
     call = INTERCEPTOR.classify(method_path)
     assert call is not None and call.modifies
     try:
-        out = LOOP.run_until_complete(INTERCEPTOR.pre(call, data))
+        out = LOOP.run_until_complete(INTERCEPTOR.rewrite(call, data))
     except Rejected as r:
         assert r.message
         if r.message.startswith("crihook: malformed"):
