@@ -147,7 +147,7 @@ class _Stream(Generic[C]):
     call: C
     path: bytes
     modifies: bool
-    request: bytearray
+    request: bytearray | bytes  # as it arrives; the rewritten message once forwarded
     response: bytearray
     request_done: bool = False
     out: memoryview | None = None  # rewritten request (with gRPC framing) not yet sent
@@ -483,13 +483,14 @@ class Link(Generic[C]):
             out.append(buf if run == 0 and pos == n else buf[run:pos])
         if out:
             up.write(out[0] if len(out) == 1 else b"".join(out))
-        if refund:
-            stream_refunds.append(frame(WINDOW_UPDATE, 0, 0, refund.to_bytes(4, "big")))
-        if stream_refunds:
-            self.down.write(b"".join(stream_refunds))
         for sid, stream in complete:
             if self.streams.get(sid) is stream:  # not reset by a later frame of the batch
                 self.request_complete(sid, stream)
+        # kubelet's windows back for what was held: after the forward, which nothing here waits for
+        if refund:
+            stream_refunds.append(frame(WINDOW_UPDATE, 0, 0, refund.to_bytes(4, "big")))
+        if stream_refunds and not self.closed:
+            self.down.write(b"".join(stream_refunds))
 
     def claim(self, sid: int, path: bytes, call: C, headers: dict[bytes, bytes]) -> None:
         """A new stream the handler claimed: its bodies are copied (and held, when it modifies)."""
@@ -542,7 +543,7 @@ class Link(Generic[C]):
             self.reject(sid, refusal.code, refusal.message)
 
     def forward(self, sid: int, stream: _Stream[C], rewritten: bytes) -> None:
-        stream.request = bytearray(rewritten)
+        stream.request = rewritten
         stream.out = memoryview(b"\x00" + len(rewritten).to_bytes(4, "big") + rewritten)
         self.flow.pump(sid, stream)
 
