@@ -38,7 +38,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
-import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -179,6 +178,8 @@ def added_interval(target: list[float], direct: list[float], q: float, resamples
     """95 % bootstrap interval of the q-quantile of `target` minus that of `direct`, resampling whole
     rounds so each pair measured side by side stays together: how far the printed difference can be
     from the truth with this many calls."""
+    import numpy as np  # here: intercept_instructions imports this module, and numpy's BLAS threads would count
+
     rng = np.random.default_rng(0)
     t, d = np.asarray(target), np.asarray(direct)
     picks = rng.integers(0, len(t), size=(resamples, len(t)))
