@@ -161,10 +161,14 @@ class RowMemo:
                 np.zeros((n, self.width), self.dtype),
             )
 
-    def seed(self, st: Cluster, rows: np.ndarray, value: np.ndarray) -> None:
-        """Values the owner has computed anyway, for the rows as they are now."""
+    def seed(self, st: Cluster, rows: np.ndarray, *blocks: np.ndarray) -> None:
+        """Values the owner has computed anyway, for the rows as they are now: blocks of columns,
+        side by side."""
         self._fit(st)
-        self.value[rows] = value
+        at = 0
+        for block in blocks:
+            self.value[rows, at : at + block.shape[1]] = block
+            at += block.shape[1]
         self.version[rows] = st.version[rows]
 
     def get(self, st: Cluster, rows: np.ndarray, compute: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
@@ -320,7 +324,8 @@ class Outlook:
         for shape in prior:
             counts[shape] = counts.get(shape, 0) + PRIOR
         every = Places.of(list(counts), st.model_names)
-        places = every.count(host_cpu(st, rows), st.hmem_free[rows], st.left(rows), st.model[rows])
+        shares = every.room(st.left(rows), st.model[rows])
+        places = every.from_room(host_cpu(st, rows), st.hmem_free[rows], shares)
         freq = np.array(list(counts.values()), dtype=np.float64) / (self.seen + PRIOR * len(prior))
         arrivals = np.array([seen.get(k, 0) for k in counts], dtype=np.float64) / self.seen  # forecast: real pods only
         future = st.left(rows).sum() / max(self.gpu / self.seen, 1.0)  # pods until the cluster is full
@@ -333,8 +338,8 @@ class Outlook:
         self.places = every.subset(keep)
         self.scarce, self.rare = scarce[keep], rare[keep]
         self.before = RowMemo(self.scarce.size + self.places.cnt.size, PLACE)
-        room = self.places.room(st.left(rows), st.model[rows])  # a shape's places do not depend on the others:
-        self.before.seed(st, rows, np.concatenate((places[:, keep], room), axis=1))
+        # a shape's places do not depend on the others, nor a part's room: both are kept as counted
+        self.before.seed(st, rows, places[:, keep], shares[:, every.part_columns(self.places)])
         self.pool = pools(seen, self.seen, future, st, rows) if POOL else None
 
     def costs(
@@ -416,6 +421,7 @@ class Places:
         gpu = table[2] > 0
         keys = [(int(p), int(c), m) for p, c, m, g in zip(table[2], table[3], self.models, gpu, strict=True) if g]
         parts = sorted(set(keys), key=lambda k: (k[0], k[1], k[2] is not None, k[2] or ()))
+        self.parts = parts
         at = {k: i for i, k in enumerate(parts)}
         self.cnt = np.array([max(c, 1) for _, c, _ in parts], np.int64)
         self.cnt_f = self.cnt.astype(np.float64)
@@ -444,6 +450,11 @@ class Places:
 
     def subset(self, keep: np.ndarray) -> Places:
         return Places(self.table[:, keep], [m for m, k in zip(self.models, keep, strict=True) if k], self.names)
+
+    def part_columns(self, sub: Places) -> np.ndarray:
+        """Where the GPU parts of `sub`, a subset of these shapes, are among these parts."""
+        at = {part: i for i, part in enumerate(self.parts)}
+        return np.array([at[part] for part in sub.parts], np.int64)
 
     # Places per shape are gathered shape-major, (M, K): numpy gathers whole rows several times
     # faster than single elements of each row; the (K, M) callers get is written once at the end.
@@ -503,14 +514,14 @@ class Places:
     def count(self, cpu: np.ndarray, hmem: np.ndarray, left: np.ndarray, model: np.ndarray | None = None) -> np.ndarray:
         """(K, M) for K node states: CPU left (K,), memory left (K,), percent idle per slot (K, G),
         model id per slot (K, G)."""
-        return self._places(cpu, hmem, self.room(left, model))
+        return self.from_room(cpu, hmem, self.room(left, model))
 
     def count_room(self, cpu: np.ndarray, hmem: np.ndarray, left: np.ndarray, model: np.ndarray | None) -> np.ndarray:
         """(K, M + U): `count`, then `room`, for what `taken` needs of the nodes as they are."""
         room = self.room(left, model)
-        return np.concatenate((self._places(cpu, hmem, room), room.astype(PLACE)), axis=1)
+        return np.concatenate((self.from_room(cpu, hmem, room), room.astype(PLACE)), axis=1)
 
-    def _places(self, cpu: np.ndarray, hmem: np.ndarray, room: np.ndarray) -> np.ndarray:
+    def from_room(self, cpu: np.ndarray, hmem: np.ndarray, room: np.ndarray) -> np.ndarray:
         """(K, M) of nodes with this CPU and memory left (K,) and shares per part (K, U): a float
         quotient, cast to an integer, is the floor `_host` has."""
         host = self._host(cpu, hmem)
@@ -533,7 +544,7 @@ class Places:
         is. A delta on the room: the slots' shares lost, not a recount of every slot."""
         room = room - self._lost(slots, model, pct)
         if k is None:
-            return self._places(cpu, hmem, room)
+            return self.from_room(cpu, hmem, room)
         spread = np.ascontiguousarray(self._host(cpu, hmem).T)[k]  # divided per node, then spread over its options
         by_part = np.ascontiguousarray(self._by_shape(room / self.cnt_f).T)
         places: np.ndarray = np.minimum(spread, by_part, out=spread)
