@@ -27,7 +27,7 @@ from crihook.base.config import ConfigError
 from crihook.base.endpoint import unix_socket_path
 from crihook.devices.nvml import GpuIndex
 from crihook.hooks.base import NeedsStore, OwnsGpus
-from crihook.hooks.chain import HookChain, build_chain
+from crihook.hooks.chain import DaemonThreads, HookChain, build_chain
 from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proto import runtime_v1_pb2_grpc as cri_grpc
 from crihook.proxy import systemd
@@ -69,6 +69,10 @@ class Daemon:
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     reporter: Any = None
     _closing: set[asyncio.Task[None]] = field(default_factory=set)
+    # SIGHUP's reads (the file, the hooks' own directories) run here: a file system that stalls
+    # holds this thread, never the event loop, and never crihook's exit
+    _reload_thread: DaemonThreads = field(default_factory=lambda: DaemonThreads(1, "crihook-reload"))
+    _reloading: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def chain(self, cfg: cfgmod.Config) -> HookChain:
         chain = build_chain(cfg.hooks, cfg.node)
@@ -136,12 +140,31 @@ class Daemon:
         self._stop.set()
 
     def reload(self) -> None:
-        try:
-            cfg = cfgmod.load(self.config_path, {"proxy": {}}) if self.config_path else self.cfg
-            chain = self.chain(cfg)
-        except ConfigError as e:
-            log.error("reload failed, keeping the running configuration", extra={"error": str(e)})
-            return
+        """SIGHUP: the configuration read and the new chain built off the event loop, then swapped in
+        on it. Reloads run one at a time; the running configuration serves meanwhile."""
+        task = asyncio.get_running_loop().create_task(self._reload())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _reload(self) -> None:
+        async with self._reloading:
+            try:
+                cfg = self.cfg
+                if self.config_path:
+                    cfg = await asyncio.get_running_loop().run_in_executor(
+                        self._reload_thread, cfgmod.load, self.config_path, {"proxy": {}}
+                    )
+                chain = await asyncio.get_running_loop().run_in_executor(
+                    self._reload_thread, build_chain, cfg.hooks, cfg.node
+                )
+            except ConfigError as e:
+                log.error("reload failed, keeping the running configuration", extra={"error": str(e)})
+                return
+            except Exception:  # a hook that can not be made: the operator's to fix, not a reason to stop
+                log.exception("reload failed, keeping the running configuration")
+                return
+        if self.store is not None:
+            attach_store(chain, self.store)
         assert self.interceptor is not None
         old, self.interceptor.chain = self.interceptor.chain, chain
         if self.reporter is not None:
