@@ -159,10 +159,13 @@ def pct(samples: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def interleaved(targets: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+def interleaved(
+    targets: dict[str, Callable[[], object]], rounds: int, between: Callable[[], None] | None = None
+) -> dict[str, list[float]]:
     """Seconds per call; a target that times itself (preparing its request untimed) returns them.
     Each round calls every target once, starting one further along each time, so no target always
-    follows the same one (containerd's state and the CPU caches left by the call before differ)."""
+    follows the same one (containerd's state and the CPU caches left by the call before differ).
+    `between`: run after each round, untimed."""
     out: dict[str, list[float]] = {name: [] for name in targets}
     order = list(targets.items())
     for r in range(rounds):
@@ -171,6 +174,8 @@ def interleaved(targets: dict[str, Callable[[], object]], rounds: int) -> dict[s
             start = time.perf_counter()
             took = fn()
             out[name].append(took if isinstance(took, float) else time.perf_counter() - start)
+        if between is not None:
+            between()
     return out
 
 
@@ -337,7 +342,7 @@ def main() -> None:
         interleaved(fns, 50)
         report_latency("ListContainers (200 containers)", interleaved(fns, max(200, args.rounds // 4)))
 
-        # CreateContainer in a pod given all 8 GPUs: each target creates a container, removed untimed
+        # CreateContainer in a pod given all 8 GPUs: each target creates a container, removed untimed after the round
         gpu_cfg = pod_config("bench-gpu", annotations=gpu_pod)
         gpu_pod_id = api.RunPodSandboxResponse.FromString(
             run_pod(api.RunPodSandboxRequest(config=gpu_cfg).SerializeToString(), timeout=60)
@@ -361,12 +366,17 @@ def main() -> None:
 
             return fn
 
+        def remove_created() -> None:
+            """Each round's containers go before the next round (straight to containerd): a sandbox
+            holding thousands of containers makes every create slower, 2.x's most."""
+            for raw in created:
+                cid = api.CreateContainerResponse.FromString(raw).container_id
+                remove(api.RemoveContainerRequest(container_id=cid).SerializeToString(), timeout=60)
+            created.clear()
+
         cpu = cpu_now(measured)
-        samples = interleaved({name: create_one(name) for name in chans}, args.creates)
+        samples = interleaved({name: create_one(name) for name in chans}, args.creates, remove_created)
         report_latency("CreateContainer", samples, cpu, measured)
-        for raw in created:
-            cid = api.CreateContainerResponse.FromString(raw).container_id
-            remove(api.RemoveContainerRequest(container_id=cid).SerializeToString(), timeout=60)
 
         # pod start: RunPodSandbox -> CreateContainer -> StartContainer, torn down untimed
         def pod_start(name: str) -> Callable[[], object]:
