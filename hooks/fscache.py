@@ -109,8 +109,13 @@ class FsMemo:
 
     def sync(self) -> None:
         """Drop every answer the kernel has reported a change for. Never blocks on a file system."""
-        if self._fd is None or not self._queued.poll(0):
+        if self._fd is None:
             return
+        try:
+            if not self._queued.poll(0):
+                return
+        except RuntimeError:  # another thread polls this very moment: read the queue as before
+            pass
         with self._lock:
             self._drain()
 
