@@ -100,6 +100,12 @@ class Rewriter:
         assert call is not None and call.handler is HANDLERS[b"/runtime.v1.RuntimeService/CreateContainer"]
         return self.loop.run_until_complete(self.interceptor.rewrite(call, request))
 
+    def close(self) -> None:
+        """The hooks' threads, inotify descriptor and the store's pending write, then the loop."""
+        self.loop.run_until_complete(self.interceptor.chain.close())
+        self.loop.run_until_complete(self.interceptor.store.close())
+        self.loop.close()
+
 
 @contextlib.contextmanager
 def daemons(
@@ -287,6 +293,7 @@ def main() -> None:
     env = {fakenvml.CONFIG_ENV: str(node.config)}
     os.environ.update(env)  # the rewriter's hooks read the same fake NVML
     rewrite = Rewriter(config_text, Path(tmp) / "rewriter")
+    atexit.register(rewrite.close)
     gpu_pod = all_gpus(node)
     profile = str(Path(args.profile).resolve()) if args.profile else None
     with (
