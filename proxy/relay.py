@@ -594,6 +594,11 @@ class Link(Generic[C]):
             elif ftype in (HEADERS, CONTINUATION, RST_STREAM):
                 learn.append((pos, end, ftype))
             elif ftype == WINDOW_UPDATE:
+                if learn:  # an update may send held DATA: the calls ended before it must be over first
+                    self.learn(buf, learn)
+                    learn.clear()
+                    if self.closed:
+                        return
                 sid &= 0x7FFFFFFF
                 inc = int.from_bytes(buf[pos + 9 : pos + 13], "big") & 0x7FFFFFFF
                 if sid == 0:

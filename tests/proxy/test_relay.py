@@ -26,7 +26,9 @@ from crihook.proxy.relay import (
     MAX_HEADER_BLOCK,
     PADDED,
     PRIORITY_FLAG,
+    WINDOW_UPDATE,
     HeaderBlocks,
+    Link,
     ProtocolViolation,
     Rejected,
     Relay,
@@ -373,3 +375,25 @@ def test_runtime_window_passes_updates_through_without_skew_and_releases_the_que
     flow.queue.append(queued)
     assert flow.connection_update(5, {}) is None and sink.frames == []  # 8 bytes do not fit in 5
     assert flow.connection_update(5, {}) is None and sink.frames == [queued] and flow.window == 2
+
+
+async def test_an_answer_before_the_upload_ends_stops_the_upload_in_the_same_batch() -> None:
+    """containerd may answer a held, rewritten request before it has all of it (an early error). Its
+    trailers end the call even when a connection WINDOW_UPDATE follows in the same read, which would
+    otherwise release the rest of the upload onto a finished stream."""
+
+    class Down(_Sink):
+        def is_closing(self) -> bool:
+            return False
+
+    link: Link[Spec] = Link(Relay("unused", ScriptedInterceptor()), Down())  # type: ignore[arg-type]
+    up = _Sink()
+    link.up = link.flow.up = up  # type: ignore[assignment]
+    link.flow.window = 0  # containerd's window is spent: the rest of the rewrite waits
+    link.streams[1] = _stream(b"x" * 50, window=1000)
+    link.active[1] = (b"/t.S/Modify", time.perf_counter())
+    trailers = encode_literal([(b":status", b"200"), (b"grpc-status", b"8"), (b"grpc-message", b"too big")])
+    link.up_data(
+        frame(HEADERS, END_STREAM | END_HEADERS, 1, trailers) + frame(WINDOW_UPDATE, 0, 0, (100).to_bytes(4, "big"))
+    )
+    assert 1 not in link.streams and up.frames == []  # nothing more of it went to containerd
