@@ -595,10 +595,9 @@ class Link(Generic[C]):
                 learn.append((pos, end, ftype))
             elif ftype == WINDOW_UPDATE:
                 if learn:  # an update may send held DATA: the calls ended before it must be over first
-                    self.learn(buf, learn)
-                    learn.clear()
-                    if self.closed:
+                    if not self.learn(buf, learn):
                         return
+                    learn.clear()
                 sid &= 0x7FFFFFFF
                 inc = int.from_bytes(buf[pos + 9 : pos + 13], "big") & 0x7FFFFFFF
                 if sid == 0:
@@ -629,9 +628,10 @@ class Link(Generic[C]):
         if learn:
             self.learn(buf, learn)
 
-    def learn(self, buf: bytes, frames: list[tuple[int, int, int]]) -> None:
+    def learn(self, buf: bytes, frames: list[tuple[int, int, int]]) -> bool:
         """The runtime's header blocks (through HPACK, in order) and resets of a batch already
-        forwarded: trailers and resets end their calls."""
+        forwarded: trailers and resets end their calls. False: a block broke HPACK and the link is
+        closed."""
         responses = self.responses
         for pos, end, ftype in frames:
             if ftype == RST_STREAM:
@@ -641,9 +641,10 @@ class Link(Generic[C]):
                 found = responses.feed(buf, pos, end, ftype)
             except ProtocolViolation as e:
                 self.protocol_error(f"from the runtime: {e}")
-                return
+                return False
             if found is not None and responses.ends_stream:  # trailers: the call is over
                 self.stream_done(responses.sid, found.get(b"grpc-status", _UNKNOWN), found.get(b"grpc-message"))
+        return True
 
     def up_settings(self, buf: bytes, start: int, end: int) -> None:
         flow = self.flow
