@@ -18,9 +18,7 @@ flush window, caches gone cold while it waited) shows here with everything else 
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,13 +26,10 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from proxy_bench import LIMITS, RUNTIME, TOPOLOGY, all_gpus, crihook_config, daemons, ident
+from proxy_bench import LIMITS, RUNTIME, Alone, crihook_alone, ident
 
 from crihook.proto import runtime_v1_pb2 as api
-from crihook.simnode import fakenvml
-from crihook.simnode.node import SimNode, make_sim_node
-from tests.support.containerd import RUNTIMES, running_containerd, runtime
-from tests.support.cri import container_config, pod_config
+from tests.support.containerd import RUNTIMES
 
 
 def threads(pid: int) -> dict[str, tuple[int, int]]:
@@ -56,45 +51,29 @@ def main() -> None:
     ap.add_argument("--gaps", default="0,0.1", help="seconds between calls, comma-separated")
     ap.add_argument("--method", choices=("CreateContainer", "Version"), default="CreateContainer")
     args = ap.parse_args()
-    rt = runtime(args.runtime)
-    if (why := rt.unavailable()) is not None:
-        raise SystemExit(why)
-    work = Path(tempfile.mkdtemp(prefix="call-spacing-"))
-    try:
-        node = make_sim_node(work / "node", TOPOLOGY, char_devices=True)
-        env = {fakenvml.CONFIG_ENV: str(node.config)}
-        with (
-            running_containerd(runtime=rt) as ctrd,
-            daemons(work, str(ctrd.socket), crihook_config(work, node), env, None) as targets,
-        ):
-            sock, pid = targets["crihook"]
-            assert pid is not None
-            print(f"containerd {rt.name} ({rt.package_version()}), {args.method} through crihook alone", flush=True)
-            measure(sock, str(ctrd.socket), pid, node, args)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with crihook_alone(args.runtime, "call-spacing-") as alone:
+        rt = alone.runtime
+        print(f"containerd {rt.name} ({rt.package_version()}), {args.method} through crihook alone", flush=True)
+        measure(alone, args)
 
 
-def measure(sock: str, backend: str, pid: int, node: SimNode, args: argparse.Namespace) -> None:
-    ch = grpc.insecure_channel(f"unix://{sock}", options=LIMITS)
-    direct = grpc.insecure_channel(f"unix://{backend}", options=LIMITS)
+def measure(alone: Alone, args: argparse.Namespace) -> None:
+    pid = alone.pid
+    ch = grpc.insecure_channel(f"unix://{alone.sock}", options=LIMITS)
+    direct = grpc.insecure_channel(f"unix://{alone.backend}", options=LIMITS)
 
     def method(channel: grpc.Channel, name: str) -> grpc.UnaryUnaryMultiCallable:
         return channel.unary_unary(RUNTIME + name, request_serializer=ident, response_deserializer=ident)
 
-    cfg = pod_config("spacing", annotations=all_gpus(node))
-    run = api.RunPodSandboxRequest(config=cfg).SerializeToString()
-    pod_id = api.RunPodSandboxResponse.FromString(method(ch, "RunPodSandbox")(run, timeout=60)).pod_sandbox_id
-    create, version, remove = method(ch, "CreateContainer"), method(ch, "Version"), method(direct, "RemoveContainer")
+    create = alone.gpu_pod("spacing")
+    version, remove = method(ch, "Version"), method(direct, "RemoveContainer")
     names = iter(range(10**9))
 
     def call() -> bytes | None:
         if args.method == "Version":
             version(api.VersionRequest(version="v1").SerializeToString(), timeout=60)
             return None
-        config = container_config(f"c{next(names)}", cfg)
-        req = api.CreateContainerRequest(pod_sandbox_id=pod_id, config=config, sandbox_config=cfg)
-        return create(req.SerializeToString(), timeout=60)
+        return create(f"c{next(names)}")
 
     for _ in range(10):  # warm: NVML loaded, caches filled, threads started
         call()

@@ -23,23 +23,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-import grpc
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from proxy_bench import LIMITS, RUNTIME, TOPOLOGY, all_gpus, crihook_config, daemons, ident
+from proxy_bench import Alone, crihook_alone
 
-from crihook.proto import runtime_v1_pb2 as api
-from crihook.simnode import fakenvml
-from crihook.simnode.node import make_sim_node
-from tests.support.containerd import RUNTIMES, running_containerd, runtime
-from tests.support.cri import container_config, pod_config
+from tests.support.containerd import RUNTIMES
 
 # (module, class, method, label, parent label or ""): what the probe wraps, outermost first
 PHASES = [
@@ -114,53 +106,32 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--gap", type=float, default=0.02, help="seconds between calls (default %(default)s)")
     args = ap.parse_args()
-    rt = runtime(args.runtime)
-    if (why := rt.unavailable()) is not None:
-        raise SystemExit(why)
-    work = Path(tempfile.mkdtemp(prefix="loop-phases-"))
-    try:
+
+    def probed(work: Path) -> dict[str, str]:
         (work / "probe").mkdir()
         (work / "probe" / "sitecustomize.py").write_text(PROBE)
-        out = work / "phases.json"
-        node = make_sim_node(work / "node", TOPOLOGY, char_devices=True)
-        env = {
-            fakenvml.CONFIG_ENV: str(node.config),
+        return {
             "PYTHONPATH": str(work / "probe"),
             "LOOP_PHASES": json.dumps(PHASES),
-            "LOOP_PHASES_OUT": str(out),
+            "LOOP_PHASES_OUT": str(work / "phases.json"),
         }
-        with (
-            running_containerd(runtime=rt) as ctrd,
-            daemons(work, str(ctrd.socket), crihook_config(work, node), env, None) as targets,
-        ):
-            sock, pid = targets["crihook"]
-            assert pid is not None
-            print(
-                f"containerd {rt.name} ({rt.package_version()}): {args.calls} CreateContainers "
-                f"{args.gap * 1e3:.0f} ms apart through crihook",
-                flush=True,
-            )
-            run(sock, pid, node, args, out)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+
+    with crihook_alone(args.runtime, "loop-phases-", probed) as alone:
+        rt = alone.runtime
+        print(
+            f"containerd {rt.name} ({rt.package_version()}): {args.calls} CreateContainers "
+            f"{args.gap * 1e3:.0f} ms apart through crihook",
+            flush=True,
+        )
+        run(alone, args, alone.work / "phases.json")
 
 
-def run(sock: str, pid: int, node: object, args: argparse.Namespace, out: Path) -> None:
-    ch = grpc.insecure_channel(f"unix://{sock}", options=LIMITS)
-
-    def method(name: str) -> grpc.UnaryUnaryMultiCallable:
-        return ch.unary_unary(RUNTIME + name, request_serializer=ident, response_deserializer=ident)
-
-    cfg = pod_config("phases", annotations=all_gpus(node))  # type: ignore[arg-type]
-    run_pod = api.RunPodSandboxRequest(config=cfg).SerializeToString()
-    pod_id = api.RunPodSandboxResponse.FromString(method("RunPodSandbox")(run_pod, timeout=60)).pod_sandbox_id
-    create = method("CreateContainer")
+def run(alone: Alone, args: argparse.Namespace, out: Path) -> None:
+    pid = alone.pid
+    create = alone.gpu_pod("phases")
 
     def call(i: int) -> None:
-        req = api.CreateContainerRequest(
-            pod_sandbox_id=pod_id, config=container_config(f"c{i}", cfg), sandbox_config=cfg
-        )
-        create(req.SerializeToString(), timeout=60)
+        create(f"c{i}")
 
     for i in range(10):  # warm: NVML loaded, caches filled
         call(i)

@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -50,7 +51,7 @@ from crihook.proxy.intercept import HANDLERS, Interceptor  # noqa: E402
 from crihook.proxy.store import Store  # noqa: E402
 from crihook.simnode import fakenvml  # noqa: E402
 from crihook.simnode.node import SimNode, make_sim_node  # noqa: E402
-from tests.support.containerd import RUNTIMES, running_containerd, runtime  # noqa: E402
+from tests.support.containerd import RUNTIMES, Runtime, running_containerd, runtime  # noqa: E402
 from tests.support.cri import container_config, pod_config  # noqa: E402
 
 RUNTIME = "/runtime.v1.RuntimeService/"
@@ -158,6 +159,61 @@ def daemons(
             p.terminate()
         for p in procs:
             p.wait(30)
+
+
+@dataclass
+class Alone:
+    """crihook alone in front of the suite's containerd, on the simulated 8-GPU node: what
+    call_spacing and loop_phases measure."""
+
+    runtime: Runtime
+    sock: str
+    backend: str
+    pid: int
+    node: SimNode
+    work: Path  # removed afterwards
+
+    def gpu_pod(self, name: str) -> Callable[[str], bytes]:
+        """Start a pod the scheduler gave all 8 GPUs, through crihook; returns create(container),
+        which makes a container in it through crihook and answers containerd's response."""
+        ch = grpc.insecure_channel(f"unix://{self.sock}", options=LIMITS)
+        run = ch.unary_unary(RUNTIME + "RunPodSandbox", request_serializer=ident, response_deserializer=ident)
+        create = ch.unary_unary(RUNTIME + "CreateContainer", request_serializer=ident, response_deserializer=ident)
+        cfg = pod_config(name, annotations=all_gpus(self.node))
+        raw = run(api.RunPodSandboxRequest(config=cfg).SerializeToString(), timeout=60)
+        pod_id = api.RunPodSandboxResponse.FromString(raw).pod_sandbox_id
+
+        def create_one(container: str) -> bytes:
+            req = api.CreateContainerRequest(
+                pod_sandbox_id=pod_id, config=container_config(container, cfg), sandbox_config=cfg
+            )
+            return bytes(create(req.SerializeToString(), timeout=60))
+
+        return create_one
+
+
+@contextlib.contextmanager
+def crihook_alone(
+    runtime_name: str, prefix: str, extra_env: Callable[[Path], dict[str, str]] | None = None
+) -> Iterator[Alone]:
+    """`extra_env(work dir)`: more environment for crihook's process. Exits with the reason when the
+    containerd release is not here."""
+    rt = runtime(runtime_name)
+    if (why := rt.unavailable()) is not None:
+        raise SystemExit(why)
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        node = make_sim_node(work / "node", TOPOLOGY, char_devices=True)
+        env = {fakenvml.CONFIG_ENV: str(node.config), **(extra_env(work) if extra_env else {})}
+        with (
+            running_containerd(runtime=rt) as ctrd,
+            daemons(work, str(ctrd.socket), crihook_config(work, node), env, None) as targets,
+        ):
+            sock, pid = targets["crihook"]
+            assert pid is not None
+            yield Alone(rt, sock, str(ctrd.socket), pid, node, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def pct(samples: list[float], q: float) -> float:
