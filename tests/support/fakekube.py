@@ -31,11 +31,18 @@ apimachinery):
   leaseDurationSeconds must be greater than 0 and leaseTransitions not negative (422,
   pkg/apis/coordination/validation/validation.go, `ValidateLeaseSpec`). The API server does not
   judge expiry: holders do, from the renewTime they observe (client-go tools/leaderelection).
+- LISTs of pods whose field selector names one `spec.nodeName` (kubelet's, and the scheduler's
+  claims) read an index on that field, as the API server's watch cache does
+  (pkg/registry/core/pod/strategy.go: `Indexers` and the `IndexFields` of `PodToSelectableFields`'
+  predicate), so one costs the pods of that node, not every pod: a bench against this fake measures
+  its client, not a full scan the real server does not do.
 - Watches: a resourceVersion in the event history resumes after it; one older than the history
   answers 200 with a single `ERROR` event holding a 410 `Expired` Status, "too old resource
   version" (apiserver/pkg/storage/cacher/watch_cache.go, `getAllEventsSinceLocked`, sent through an
   error watcher by cacher.go); `compact()` plays etcd's compaction. The docs: "Efficient detection
-  of changes" in https://kubernetes.io/docs/reference/using-api/api-concepts/.
+  of changes" in https://kubernetes.io/docs/reference/using-api/api-concepts/. An event is encoded
+  once for every watcher that sees it, as the cacher does (apiserver/pkg/storage/cacher/
+  caching_object.go).
 
 Fault knobs for tests: `fail_next(n, code)` answers the next n matching requests with an error
 Status, `delay` slows every request, `compact()` forgets the event history (a later resume gets 410)
@@ -47,7 +54,7 @@ and `close_watches()` ends every open watch the way an API server restart or tim
 
 from __future__ import annotations
 
-import copy
+import bisect
 import json
 import re
 import socket
@@ -160,6 +167,16 @@ def conflict(res: Resource, name: str, why: str) -> ApiError:
 STALE = "the object has been modified; please apply your changes to the latest version and try again"
 
 
+def _clone(doc: Any) -> Any:
+    """A deep copy of a JSON document: several times cheaper than copy.deepcopy, which keeps a memo
+    for shared and cyclic references that JSON cannot have."""
+    if type(doc) is dict:
+        return {k: _clone(v) for k, v in doc.items()}
+    if type(doc) is list:
+        return [_clone(v) for v in doc]
+    return doc
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -170,7 +187,7 @@ def _now() -> str:
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386 JSON merge patch."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return _clone(patch)
     out = dict(target) if isinstance(target, dict) else {}
     for k, v in patch.items():
         if v is None:
@@ -184,10 +201,10 @@ def strategic_merge_patch(target: Any, patch: Any) -> Any:
     """Kubernetes strategic merge patch for the cases our objects have: maps merge, `null` deletes,
     keyed lists (MERGE_KEYS) merge element-wise, `$patch: replace|delete` on a map; other lists replace."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return _clone(patch)
     directive = patch.get("$patch")
     if directive == "replace":
-        return {k: copy.deepcopy(v) for k, v in patch.items() if k != "$patch"}
+        return {k: _clone(v) for k, v in patch.items() if k != "$patch"}
     if directive == "delete":
         return None
     out = dict(target) if isinstance(target, dict) else {}
@@ -208,7 +225,7 @@ def strategic_merge_patch(target: Any, patch: Any) -> Any:
 
 
 def _merge_list(current: list[Any], patch: list[Any], key: str) -> list[Any]:
-    out = [copy.deepcopy(x) for x in current]
+    out = [_clone(x) for x in current]
     for item in patch:
         if not isinstance(item, dict) or key not in item:
             raise ApiError(422, "Invalid", f"strategic merge patch: list item without merge key {key!r}")
@@ -246,7 +263,7 @@ def json_patch(doc: Any, ops: Any) -> Any:
     """RFC 6902 JSON patch: add, remove, replace, move, copy, test."""
     if not isinstance(ops, list):
         raise ApiError(400, "BadRequest", "json patch: expected a list of operations")
-    doc = copy.deepcopy(doc)
+    doc = _clone(doc)
     for op in ops:
         if not isinstance(op, dict) or "op" not in op or "path" not in op:
             raise ApiError(400, "BadRequest", f"json patch: malformed operation {op!r}")
@@ -257,17 +274,17 @@ def json_patch(doc: Any, ops: Any) -> Any:
             continue
         if kind in ("move", "copy"):
             src = _pointer(op.get("from", ""))
-            value = copy.deepcopy(_walk(doc, src))
+            value = _clone(_walk(doc, src))
             if kind == "move":
                 doc = _remove(doc, src)
             doc = _add(doc, parts, value)
         elif kind == "add":
-            doc = _add(doc, parts, copy.deepcopy(op.get("value")))
+            doc = _add(doc, parts, _clone(op.get("value")))
         elif kind == "remove":
             doc = _remove(doc, parts)
         elif kind == "replace":
             _walk(doc, parts)
-            doc = _add(_remove(doc, parts), parts, copy.deepcopy(op.get("value")))
+            doc = _add(_remove(doc, parts), parts, _clone(op.get("value")))
         else:
             raise ApiError(400, "BadRequest", f"json patch: unknown op {kind!r}")
     return doc
@@ -375,6 +392,14 @@ class Event:
     type: str  # ADDED, MODIFIED, DELETED
     obj: JSON
     old: JSON | None = None
+    lines: dict[str, bytes] = field(default_factory=dict)  # the event as a watch line, by type
+
+    def line(self, kind: str) -> bytes:
+        """`{"type": kind, "object": obj}` as one JSON line, encoded once for every watcher."""
+        out = self.lines.get(kind)
+        if out is None:
+            out = self.lines[kind] = _line(kind, self.obj)
+        return out
 
 
 @dataclass
@@ -409,6 +434,7 @@ class FakeKube:
     def __post_init__(self) -> None:
         self._cond = threading.Condition()
         self._objects: dict[str, dict[tuple[str, str], JSON]] = {r: {} for r in RESOURCES}
+        self._on_node: dict[str, set[tuple[str, str]]] = {}  # pods by spec.nodeName ("" unbound)
         self._events: list[Event] = []
         self._rv = 1000
         self._oldest_rv = self._rv  # a watch from below this is too old
@@ -536,22 +562,22 @@ class FakeKube:
             obj = self._objects[plural].get((namespace if res.namespaced else "", name))
             if obj is None:
                 raise not_found(res, name)
-            return copy.deepcopy(obj)
+            return _clone(obj)
 
     def list(self, plural: str) -> list[JSON]:
         with self._cond:
-            return [copy.deepcopy(o) for o in self._objects[plural].values()]
+            return [_clone(o) for o in self._objects[plural].values()]
 
     def create(self, plural: str, obj: JSON, namespace: str | None = None) -> JSON:
         res = RESOURCES[plural]
         ns = namespace if namespace is not None else obj.get("metadata", {}).get("namespace", "default")
-        return self._create(res, ns if res.namespaced else "", copy.deepcopy(obj))
+        return self._create(res, ns if res.namespaced else "", _clone(obj))
 
     def put(self, plural: str, obj: JSON, subresource: str = "") -> JSON:
         res = RESOURCES[plural]
         meta = obj.get("metadata", {})
         ns = meta.get("namespace", "default") if res.namespaced else ""
-        return self._update(res, ns, meta.get("name", ""), copy.deepcopy(obj), subresource)
+        return self._update(res, ns, meta.get("name", ""), _clone(obj), subresource)
 
     def patch(
         self,
@@ -572,7 +598,7 @@ class FakeKube:
     # --- the rules ---
 
     def _record(self, res: Resource, kind: str, obj: JSON, old: JSON | None) -> None:
-        self._events.append(Event(self._rv, res, kind, copy.deepcopy(obj), old))
+        self._events.append(Event(self._rv, res, kind, _clone(obj), old))
         if len(self._events) > self.history:
             dropped = self._events.pop(0)
             self._oldest_rv = dropped.rv
@@ -607,6 +633,20 @@ class FakeKube:
                     f"spec.{key}: Invalid value: {value}: must be {words}",
                     {"name": name, "group": "coordination.k8s.io", "kind": "Lease"},
                 )
+
+    def _keep(self, res: Resource, key: tuple[str, str], obj: JSON | None) -> None:
+        """Stores (or with None drops) an object, keeping the pods' spec.nodeName index."""
+        objects = self._objects[res.plural]
+        if res is PODS:
+            old = objects.get(key)
+            if old is not None:
+                self._on_node[_node_name(old)].discard(key)
+            if obj is not None:
+                self._on_node.setdefault(_node_name(obj), set()).add(key)
+        if obj is None:
+            del objects[key]
+        else:
+            objects[key] = obj
 
     def _typed(self, res: Resource, obj: JSON) -> JSON:
         obj["apiVersion"] = res.api_version
@@ -648,9 +688,9 @@ class FakeKube:
             if res is PODS:
                 obj.setdefault("status", {}).setdefault("phase", "Pending")
             self._typed(res, obj)
-            self._objects[res.plural][(ns, name)] = obj
+            self._keep(res, (ns, name), obj)
             self._record(res, "ADDED", obj, None)
-            return copy.deepcopy(obj)
+            return _clone(obj)
 
     def _update(self, res: Resource, ns: str, name: str, obj: JSON, sub: str, want_rv: str | None = None) -> JSON:
         if not isinstance(obj, dict) or not isinstance(obj.get("metadata"), dict):
@@ -684,7 +724,7 @@ class FakeKube:
                     f"Precondition failed: UID in precondition: {meta['uid']}, "
                     f"UID in object meta: {cur['metadata']['uid']}",
                 )
-            new = copy.deepcopy(cur)
+            new = _clone(cur)
             if sub == "status":
                 new["status"] = obj.get("status", {})
             else:
@@ -697,13 +737,13 @@ class FakeKube:
                 new["metadata"] = {**meta, **{k: cur["metadata"][k] for k in keep if k in cur["metadata"]}}
             self._validate(res, new)
             if _same(cur, new):
-                return copy.deepcopy(cur)  # a no-op write does not bump resourceVersion
+                return _clone(cur)  # a no-op write does not bump resourceVersion
             self._rv += 1
             new["metadata"]["resourceVersion"] = str(self._rv)
             self._typed(res, new)
-            self._objects[res.plural][(ns, name)] = new
+            self._keep(res, (ns, name), new)
             self._record(res, "MODIFIED", new, cur)
-            return copy.deepcopy(new)
+            return _clone(new)
 
     def _check_pod_update(self, cur: JSON, new: JSON, name: str) -> None:
         """Pod spec is immutable apart from a few fields; spec.nodeName only changes through binding."""
@@ -767,12 +807,12 @@ class FakeKube:
                 )
             if pre.get("resourceVersion") and pre["resourceVersion"] != cur["metadata"]["resourceVersion"]:
                 raise conflict(res, name, STALE)
-            del self._objects[res.plural][(ns, name)]
+            self._keep(res, (ns, name), None)
             self._rv += 1
-            gone = copy.deepcopy(cur)
+            gone = _clone(cur)
             gone["metadata"]["resourceVersion"] = str(self._rv)
             self._record(res, "DELETED", gone, cur)
-            return copy.deepcopy(gone)
+            return _clone(gone)
 
     def _bind(self, ns: str, name: str, binding: JSON) -> JSON:
         if not isinstance(binding, dict) or not isinstance(binding.get("target"), dict):
@@ -800,7 +840,7 @@ class FakeKube:
                     )
             if cur.get("spec", {}).get("nodeName"):
                 raise conflict(PODS, name, f'pod {name} is already assigned to node "{cur["spec"]["nodeName"]}"')
-            new = copy.deepcopy(cur)
+            new = _clone(cur)
             new.setdefault("spec", {})["nodeName"] = node
             anns = (binding.get("metadata") or {}).get("annotations") or {}
             if anns:
@@ -810,17 +850,18 @@ class FakeKube:
             conds.append({"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()})
             self._rv += 1
             new["metadata"]["resourceVersion"] = str(self._rv)
-            self._objects["pods"][(ns, name)] = new
+            self._keep(PODS, (ns, name), new)
             self._record(PODS, "MODIFIED", new, cur)
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 
     def _list(self, res: Resource, ns: str | None, labels: str, fields: str) -> JSON:
         match = _matcher(labels, fields)
+        node = _indexed_node(fields) if res is PODS else None
         with self._cond:
+            objects = self._objects[res.plural]
+            keys = objects.keys() if node is None else self._on_node.get(node, ())
             items = [
-                copy.deepcopy(o)
-                for (ons, _), o in sorted(self._objects[res.plural].items())
-                if (ns is None or ons == ns) and match(o)
+                _clone(objects[key]) for key in sorted(keys) if (ns is None or key[0] == ns) and match(objects[key])
             ]
             rv = self._rv
         if not res.group:  # core lists carry no kind/apiVersion on items; custom resources do
@@ -843,8 +884,8 @@ class FakeKube:
         fields: str,
         timeout: float | None,
         bookmarks: bool,
-    ) -> Iterator[JSON]:
-        """The events of a watch, as JSON objects; ends on timeout, close_watches() or stop()."""
+    ) -> Iterator[bytes]:
+        """The events of a watch, as JSON lines; ends on timeout, close_watches() or stop()."""
         match = _matcher(labels, fields)
 
         def visible(o: JSON | None) -> bool:
@@ -855,20 +896,15 @@ class FakeKube:
             gen = self._watch_gen
             if rv_text in ("", "0"):
                 start = self._rv
-                snapshot = [copy.deepcopy(o) for o in self._objects[res.plural].values() if visible(o)]
+                snapshot = [_clone(o) for o in self._objects[res.plural].values() if visible(o)]
             else:
                 start = int(rv_text)
                 snapshot = []
                 if start < self._oldest_rv:
-                    yield {
-                        "type": "ERROR",
-                        "object": ApiError(
-                            410, "Expired", f"too old resource version: {start} ({self._oldest_rv})"
-                        ).status(),
-                    }
+                    yield _line("ERROR", _expired(start, self._oldest_rv))
                     return
         for o in snapshot:
-            yield {"type": "ADDED", "object": o}
+            yield _line("ADDED", o)
         last = start
         while True:
             with self._cond:
@@ -876,14 +912,10 @@ class FakeKube:
                     if self._stopped or gen != self._watch_gen:
                         return
                     if last < self._oldest_rv:  # compacted under an open watch
-                        yield {
-                            "type": "ERROR",
-                            "object": ApiError(
-                                410, "Expired", f"too old resource version: {last} ({self._oldest_rv})"
-                            ).status(),
-                        }
+                        yield _line("ERROR", _expired(last, self._oldest_rv))
                         return
-                    pending = [] if self._paused else [e for e in self._events if e.rv > last and e.res is res]
+                    newer = bisect.bisect_right(self._events, last, key=_event_rv)
+                    pending = [] if self._paused else [e for e in self._events[newer:] if e.res is res]
                     if pending or (self._rv > last and not self._paused):
                         break
                     left = None if deadline is None else deadline - time.monotonic()
@@ -895,23 +927,27 @@ class FakeKube:
                 now, before = visible(e.obj), visible(e.old)
                 if e.type == "DELETED":
                     if before or now:
-                        yield {"type": "DELETED", "object": copy.deepcopy(e.obj)}
+                        yield e.line("DELETED")
                 elif now:
-                    yield {
-                        "type": "ADDED" if e.type == "ADDED" or not before else "MODIFIED",
-                        "object": copy.deepcopy(e.obj),
-                    }
+                    yield e.line("ADDED" if e.type == "ADDED" or not before else "MODIFIED")
                 elif before:  # stopped matching the selector: the watcher sees it go
-                    yield {"type": "DELETED", "object": copy.deepcopy(e.obj)}
+                    yield e.line("DELETED")
             if bookmarks and not pending:
-                yield {
-                    "type": "BOOKMARK",
-                    "object": {
-                        "kind": res.kind,
-                        "apiVersion": res.api_version,
-                        "metadata": {"resourceVersion": str(last)},
-                    },
-                }
+                bookmark = {"kind": res.kind, "apiVersion": res.api_version, "metadata": {"resourceVersion": str(last)}}
+                yield _line("BOOKMARK", bookmark)
+
+
+def _line(kind: str, obj: JSON) -> bytes:
+    """One event of a watch stream: a JSON object on a line of its own."""
+    return json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+
+
+def _expired(rv: int, oldest: int) -> JSON:
+    return ApiError(410, "Expired", f"too old resource version: {rv} ({oldest})").status()
+
+
+def _event_rv(e: Event) -> int:
+    return e.rv
 
 
 def _same(a: JSON, b: JSON) -> bool:
@@ -920,6 +956,20 @@ def _same(a: JSON, b: JSON) -> bool:
     b2 = {**b, "metadata": {k: v for k, v in b.get("metadata", {}).items() if k not in strip}}
     a2.pop("kind", None), a2.pop("apiVersion", None), b2.pop("kind", None), b2.pop("apiVersion", None)
     return a2 == b2
+
+
+def _node_name(pod: JSON) -> str:
+    return str((pod.get("spec") or {}).get("nodeName") or "")
+
+
+def _indexed_node(fields: str) -> str | None:
+    """The node a field selector pins spec.nodeName to (the index's key), or None."""
+    for term in _split_selector(fields) if fields else ():
+        if "!=" not in term:
+            k, v = (t.strip() for t in term.replace("==", "=").split("=", 1))
+            if k == "spec.nodeName":
+                return v
+    return None
 
 
 def _matcher(labels: str, fields: str) -> Callable[[JSON], bool]:
@@ -1086,7 +1136,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             raise ApiError(405, "MethodNotAllowed", f"the server does not allow this method on {res.plural}")
 
-    def _stream(self, events: Iterator[JSON]) -> None:
+    def _stream(self, events: Iterator[bytes]) -> None:
         """A watch response: 200 at once, then chunked, one JSON event per line."""
         self.send_response(HTTPStatus.OK)
         self.send_header("Content-Type", "application/json")
@@ -1102,7 +1152,6 @@ class _Handler(BaseHTTPRequestHandler):
             pass
         self.close_connection = True
 
-    def _chunk(self, event: JSON) -> None:
-        data = json.dumps(event).encode() + b"\n"
-        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+    def _chunk(self, line: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
         self.wfile.flush()

@@ -238,6 +238,38 @@ def test_selectors(core: client.CoreV1Api) -> None:
     assert e.value.status == 400
 
 
+def test_node_name_lists_follow_binds_and_deletes(core: client.CoreV1Api, kube: FakeKube) -> None:
+    """A LIST pinned to one spec.nodeName reads the fake's index (as the API server's watch cache
+    does): the index must follow every way a pod's node changes, and agree with a full scan."""
+    for i in range(4):
+        core.create_namespaced_pod("a" if i % 2 else "b", pod(f"p{i}", "a" if i % 2 else "b", app="x"))
+
+    def on(node: str, ns: str | None = None, more: str = "") -> list[str]:
+        fields = f"spec.nodeName={node}{more}"
+        lst = (
+            core.list_namespaced_pod(ns, field_selector=fields)
+            if ns
+            else core.list_pod_for_all_namespaces(field_selector=fields)
+        )
+        return [p.metadata.name for p in lst.items]
+
+    assert on("") == ["p1", "p3", "p0", "p2"]  # unbound pods are the index's "" entry; sorted by namespace, name
+    for name, ns, node in (("p0", "b", "n1"), ("p1", "a", "n1"), ("p2", "b", "n2")):
+        target = client.V1ObjectReference(kind="Node", name=node, api_version="v1")
+        binding = client.V1Binding(metadata=client.V1ObjectMeta(name=name), target=target)
+        core.create_namespaced_pod_binding(name, ns, binding, _preload_content=False)
+    assert on("n1") == ["p1", "p0"] and on("n2") == ["p2"] and on("") == ["p3"]
+    assert on("n1", "b") == ["p0"] and on("n1", more=",metadata.namespace=a") == ["p1"]
+    assert on("n1", more=",spec.nodeName=n2") == []  # every term still applies
+    kube.patch("pods", "p0", {"metadata": {"labels": {"app": "y"}}}, "b")
+    assert on("n1") == ["p1", "p0"]  # an update that keeps the node keeps its entry
+    core.delete_namespaced_pod("p1", "a")
+    assert on("n1") == ["p0"] and on("n9") == []
+    everyone = {p.metadata.name: p.spec.node_name or "" for p in core.list_pod_for_all_namespaces().items}
+    assert everyone == {"p0": "n1", "p2": "n2", "p3": ""}
+    assert sorted(on("")) == sorted(n for n, node in everyone.items() if node == "")
+
+
 def test_delete_preconditions(core: client.CoreV1Api) -> None:
     core.create_namespaced_pod("default", pod("p"))
     with pytest.raises(ApiException) as e:
