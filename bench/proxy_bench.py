@@ -4,7 +4,7 @@ byte relay that parses nothing, the floor of any Python proxy), with targets int
 machine noise hits all of them alike.
 
     python bench/proxy_bench.py [--runtime 1.6|1.7|2] [--rounds 2000] [--creates 400] [--seconds 2]
-                                [--pods 20] [--profile crihook.pstats]
+                                [--pods 20] [--profile crihook.pstats] [--socat]
 
 Needs root, containerd and runc (the test suite's private containerd is started and stopped here);
 `--runtime 1.7` or `2` runs Debian trixie's or sid's containerd as fetched by tests/runtimes.sh.
@@ -110,14 +110,17 @@ class Rewriter:
 
 @contextlib.contextmanager
 def daemons(
-    work: Path, backend: str, config_text: str, env: dict[str, str], profile: str | None
+    work: Path, backend: str, config_text: str, env: dict[str, str], profile: str | None, socat: bool = False
 ) -> Iterator[dict[str, tuple[str, int | None]]]:
-    """crihook, the aio forwarder and the byte relay in front of `backend`; yields target -> (socket, pid)."""
+    """crihook, the aio forwarder and the byte relay in front of `backend`, and with `socat` Debian's
+    socat relaying the same socket (a hop through a process in C: what any proxy costs, in whatever
+    language); yields target -> (socket, pid)."""
     cfg = work / "crihook.toml"
     cfg.write_text(config_text)
     crihook_sock = str(work / "crihook.sock")
     aio_sock = str(work / "aio.sock")
     relay_sock = str(work / "relay.sock")
+    socat_sock = str(work / "socat.sock")
     profiler = ["-m", "cProfile", "-o", profile] if profile else []
     procs = [
         subprocess.Popen(
@@ -143,15 +146,18 @@ def daemons(
             [sys.executable, str(ROOT / "bench" / "byte_relay.py"), relay_sock, backend], stdout=subprocess.DEVNULL
         ),
     ]
+    if socat:
+        # one process per connection (fork); the bench keeps one connection per target
+        procs.append(subprocess.Popen(["socat", f"UNIX-LISTEN:{socat_sock},fork", f"UNIX-CONNECT:{backend}"]))
     try:
-        wait_socket(crihook_sock, procs[0])
-        wait_socket(aio_sock, procs[1])
-        wait_socket(relay_sock, procs[2])
+        for sock, proc in zip((crihook_sock, aio_sock, relay_sock, socat_sock)[: len(procs)], procs, strict=True):
+            wait_socket(sock, proc)
         yield {
             "direct": (backend, None),
             "crihook": (crihook_sock, procs[0].pid),
             "aio-forwarder": (aio_sock, procs[1].pid),
             "byte-relay": (relay_sock, procs[2].pid),
+            **({"socat": (socat_sock, None)} if socat else {}),
         }
     finally:
         procs[0].send_signal(signal.SIGINT)  # crihook stops as on SIGTERM, and cProfile writes its stats
@@ -337,7 +343,12 @@ def main() -> None:
     ap.add_argument("--pods", type=int, default=20, help="pod starts per target")
     ap.add_argument("--runtime", choices=RUNTIMES, default="1.6", help="containerd release (default %(default)s)")
     ap.add_argument("--profile", help="run crihook under cProfile, stats to this file")
+    ap.add_argument(
+        "--socat", action="store_true", help="also measure Debian's socat relaying the socket (apt-get install socat)"
+    )
     args = ap.parse_args()
+    if args.socat and shutil.which("socat") is None:
+        raise SystemExit("--socat: socat is not installed (apt-get install socat)")
     rt = runtime(args.runtime)
     if (why := rt.unavailable()) is not None:
         raise SystemExit(why)
@@ -354,7 +365,7 @@ def main() -> None:
     profile = str(Path(args.profile).resolve()) if args.profile else None
     with (
         running_containerd(runtime=rt) as ctrd,
-        daemons(Path(tmp), str(ctrd.socket), config_text, env, profile) as t,
+        daemons(Path(tmp), str(ctrd.socket), config_text, env, profile, args.socat) as t,
     ):
         chans = {name: grpc.insecure_channel(f"unix://{sock}", options=LIMITS) for name, (sock, _) in t.items()}
         crihook_pid = t["crihook"][1]
