@@ -353,14 +353,20 @@ class GpuIndex:
         self._by_uuid: dict[str, GpuInfo] = {}
         self._refreshed_at: float | None = None
         self.refreshes = 0
+        # changes to what the index holds: what was worked out from it (the gpu hook's placements) is
+        # stale once this moves
+        self.generation = 0
 
     def update(self, snapshot: NodeGpus) -> None:
         """Take a snapshot someone else made (the reporter's), if it came from a working NVML."""
         if snapshot.reason:
             return
         # each map is swapped whole: a reader sees the old map or the new one, never a half-built one
-        self._by_minor = {g.minor: g for g in snapshot.gpus}
-        self._by_uuid = {g.uuid: g for g in snapshot.gpus}
+        by_minor = {g.minor: g for g in snapshot.gpus}
+        if by_minor != self._by_minor:  # the reporter's rounds mostly find the same GPUs
+            self._by_minor = by_minor
+            self._by_uuid = {g.uuid: g for g in snapshot.gpus}
+            self.generation += 1  # after the swap: whoever reads the new generation finds the new maps
         self._refreshed_at = self._clock()
 
     def _refresh_if_due(self) -> None:

@@ -119,6 +119,14 @@ class FsMemo:
         with self._lock:
             self._drain()
 
+    def version(self, directory: str) -> int | None:
+        """How many changes the kernel has reported in `directory` (as of the last `sync`), or None
+        when it is not watched: what was worked out from answers about the directory recalled after
+        the count was n still holds while it is n."""
+        if directory not in self._wd:
+            return None
+        return self._generation.get(directory, 0)
+
     def recall(self, path: str) -> Any:
         """The remembered answer about `path` (re-raising a remembered error). Raises NotCached.
         Call `sync` first, once per call of the hook."""

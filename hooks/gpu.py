@@ -28,7 +28,7 @@ from crihook.devices.checkpoint import Checkpoint, CheckpointError, CheckpointRe
 from crihook.hooks.base import Edit, HookContext, HookError, PodInfo, PodRecordView, RecordStore, Stage
 from crihook.hooks.cdi import GENERATE_FIX, CdiIndex
 from crihook.hooks.fscache import FsMemo, NotCached
-from crihook.hooks.gpu_edit import GpuLookup, GpuOptions, NodeView, SeenPod, gpu_edit
+from crihook.hooks.gpu_edit import GpuLookup, GpuOptions, NodeView, Placements, SeenPod, gpu_edit, place
 from crihook.hooks.scheduled import prime
 
 log = logging.getLogger("crihook.hooks.gpu")
@@ -194,6 +194,10 @@ class GpuHook:
         self._lock = threading.Lock()
         # the file-system answers above, for handle_cached (None: every call reads, on a worker thread)
         self.memo: FsMemo | None = None
+        # each allocation's GPUs resolved and turned into device nodes, while the memo and the GPU
+        # index say nothing they came from changed (see stamp)
+        self.placements = Placements()
+        self._dev_dir = os.path.dirname(f"{dev_root}/nvidia0")  # the directory the memo watches for them
 
     def close(self) -> None:
         """The memo's inotify descriptor goes with the hook (a reload builds a new one)."""
@@ -211,7 +215,35 @@ class GpuHook:
         return not (seen is not None and seen.allocated) and self.pod_live(pod_uid)
 
     def prepare_pod(self, pod: PodInfo) -> None:
-        prime(pod, al.GPU)
+        """The pod's annotation parsed and, when the memo and the GPU index hold what it needs, its
+        containers' placements made: its CreateContainers find them (this runs on the event loop,
+        after kubelet has RunPodSandbox's answer, and reads nothing)."""
+        devices = prime(pod, al.GPU)
+        if devices is None or not devices.allocs or self.memo is None:
+            return
+        self.memo.sync()
+        stamp = self.stamp()
+        if stamp is None:
+            return
+        gpus = _KnownGpus(self.gpus)
+        for name in devices.per_container or (None,):  # without a split, every container gets them all
+            try:
+                allocs = devices.allocs if name is None else devices.for_container(name)
+                if allocs and self.placements.get(allocs, stamp) is None:
+                    placed = place(allocs, gpus, self.memo.recall, self.dev_root, self.opts)
+                    self.placements.put(allocs, stamp, placed)
+            except (NotCached, HookError, al.AnnotationError):
+                pass  # the CreateContainer finds out again, and answers with what it finds
+
+    def stamp(self) -> tuple[int, int] | None:
+        """What placements depend on, as it is now: the memo's count of changes to the device
+        directory and the GPU index's generation; None when either can not tell (nothing kept)."""
+        memo = self.memo
+        generation = getattr(self.gpus, "generation", None)
+        if memo is None or generation is None:
+            return None
+        seen = memo.version(self._dev_dir)
+        return None if seen is None else (seen, generation)
 
     def handle(self, ctx: HookContext) -> Edit | None:
         return self._handle(ctx, _Facts(self, cached=False))
@@ -226,6 +258,7 @@ class GpuHook:
 
     def _handle(self, ctx: HookContext, facts: _Facts) -> Edit | None:
         assert ctx.container is not None
+        stamp = self.stamp()  # before any fact is read
         try:
             cp = facts.checkpoint()
         except CheckpointError as e:
@@ -235,7 +268,8 @@ class GpuHook:
                 f"{e} ({self.checkpoint.path}); can not tell which GPUs the device plugin handed out",
             ) from None
         if self.store is None:
-            return self._decide(ctx, NodeView(cp, facts.exists, facts.pod_live, dev_root=self.dev_root), facts)
+            node = NodeView(cp, facts.exists, facts.pod_live, None, self.dev_root, self.placements, stamp)
+            return self._decide(ctx, node, facts)
         # One decision at a time, each seeing the containers the ones before it let through: two
         # containers created at once can not both be given one GPU (a placed pod's and a plugin pod's).
         # On the event loop the lock is only taken when free (a worker may be waiting on a read).
@@ -245,7 +279,8 @@ class GpuHook:
             now = self.clock()
             self._expire_claims(now)
             pods = StorePods(self.store, self._claims.values())
-            edit = self._decide(ctx, NodeView(cp, facts.exists, facts.pod_live, pods, self.dev_root), facts)
+            node = NodeView(cp, facts.exists, facts.pod_live, pods, self.dev_root, self.placements, stamp)
+            edit = self._decide(ctx, node, facts)
             allocated, minors = StorePods._allocation(ctx.pod.annotations.get(al.DEVICE_ALLOCATED))
             key = (ctx.pod.uid, ctx.container.name)
             self._claims.pop(key, None)  # re-inserted last: the dict stays in the order of `at`

@@ -135,6 +135,79 @@ class NodeView:
     # None (no store): every live holder in the checkpoint counts, as if it were a device-plugin pod
     pods: SeenPods | None = None
     dev_root: str = "/dev"  # where the node's device nodes are (a container sees them under /dev)
+    # placements made before, and what the node facts they depend on are now (None: not known, so
+    # nothing is reused): see Placements
+    placements: Placements | None = None
+    stamp: object = None
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """The scheduler's GPUs for a container resolved on this node, and what the container gets for
+    them: the part of the edit that depends on the allocation and the node only, not on the
+    container as kubelet sent it or on the node's other pods. Worked out once per allocation
+    (`Placements`), so a CreateContainer only looks it up."""
+
+    chosen: tuple[tuple[al.DeviceAllocation, GpuLike], ...]  # in PCI bus order (CUDA's numbering)
+    gpus: tuple[GpuLike, ...]  # the same GPUs, alone
+    visible: str  # NVIDIA_VISIBLE_DEVICES
+    names: frozenset[str]  # the chosen GPUs' UUIDs and NVML indexes: the GPU CDI names that may stay
+    devices: tuple[Device, ...]  # env+devices: the device nodes to add
+    cdi_devices: tuple[str, ...]  # cdi: the CDI devices to add
+    shared: bool  # a GPU is shared: HAMi-core isolation applies if the pod asks for it
+
+
+def place(
+    allocs: Sequence[al.DeviceAllocation],
+    gpus: GpuLookup,
+    exists: Callable[[str], bool],
+    dev_root: str,
+    opts: GpuOptions,
+) -> Placement:
+    """The placement of `allocs` on this node. Raises HookError (a GPU or device node it lacks)."""
+    chosen = tuple(sorted(_resolve(allocs, gpus), key=lambda pair: pair[1].pci_bus_id.lower()))
+    gs = tuple(g for _, g in chosen)
+    uuids = [g.uuid for g in gs]
+    names = frozenset(n for g in gs for n in (g.uuid, str(g.index)))
+    shared = any(_is_shared(a, g) for a, g in chosen)
+    if opts.inject == "cdi":
+        return Placement(chosen, gs, VOID, names, (), tuple(f"{CDI_KIND}={u}" for u in uuids), shared)
+    for g in gs:
+        if not exists(f"{dev_root}/nvidia{g.minor}"):
+            raise refuse(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"device node {dev_root}/nvidia{g.minor} of minor {g.minor} is missing on this node",
+            )
+    nodes = [f"nvidia{g.minor}" for g in gs]
+    nodes += [n for n in CONTROL_NODES if exists(f"{dev_root}/{n}")]
+    devices = tuple(Device(f"/dev/{n}", f"{dev_root}/{n}", DEVICE_PERMISSIONS) for n in nodes)
+    return Placement(chosen, gs, ",".join(uuids), names, devices, (), shared)
+
+
+class Placements:
+    """Placements by allocation, each with the stamp of the node facts it was made from (which
+    device nodes exist, the GPU index); one is reused only under the same stamp. Keyed by the
+    parsed allocation itself (hooks.scheduled parses a pod's annotation once for all its
+    containers), held here so its identity can not pass to another."""
+
+    MAX = 4096  # allocations kept (cleared when full: pods come and go)
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[Sequence[al.DeviceAllocation], object, Placement]] = {}
+
+    def get(self, allocs: Sequence[al.DeviceAllocation], stamp: object) -> Placement | None:
+        hit = self._by_id.get(id(allocs))
+        if hit is None or hit[0] is not allocs or stamp is None or hit[1] != stamp:
+            return None
+        return hit[2]
+
+    def put(self, allocs: Sequence[al.DeviceAllocation], stamp: object, placement: Placement) -> None:
+        """`stamp`: taken before the facts `placement` came from were read (None: keep nothing)."""
+        if stamp is None:
+            return
+        if len(self._by_id) >= self.MAX:
+            self._by_id.clear()
+        self._by_id[id(allocs)] = (allocs, stamp, placement)
 
 
 def gpu_edit(pod: PodInfo, container: ContainerInfo, gpus: GpuLookup, node: NodeView, opts: GpuOptions) -> Edit | None:
@@ -147,25 +220,18 @@ def gpu_edit(pod: PodInfo, container: ContainerInfo, gpus: GpuLookup, node: Node
         _check_taken(pod.uid, plugin, gpus, node)
         return None  # no word from the scheduler: the device plugin's allocation stands
     if not allocs:
-        return _strip(container, plugin, (), VOID) if opts.deny_unallocated else None
-    chosen = sorted(_resolve(allocs, gpus), key=lambda pair: pair[1].pci_bus_id.lower())
-    _check_conflicts(pod.uid, [g for _, g in chosen], node)
-    uuids = [g.uuid for _, g in chosen]
-    edit = _strip(container, plugin, [g for _, g in chosen], VOID if opts.inject == "cdi" else ",".join(uuids))
-    if opts.inject == "cdi":
-        edit.add_cdi_devices.extend(f"{CDI_KIND}={u}" for u in uuids)
-    else:
-        for _, g in chosen:
-            if not node.exists(f"{node.dev_root}/nvidia{g.minor}"):
-                raise refuse(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"device node {node.dev_root}/nvidia{g.minor} of minor {g.minor} is missing on this node",
-                )
-        names = [f"nvidia{g.minor}" for _, g in chosen]
-        names += [n for n in CONTROL_NODES if node.exists(f"{node.dev_root}/{n}")]
-        edit.add_devices = [Device(f"/dev/{n}", f"{node.dev_root}/{n}", DEVICE_PERMISSIONS) for n in names]
-    if pod.labels.get(ISOLATION_LABEL, "").lower() == HAMI_CORE and any(_is_shared(a, g) for a, g in chosen):
-        _isolate(edit, pod, container, chosen, opts.hami_core)
+        return _strip(container, plugin, frozenset(), VOID) if opts.deny_unallocated else None
+    placed = node.placements.get(allocs, node.stamp) if node.placements is not None else None
+    if placed is None:
+        placed = place(allocs, gpus, node.exists, node.dev_root, opts)
+        if node.placements is not None:
+            node.placements.put(allocs, node.stamp, placed)
+    _check_conflicts(pod.uid, placed.gpus, node)
+    edit = _strip(container, plugin, placed.names, placed.visible)
+    edit.add_devices = list(placed.devices)
+    edit.add_cdi_devices = list(placed.cdi_devices)
+    if placed.shared and pod.labels.get(ISOLATION_LABEL, "").lower() == HAMI_CORE:
+        _isolate(edit, pod, container, placed.chosen, opts.hami_core)
     return edit
 
 
@@ -249,11 +315,12 @@ def _plugin_gpu(dev_id: str, gpus: GpuLookup) -> GpuLike | None:
     return gpus.by_uuid(dev_id) if dev_id.startswith("GPU-") else None
 
 
-def _strip(container: ContainerInfo, plugin: Sequence[PodDeviceEntry], chosen: Sequence[GpuLike], visible: str) -> Edit:
+def _strip(container: ContainerInfo, plugin: Sequence[PodDeviceEntry], names: frozenset[str], visible: str) -> Edit:
     """Remove every GPU the container would get some other way: what the device plugin injected
     for it, any /dev/nvidiaN node, and every CDI device naming a GPU not chosen, whether in
     CDI_devices or in a `cdi.k8s.io/*` annotation (the plugin's, an image's, a webhook's); then set
-    the visible list. CDI devices that name no GPU (gds, mofed, imex channels) stay."""
+    the visible list. CDI devices that name no GPU (gds, mofed, imex channels) stay; `names`: the
+    chosen GPUs' (Placement.names)."""
     for e in plugin:
         if e.alloc_resp is None and e.alloc_error:
             raise HookError(
@@ -265,7 +332,6 @@ def _strip(container: ContainerInfo, plugin: Sequence[PodDeviceEntry], chosen: S
     mount_paths = {m.container_path for r in injected for m in r.mounts}
     device_paths = {d.container_path for r in injected for d in r.devices}
     plugin_annotations = {k for r in injected for k in r.annotations}
-    names = frozenset(n for g in chosen for n in (g.uuid, str(g.index)))
     edit = Edit(env={VISIBLE: visible})
     edit.remove_env = {k for k, _ in container.envs if k in env_keys}
     edit.remove_mounts = {m.container_path for m in container.mounts if m.container_path in mount_paths}

@@ -42,10 +42,12 @@ def scheduled(pod: PodInfo, container: ContainerInfo, dtype: str) -> tuple[al.De
         raise HookError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
 
 
-def prime(pod: PodInfo, dtype: str) -> None:
+def prime(pod: PodInfo, dtype: str) -> al.PodDevices | None:
     """Parse a pod's annotations now, when its sandbox has started, so that its CreateContainers,
-    which kubelet sends once the image is pulled, do not wait for it; an error is kept for them."""
-    _pod_devices(pod.annotations, dtype)
+    which kubelet sends once the image is pulled, do not wait for it; an error is kept for them
+    (and None returned)."""
+    answer = _pod_devices(pod.annotations, dtype)
+    return None if isinstance(answer, str) else answer
 
 
 def refuse(code: grpc.StatusCode, cause: str) -> HookError:

@@ -236,6 +236,8 @@ class PodDevices:
     allocs: tuple[DeviceAllocation, ...]  # empty: the scheduler gave the pod none of this type
     # the container-devices annotation, when the pod has one: container -> type -> minors
     per_container: Mapping[str, Mapping[str, tuple[int, ...]]] | None = None
+    # for_container's answers: the same tuple for every call, which callers may key on (the gpu hook)
+    _split: dict[str, tuple[DeviceAllocation, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     def for_container(self, container: str) -> tuple[DeviceAllocation, ...] | None:
         """See allocated_to. Raises AnnotationError for a minor the pod was not given."""
@@ -243,6 +245,9 @@ class PodDevices:
             return None
         if self.per_container is None:
             return self.allocs
+        split = self._split.get(container)
+        if split is not None:
+            return split
         wanted = self.per_container.get(container, {}).get(self.dtype, ())
         allocated = {a.minor for a in self.allocs}
         for i, minor in enumerate(wanted):
@@ -252,7 +257,8 @@ class PodDevices:
                     f"{field_path(container, self.dtype)}[{i}]",
                     f"minor {minor} is not among the pod's allocated {self.dtype} minors {sorted(allocated)}",
                 )
-        return tuple(a for a in self.allocs if a.minor in wanted)
+        split = self._split[container] = tuple(a for a in self.allocs if a.minor in wanted)
+        return split
 
 
 def pod_devices(annotations: Mapping[str, str], dtype: str) -> PodDevices:

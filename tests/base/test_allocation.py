@@ -264,6 +264,16 @@ def test_allocated_to_per_container() -> None:
     assert _minors(al.allocated_to(ann, "unlisted", "gpu")) == []
 
 
+def test_a_containers_split_is_the_same_tuple_every_time() -> None:
+    """Callers key what they work out from an allocation on it (the gpu hook's placements)."""
+    ann = {DEVICE_ALLOCATED: TWO_GPUS, CONTAINER_DEVICES: '{"a":{"gpu":[5]},"b":{"gpu":[3,5]}}'}
+    devices = al.pod_devices(ann, "gpu")
+    assert devices.for_container("a") is devices.for_container("a")
+    assert _minors(devices.for_container("b")) == [3, 5] and devices == al.pod_devices(ann, "gpu")
+    whole = al.pod_devices({DEVICE_ALLOCATED: TWO_GPUS}, "gpu")
+    assert whole.for_container("a") is whole.for_container("b") is whole.allocs
+
+
 def test_allocated_to_refuses_minors_outside_the_pod() -> None:
     ann = {DEVICE_ALLOCATED: TWO_GPUS, CONTAINER_DEVICES: '{"a":{"gpu":[5,4]}}'}
     with pytest.raises(AnnotationError) as info:

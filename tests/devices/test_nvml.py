@@ -4,6 +4,7 @@ health, MIG, a node without the driver, and the hot-path index."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import pynvml
 import pytest
@@ -213,6 +214,20 @@ def test_index_takes_the_reporters_snapshot(node) -> None:
     calls = fake.call_count()
     assert index.by_minor(4).uuid == fake.doc["gpus"][4]["uuid"]
     assert fake.call_count() == calls and index.refreshes == 0
+
+
+def test_index_generation_moves_only_when_the_gpus_change(node) -> None:
+    """What was worked out from the index (the gpu hook's placements) is remade when it moves; the
+    reporter's rounds, which mostly find the same GPUs, leave it."""
+    _, nvml = node("dgx-h100")
+    index = GpuIndex(nvml, min_refresh_seconds=5)
+    index.update(nvml.snapshot())
+    seen = index.generation
+    index.update(nvml.snapshot())
+    assert index.generation == seen
+    snap = nvml.snapshot()
+    index.update(replace(snap, gpus=snap.gpus[1:]))
+    assert index.generation == seen + 1 and index.by_minor(snap.gpus[0].minor) is None
 
 
 # -- pure pieces -----------------------------------------------------------------------------------

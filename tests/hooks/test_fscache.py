@@ -209,6 +209,50 @@ def test_the_cached_answer_is_the_read_answer_after_every_change(memo: FsMemo, t
     assert answered >= len(steps) * len(cases) // 2
 
 
+def test_an_allocation_is_placed_once_until_the_node_changes(memo: FsMemo, tmp_path: Path) -> None:
+    """The allocation's GPUs are resolved and turned into device nodes once; later calls look that
+    up (no GPU lookups), until the device directory or the GPU index changes."""
+    node = Node(tmp_path)
+    hook = node.hook(memo)
+    c = ctx(POD, 2, 3)
+    hook.handle(c)  # a worker thread's reads fill the memo
+    first = hook.handle_cached(c)
+    lookups = node.inventory.lookups
+    assert hook.handle_cached(c) == first and node.inventory.lookups == lookups
+    node.inventory.generation += 1  # the reporter's round found the GPUs changed
+    assert hook.handle_cached(c) == first and node.inventory.lookups == lookups + 2
+    (node.dev / "nvidia3").unlink()
+    with pytest.raises(NotCached):
+        hook.handle_cached(c)
+    missing = outcome(hook.handle, c)
+    assert missing[0] == grpc.StatusCode.FAILED_PRECONDITION and "nvidia3" in missing[1]
+    assert outcome(hook.handle_cached, c) == missing
+
+
+def test_a_pods_containers_are_placed_before_they_come(memo: FsMemo, tmp_path: Path) -> None:
+    """prepare_pod (after RunPodSandbox is answered) places each container's GPUs from what the memo
+    and the GPU index hold, so its CreateContainers only look them up; a malformed split is left
+    for the container it concerns to be refused, naming the annotation and the field."""
+    node = Node(tmp_path)
+    hook = node.hook(memo)
+    hook.handle(ctx(POD, 2, 3, 4, 5))  # the memo learns every device node
+    split = {"a": {"gpu": [2]}, "b": {"gpu": [4, 5]}, "c": {"gpu": [3]}}
+    annotations = {
+        al.DEVICE_ALLOCATED: json.dumps({"gpu": [{"minor": m} for m in (2, 4, 5)]}),
+        al.CONTAINER_DEVICES: json.dumps(split),
+    }
+    pod = PodInfo("p", "ml", OTHER, annotations=annotations)
+    hook.prepare_pod(pod)
+    lookups = node.inventory.lookups
+    calls = [HookContext(Stage.PRE_CREATE_CONTAINER, pod, ContainerInfo(name)) for name in ("a", "b")]
+    cached = [hook.handle_cached(c) for c in calls]
+    assert node.inventory.lookups == lookups
+    assert cached == [hook.handle(c) for c in calls]
+    with pytest.raises(HookError) as refused:
+        hook.handle_cached(HookContext(Stage.PRE_CREATE_CONTAINER, pod, ContainerInfo("c")))
+    assert al.CONTAINER_DEVICES in refused.value.reason and "c.gpu[0]" in refused.value.reason
+
+
 def test_without_a_memo_every_call_reads(tmp_path: Path) -> None:
     hook = Node(tmp_path).hook(None)
     with pytest.raises(NotCached):

@@ -49,6 +49,7 @@ class Inventory:
     def __init__(self, items: Iterable[Gpu]) -> None:
         self.items = list(items)
         self.lookups = 0
+        self.generation = 0  # GpuIndex's: the list never changes
 
     def by_minor(self, minor: int) -> Gpu | None:
         self.lookups += 1
