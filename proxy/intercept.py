@@ -6,7 +6,7 @@ A CreateContainer through the code (docs/proxy.md opens with the same path):
 
     relay.py      Link.down_data         HEADERS: HeaderBlocks.feed reads :path, Interceptor.classify
                                          claims the stream; DATA is held until END_STREAM, and once
-                                         the frames read with it are written, Link.request_complete
+                                         the frames read with it are queued, Link.request_complete
     intercept.py  Interceptor.pre        decode; _create_context builds the view (pod from the store)
     chain.py      HookChain.run_now      each hook's handle_cached -> _settle (allowlist, apply_edit);
                                          a hook that must wait: the rest in a task (HookChain._run)

@@ -251,7 +251,7 @@ class RuntimeWindow(Generic[C]):
     that fit both windows (`pump`). `skew`: how far kubelet's idea of that window runs ahead of the
     truth (a rewrite longer than kubelet's request), swallowed from containerd's next updates."""
 
-    __slots__ = ("initial", "max_frame", "queue", "skew", "up", "window")
+    __slots__ = ("held", "initial", "max_frame", "queue", "skew", "up", "window")
 
     def __init__(self) -> None:
         self.up: asyncio.Transport | None = None
@@ -260,6 +260,15 @@ class RuntimeWindow(Generic[C]):
         self.max_frame = DEFAULT_MAX_FRAME  # largest frame containerd accepts (what kubelet may send)
         self.skew = 0
         self.queue: deque[bytes] = deque()
+        # while not None, what is written to containerd is gathered here, for one write (Link.down_data)
+        self.held: list[bytes] | None = None
+
+    def write(self, data: bytes) -> None:
+        if self.held is not None:
+            self.held.append(data)
+        else:
+            assert self.up is not None
+            self.up.write(data)
 
     def pump(self, sid: int, stream: _Stream[C]) -> None:
         """Send what is left of a rewritten request within containerd's windows."""
@@ -278,7 +287,7 @@ class RuntimeWindow(Generic[C]):
             self.skew += n
         stream.out = out if out else None
         if chunks:
-            self.up.write(b"".join(chunks))
+            self.write(b"".join(chunks))
 
     def connection_update(self, inc: int, streams: dict[int, _Stream[C]]) -> int | None:
         """containerd opened its connection window by `inc`: send what waited for it. Returns None
@@ -302,8 +311,7 @@ class RuntimeWindow(Generic[C]):
                 self.window -= len(f) - 9
                 out.append(f)
             if out:
-                assert self.up is not None
-                self.up.write(b"".join(out))
+                self.write(b"".join(out))
         for sid, stream in list(streams.items()):
             if stream.out is not None:
                 self.pump(sid, stream)
@@ -481,11 +489,18 @@ class Link(Generic[C]):
         self.dbuf = buf[pos:]
         if run < pos:
             out.append(buf if run == 0 and pos == n else buf[run:pos])
+        if complete:
+            # a request answered at once goes out behind the frames read before it (its HEADERS among
+            # them) in the same write: one send, and containerd reads the call whole
+            flow.held = out
+            try:
+                for sid, stream in complete:
+                    if self.streams.get(sid) is stream:  # not reset by a later frame of the batch
+                        self.request_complete(sid, stream)
+            finally:
+                flow.held = None
         if out:
             up.write(out[0] if len(out) == 1 else b"".join(out))
-        for sid, stream in complete:
-            if self.streams.get(sid) is stream:  # not reset by a later frame of the batch
-                self.request_complete(sid, stream)
         # kubelet's windows back for what was held: after the forward, which nothing here waits for
         if refund:
             stream_refunds.append(frame(WINDOW_UPDATE, 0, 0, refund.to_bytes(4, "big")))
@@ -500,9 +515,9 @@ class Link(Generic[C]):
         self.streams[sid] = stream
 
     def request_complete(self, sid: int, stream: _Stream[C]) -> None:
-        """A held request is whole, and the frames before it are written (its HEADERS among them).
-        `pre` answers at once when no hook has to wait (the common case: no task, no loop turn);
-        otherwise the rest runs as a task."""
+        """A held request is whole, and the frames read before it are on their way to containerd
+        (its HEADERS among them; what this writes joins them). `pre` answers at once when no hook
+        has to wait (the common case: no task, no loop turn); otherwise the rest runs as a task."""
         message = _grpc_message(stream.request)
         try:
             if message is None:
@@ -557,7 +572,7 @@ class Link(Generic[C]):
             self.dead.add(sid)
         self.down.write(frame(HEADERS, END_STREAM | END_HEADERS, sid, grpc_error_headers(code, message)))
         if self.up is not None:
-            self.up.write(frame(RST_STREAM, 0, sid, CANCEL.to_bytes(4, "big")))
+            self.flow.write(frame(RST_STREAM, 0, sid, CANCEL.to_bytes(4, "big")))
         self.relay.check_idle()
 
     # -- containerd -> kubelet ---------------------------------------------------------------

@@ -25,7 +25,9 @@ from crihook.proxy.relay import (
     HEADERS,
     MAX_HEADER_BLOCK,
     PADDED,
+    PREFACE,
     PRIORITY_FLAG,
+    RST_STREAM,
     WINDOW_UPDATE,
     HeaderBlocks,
     Link,
@@ -377,16 +379,32 @@ def test_runtime_window_passes_updates_through_without_skew_and_releases_the_que
     assert flow.connection_update(5, {}) is None and sink.frames == [queued] and flow.window == 2
 
 
+class _Down(_Sink):
+    def is_closing(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("body", [b"hello", b"refuse"])
+def test_a_request_answered_at_once_goes_out_in_one_write_with_its_headers(body: bytes) -> None:
+    """containerd gets the HEADERS kubelet sent and what `pre` made of the held DATA (the rewrite, or
+    the reset of a refused call) in one write: one send, and the call arrives whole."""
+    link: Link[Spec] = Link(Relay("unused", ScriptedInterceptor(grow=3, eager=True)), _Down())  # type: ignore[arg-type]
+    up = _Sink()
+    link.up = link.flow.up = up  # type: ignore[assignment]
+    headers = frame(HEADERS, END_HEADERS, 1, encode_literal([(b":method", b"POST"), (b":path", b"/t.S/Modify")]))
+    link.down_data(PREFACE + headers + frame(DATA, END_STREAM, 1, b"\x00" + len(body).to_bytes(4, "big") + body))
+    if body == b"refuse":
+        then = frame(RST_STREAM, 0, 1, (8).to_bytes(4, "big"))  # CANCEL
+    else:
+        then = frame(DATA, END_STREAM, 1, b"\x00" + (len(body) + 3).to_bytes(4, "big") + body + b"+++")
+    assert up.frames == [PREFACE + headers + then]
+
+
 async def test_an_answer_before_the_upload_ends_stops_the_upload_in_the_same_batch() -> None:
     """containerd may answer a held, rewritten request before it has all of it (an early error). Its
     trailers end the call even when a connection WINDOW_UPDATE follows in the same read, which would
     otherwise release the rest of the upload onto a finished stream."""
-
-    class Down(_Sink):
-        def is_closing(self) -> bool:
-            return False
-
-    link: Link[Spec] = Link(Relay("unused", ScriptedInterceptor()), Down())  # type: ignore[arg-type]
+    link: Link[Spec] = Link(Relay("unused", ScriptedInterceptor()), _Down())  # type: ignore[arg-type]
     up = _Sink()
     link.up = link.flow.up = up  # type: ignore[assignment]
     link.flow.window = 0  # containerd's window is spent: the rest of the rewrite waits
