@@ -508,6 +508,8 @@ def _edit_map(annotations: Mapping[str, str], edit: Edit) -> dict[str, str]:
 
 
 def _replace_keyed(items: tuple[_T, ...], remove: set[str], add: list[_T], key: Any) -> tuple[_T, ...]:
+    if not items or not (remove or add):  # most containers bring no devices of their own: no keys needed
+        return (*items, *add)
     added = {key(a) for a in add}
     kept = [i for i in items if key(i) not in remove and key(i) not in added]
     return (*kept, *add)
