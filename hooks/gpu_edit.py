@@ -320,27 +320,35 @@ def _strip(container: ContainerInfo, plugin: Sequence[PodDeviceEntry], names: fr
     for it, any /dev/nvidiaN node, and every CDI device naming a GPU not chosen, whether in
     CDI_devices or in a `cdi.k8s.io/*` annotation (the plugin's, an image's, a webhook's); then set
     the visible list. CDI devices that name no GPU (gds, mofed, imex channels) stay; `names`: the
-    chosen GPUs' (Placement.names)."""
-    for e in plugin:
-        if e.alloc_resp is None and e.alloc_error:
-            raise HookError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"can not tell what the device plugin injected for {e.resource_name}: {e.alloc_error}",
-            )
-    injected = [e.alloc_resp for e in plugin if e.alloc_resp is not None]
-    env_keys = {k for r in injected for k in r.envs} - {VISIBLE}
-    mount_paths = {m.container_path for r in injected for m in r.mounts}
-    device_paths = {d.container_path for r in injected for d in r.devices}
-    plugin_annotations = {k for r in injected for k in r.annotations}
+    chosen GPUs' (Placement.names). Only what the container has is looked at: most containers bring
+    nothing of their own, and a pod the scheduler placed has no plugin injections."""
     edit = Edit(env={VISIBLE: visible})
-    edit.remove_env = {k for k, _ in container.envs if k in env_keys}
-    edit.remove_mounts = {m.container_path for m in container.mounts if m.container_path in mount_paths}
-    edit.remove_devices = {
-        d.container_path
-        for d in container.devices
-        if d.container_path in device_paths or _GPU_NODE.fullmatch(d.container_path) or _GPU_NODE.fullmatch(d.host_path)
-    }
-    edit.remove_cdi_devices = {n for n in container.cdi_devices if not _cdi_allowed(n, names)}
+    device_paths: set[str] = set()
+    plugin_annotations: set[str] = set()
+    if plugin:
+        for e in plugin:
+            if e.alloc_resp is None and e.alloc_error:
+                raise HookError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"can not tell what the device plugin injected for {e.resource_name}: {e.alloc_error}",
+                )
+        injected = [e.alloc_resp for e in plugin if e.alloc_resp is not None]
+        env_keys = {k for r in injected for k in r.envs} - {VISIBLE}
+        mount_paths = {m.container_path for r in injected for m in r.mounts}
+        device_paths = {d.container_path for r in injected for d in r.devices}
+        plugin_annotations = {k for r in injected for k in r.annotations}
+        edit.remove_env = {k for k, _ in container.envs if k in env_keys}
+        edit.remove_mounts = {m.container_path for m in container.mounts if m.container_path in mount_paths}
+    if container.devices:
+        edit.remove_devices = {
+            d.container_path
+            for d in container.devices
+            if d.container_path in device_paths
+            or _GPU_NODE.fullmatch(d.container_path)
+            or _GPU_NODE.fullmatch(d.host_path)
+        }
+    if container.cdi_devices:
+        edit.remove_cdi_devices = {n for n in container.cdi_devices if not _cdi_allowed(n, names)}
     for key, value in container.annotations.items():
         if key.startswith(CDI_ANNOTATION_PREFIX) or key in plugin_annotations:
             kept = [n for n in value.split(",") if _cdi_allowed(n, names)]
