@@ -31,13 +31,20 @@ def _raw(s: str) -> bytes:
     return s.encode("utf-8", "surrogateescape")
 
 
+def _plain(m: Mapping[str, str]) -> dict[str, str]:
+    """A protobuf map as a dict. `dict(m)` goes through collections.abc's Python-level keys view
+    (protobuf's maps take their mixin methods from it): code a call touches only for that, and
+    runs cold after the event loop idled."""
+    return {k: m[k] for k in m}
+
+
 # -- protobuf -> views ---------------------------------------------------------------------------
 
 
 def resources_view(msg: cri.LinuxContainerResources, present: bool) -> LinuxResources | None:
     if not present:
         return None
-    return LinuxResources(**{f: getattr(msg, f) for f in RESOURCE_FIELDS}, unified=dict(msg.unified))
+    return LinuxResources(**{f: getattr(msg, f) for f in RESOURCE_FIELDS}, unified=_plain(msg.unified))
 
 
 def pod_view(
@@ -53,8 +60,8 @@ def pod_view(
         uid=meta.uid,
         attempt=meta.attempt,
         id=pod_id,
-        labels=dict(cfg.labels) if stored is None else stored.labels,
-        annotations=dict(cfg.annotations) if stored is None else stored.annotations,
+        labels=_plain(cfg.labels) if stored is None else stored.labels,
+        annotations=_plain(cfg.annotations) if stored is None else stored.annotations,
         cgroup_parent=stored.cgroup_parent if stored is not None and stored.cgroup_parent else linux.cgroup_parent,
         runtime_handler=runtime_handler,
         resources=resources_view(linux.resources, linux.HasField("resources")),
@@ -72,8 +79,8 @@ def container_view(cfg: cri.ContainerConfig, container_id: str = "") -> Containe
         attempt=meta.attempt,
         id=container_id,
         image=cfg.image.image,
-        labels=dict(cfg.labels),
-        annotations=dict(cfg.annotations),
+        labels=_plain(cfg.labels),
+        annotations=_plain(cfg.annotations),
         envs=tuple((_text(kv.key), _text(kv.value)) for kv in envs) if envs else (),
         mounts=tuple(Mount(m.container_path, m.host_path, m.readonly, m.selinux_relabel, m.propagation) for m in mounts)
         if mounts
