@@ -39,6 +39,8 @@ PHASES = [
     ("crihook.proxy.relay", "Link", "request_complete", "request_complete", "down_data: kubelet's frames"),
     ("crihook.proxy.intercept", "Interceptor", "pre", "Interceptor.pre", "request_complete"),
     ("crihook.hooks.chain", "HookChain", "run_now", "HookChain.run_now", "Interceptor.pre"),
+    ("crihook.hooks.gpu", "GpuHook", "handle_cached", "GpuHook.handle_cached", "HookChain.run_now"),
+    ("crihook.proxy.intercept", "Interceptor", "_written", "Interceptor._written (write back)", "Interceptor.pre"),
     ("crihook.proxy.relay", "Link", "forward", "Link.forward (DATA out)", "request_complete"),
     ("crihook.proxy.relay", "Link", "run_pre", "Link.run_pre (a task: a hook that waits)", ""),
     ("crihook.proxy.relay", "Link", "up_data", "up_data: containerd's frames", ""),
