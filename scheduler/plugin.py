@@ -28,6 +28,7 @@ from crihook.base.allocation import (
     DeviceAllocation,
 )
 from crihook.scheduler import topology
+from crihook.scheduler.arrays import same_rows
 from crihook.scheduler.devices import Gpu, Nic, NodeDevices
 from crihook.scheduler.pod import Pod
 from crihook.scheduler.request import STRATEGIES, PodRequest, RequestError, Selectors, parse_request
@@ -151,19 +152,6 @@ class Cluster:
         self.idle[row] = np.where(self.usable[row], np.clip(np.minimum(self.core_free[row], mem_pct), 0, 100), 0)
         self.version[row] += 1
         self.generation += 1
-
-
-def same_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(a first row of each distinct row of a small non-negative int matrix, each row's index among
-    them): the columns as digits of one number, which sorts far faster than rows do."""
-    code = np.zeros(a.shape[0], np.int64)
-    for col in a.T:
-        base = int(col.max(initial=0)) + 1
-        if code.size and int(code.max()) >= 2**62 // base:  # renumber before the number overflows
-            code = np.unique(code, return_inverse=True)[1].ravel()
-        code = code * base + col
-    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
-    return first, inverse.ravel()
 
 
 class DeviceShare:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from crihook.base.allocation import CONTAINER_DEVICES, DEVICE_ALLOCATED, parse_container_devices, parse_device_allocated
 from crihook.scheduler.devices import PCIE_LEVELS, DeviceError, Gpu, NodeDevices, node_from_device
-from crihook.scheduler.plugin import DeviceShare, Unschedulable, same_rows
+from crihook.scheduler.plugin import DeviceShare, Unschedulable
 from crihook.scheduler.pod import pod_from_json
 
 GIB = 1 << 30
@@ -492,12 +492,3 @@ def test_filter_reasons_count_refused_models_and_uuids_per_node() -> None:
         "node m: 2 of 5 GPUs can take a whole GPU, 3 needed "
         "(1 GPU-2 is excluded by nvidia.com/nouse-gpuuuid; 2 model A100 is not in nvidia.com/use-gputype)"
     )
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 40), min_size=6, max_size=6), max_size=30), st.integers(1, 8))
-def test_same_rows_groups_rows_as_unique_does(rows: list[list[int]], width: int) -> None:
-    a = np.array(rows, np.int64).reshape(-1, 6)[:, :width]
-    first, inverse = same_rows(a)
-    assert (a[first][inverse] == a).all()  # each row is the row it is grouped with
-    assert len(first) == len(np.unique(a, axis=0))  # and as many groups as distinct rows

@@ -22,7 +22,6 @@ from crihook.scheduler.score import (
     DefaultPolicy,
     Places,
     RowMemo,
-    first_rows,
     host_cpu,
     node_shapes,
     poisson_tail,
@@ -383,15 +382,3 @@ def test_kept_node_stats_and_places_are_what_a_fresh_count_gives() -> None:
     fresh_room = places.count_room(cpu, cl.hmem_free[rows], left, model)  # places, then shares per GPU part
     np.testing.assert_array_equal(fresh_room[:, : count.shape[1]], count)
     np.testing.assert_array_equal(pol.outlook.before.get(cl, rows, lambda at: fresh_room[at]), fresh_room)
-
-
-@given(
-    st.lists(
-        st.tuples(st.sampled_from([1, 64_000, 96_000]), st.sampled_from([1, 1 << 40, 3 << 38]), st.integers(0, 16)),
-        max_size=40,
-    )
-)
-def test_first_rows_is_where_unique_rows_first_show(rows: list[tuple[int, int, int]]) -> None:
-    """node_shapes' set (and the order the outlook meets its shapes) rests on these indices."""
-    a = np.array(rows, np.int64).reshape(-1, 3)
-    assert first_rows(a).tolist() == sorted(np.unique(a, axis=0, return_index=True)[1].tolist())
