@@ -134,7 +134,7 @@ class KubeApi:
 
 class Reflector:
     """One list+watch loop in a thread. `replace(items)` gets every list, `event(type, obj)` every
-    watch event; both run on this thread."""
+    watch event, `listed()` is called after each list is in; all run on this thread."""
 
     def __init__(
         self,
@@ -142,12 +142,14 @@ class Reflector:
         list_call: Callable[..., Any],
         replace: Callable[[list[dict[str, Any]]], None],
         event: Callable[[str, dict[str, Any]], None],
+        listed: Callable[[], None] | None = None,
         **selector: str,
     ) -> None:
         self.name = name
         self.list_call = list_call
         self.replace = replace
         self.event = event
+        self.listed = listed
         self.selector = selector
         self.synced = threading.Event()
         self._stop = threading.Event()
@@ -190,6 +192,8 @@ class Reflector:
         doc = json_body(resp)
         self.replace(doc.get("items") or [])
         self.synced.set()
+        if self.listed is not None:
+            self.listed()
         return str((doc.get("metadata") or {}).get("resourceVersion") or "")
 
     def _watch(self, rv: str) -> str:
@@ -238,11 +242,19 @@ def _events(resp: Any) -> Iterator[dict[str, Any]]:
 
 
 class ClusterCache:
-    """Devices, Nodes and assigned Pods from the API server into `plugin`, under `lock`."""
+    """Devices, Nodes and assigned Pods from the API server into `plugin`, under `lock`;
+    `settled()` is called on a watch thread whenever a list completes with all three in."""
 
-    def __init__(self, api_client: client.ApiClient, plugin: DeviceShare, lock: threading.Lock) -> None:
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        plugin: DeviceShare,
+        lock: threading.Lock,
+        settled: Callable[[], None] | None = None,
+    ) -> None:
         self.plugin = plugin
         self.lock = lock
+        self.settled = settled
         self.devices: dict[str, dict[str, Any]] = {}
         self.nodes: dict[str, tuple[dict[str, str], dict[str, Any]]] = {}  # name -> (labels, allocatable)
         self.pods: dict[str, str] = {}  # uid -> node, pods charged to the allocator
@@ -254,13 +266,14 @@ class ClusterCache:
             return custom.list_cluster_custom_object(DEVICE_GROUP, DEVICE_VERSION, DEVICE_PLURAL, **kw)
 
         self.reflectors = [
-            Reflector("devices", list_devices, self._replace_devices, self._device_event),
-            Reflector("nodes", core.list_node, self._replace_nodes, self._node_event),
+            Reflector("devices", list_devices, self._replace_devices, self._device_event, self._listed),
+            Reflector("nodes", core.list_node, self._replace_nodes, self._node_event, self._listed),
             Reflector(
                 "pods",
                 core.list_pod_for_all_namespaces,
                 self._replace_pods,
                 self._pod_event,
+                self._listed,
                 field_selector=POD_SELECTOR,
             ),
         ]
@@ -278,6 +291,10 @@ class ClusterCache:
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         return all(r.synced.wait(timeout) for r in self.reflectors)
+
+    def _listed(self) -> None:
+        if self.settled is not None and self.ready():
+            self.settled()
 
     # --- nodes and devices: a node is schedulable for devices when both objects are known ---
 

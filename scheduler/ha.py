@@ -11,6 +11,7 @@ reservations; if it leads again it rebuilds from the API server like any new lea
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import socket
@@ -31,7 +32,13 @@ DEFAULT_LEASE = "crihook-scheduler"
 
 
 class Replica:
-    """The terms of one replica. Without an elector (`--no-leader-elect`) one term runs from start."""
+    """The terms of one replica. Without an elector (`--no-leader-elect`) one term runs from start.
+
+    With `freeze_heap`, what a term has listed is moved out of the garbage collector's sight once
+    the lists are in (gc.freeze): a full collection walked every object of it, the parsed Device
+    objects of every node among them, and stopped the extender's verbs for it (97-119 ms at 5,000
+    nodes, in cluster_bench). JSON has no cycles, so those objects are still freed when the cache
+    drops them; the term's end gives the rest back to the collector."""
 
     def __init__(
         self,
@@ -39,11 +46,13 @@ class Replica:
         extender: Extender,
         new_plugin: Callable[[], DeviceShare],
         elector: Elector | None = None,
+        freeze_heap: bool = False,
     ) -> None:
         self.api_client = api_client
         self.extender = extender
         self.new_plugin = new_plugin
         self.elector = elector
+        self.freeze_heap = freeze_heap
         self.cache: ClusterCache | None = None
         self._guard = threading.Lock()
         extender.ready = self.ready
@@ -72,7 +81,7 @@ class Replica:
 
     def _begin(self) -> None:
         plugin = self.new_plugin()
-        cache = ClusterCache(self.api_client, plugin, self.extender.lock)
+        cache = ClusterCache(self.api_client, plugin, self.extender.lock, self._settled if self.freeze_heap else None)
         with self.extender.lock:
             self.extender.plugin = plugin
             self.extender.priorities = cache.priorities
@@ -89,6 +98,17 @@ class Replica:
         if cache is not None:
             cache.stop()
             log.info("term ended")
+        if self.freeze_heap:
+            gc.unfreeze()
+
+    @staticmethod
+    def _settled() -> None:
+        gc.collect()  # what is garbage now is not kept frozen
+        gc.freeze()
+        log.info(
+            "cluster state listed: its objects frozen out of garbage collection",
+            extra={"objects": gc.get_freeze_count()},
+        )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -112,14 +132,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build(
-    args: argparse.Namespace, api_client: Any, extender: Extender, new_plugin: Callable[[], DeviceShare]
+    args: argparse.Namespace,
+    api_client: Any,
+    extender: Extender,
+    new_plugin: Callable[[], DeviceShare],
+    freeze_heap: bool = False,
 ) -> Replica:
     """The replica the command line asks for; raises ValueError on inconsistent lease timing."""
     if not args.leader_elect:
-        return Replica(api_client, extender, new_plugin)
+        return Replica(api_client, extender, new_plugin, freeze_heap=freeze_heap)
     timing = LeaseTiming(args.lease_duration, args.renew_deadline, args.retry_period)
     identity = args.lease_identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
     api = KubeLeaseApi(api_client, args.lease_name, args.lease_namespace)
     elector = Elector(api, identity, timing, args.lease_name, args.lease_namespace)
     log.info("leader election", extra={"identity": identity, "lease": f"{args.lease_namespace}/{args.lease_name}"})
-    return Replica(api_client, extender, new_plugin, elector)
+    return Replica(api_client, extender, new_plugin, elector, freeze_heap)

@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
     extender = Extender(new_plugin(), KubeApi(api_client))
     try:
-        replica = ha.build(args, api_client, extender, new_plugin)
+        replica = ha.build(args, api_client, extender, new_plugin, freeze_heap=True)
     except ValueError as e:
         log.error(str(e))
         return 2

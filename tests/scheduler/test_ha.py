@@ -427,3 +427,33 @@ def test_without_leader_election_one_replica_serves_from_the_start() -> None:
         assert kube.get("leases", LEASE, NS)["spec"]["holderIdentity"] == ""  # released on stop
     with pytest.raises(ValueError, match="duration > renew deadline"):
         ha.build(parser.parse_args(["--renew-deadline", "9"]), None, Extender(DeviceShare()), DeviceShare)
+
+
+def test_a_term_freezes_what_it_listed_and_its_end_thaws_it() -> None:
+    """`crihook scheduler` keeps the listed cluster out of full collections (ha.Replica docstring):
+    frozen once the lists are in, back with the collector when the term ends."""
+    import argparse
+    import gc
+
+    from crihook.cli import scheduler as command
+    from crihook.scheduler import ha
+    from crihook.scheduler.extender import Extender
+    from crihook.scheduler.plugin import DeviceShare
+
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    with cluster(1) as kube:
+        ext = Extender(DeviceShare())
+        replica = ha.build(parser.parse_args(["--no-leader-elect"]), kube.api_client(), ext, DeviceShare, True)
+        assert gc.get_freeze_count() == 0
+        replica.start()
+        try:
+            deadline = time.monotonic() + 20
+            while not gc.get_freeze_count() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert replica.ready() and replica.cache is not None
+            device = replica.cache.devices["gpu-node-00"]  # the parsed Device object, as listed
+            assert not any(o is device for o in gc.get_objects())  # frozen: no collection walks it
+        finally:
+            replica.stop()
+        assert gc.get_freeze_count() == 0 and any(o is device for o in gc.get_objects())
