@@ -198,6 +198,9 @@ class GpuHook:
         # index say nothing they came from changed (see stamp)
         self.placements = Placements()
         self._dev_dir = os.path.dirname(f"{dev_root}/nvidia0")  # the directory the memo watches for them
+        # where a call's facts come from, made once: they hold nothing of a call's own
+        self._reads = _Facts(self, cached=False)
+        self._recalls = _Facts(self, cached=True)
 
     def close(self) -> None:
         """The memo's inotify descriptor goes with the hook (a reload builds a new one)."""
@@ -225,7 +228,7 @@ class GpuHook:
         stamp = self.stamp()
         if stamp is None:
             return
-        gpus = _KnownGpus(self.gpus)
+        gpus = self._recalls.gpus
         for name in devices.per_container or (None,):  # without a split, every container gets them all
             try:
                 allocs = devices.allocs if name is None else devices.for_container(name)
@@ -246,7 +249,7 @@ class GpuHook:
         return None if seen is None else (seen, generation)
 
     def handle(self, ctx: HookContext) -> Edit | None:
-        return self._handle(ctx, _Facts(self, cached=False))
+        return self._handle(ctx, self._reads)
 
     def handle_cached(self, ctx: HookContext) -> Edit | None:
         """handle() on the event loop from the memo's answers: raises NotCached (and so goes to a
@@ -254,7 +257,7 @@ class GpuHook:
         if self.memo is None:
             raise NotCached("no memo")
         self.memo.sync()
-        return self._handle(ctx, _Facts(self, cached=True))
+        return self._handle(ctx, self._recalls)
 
     def _handle(self, ctx: HookContext, facts: _Facts) -> Edit | None:
         assert ctx.container is not None
@@ -328,8 +331,9 @@ class GpuHook:
 
 
 class _Facts:
-    """Where one call's node facts come from: read (worker thread; remembered in the hook's memo
-    when it has one) or `cached`, from the memo alone (event loop; a miss raises NotCached)."""
+    """Where a call's node facts come from: read (worker thread; remembered in the hook's memo
+    when it has one) or `cached`, from the memo alone (event loop; a miss raises NotCached). The
+    hook makes one of each; nothing here belongs to one call."""
 
     def __init__(self, hook: GpuHook, cached: bool) -> None:
         self.hook = hook
