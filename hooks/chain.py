@@ -130,6 +130,7 @@ class HookChain:
         self._by_stage: dict[Stage, tuple[Registered, ...]] = {
             s: tuple(r for r in self.hooks if s in r.hook.stages) for s in Stage
         }
+        self._narrowed = {s: any(r.narrows for r in regs) for s, regs in self._by_stage.items()}
         self._preparing = tuple(r.hook for r in self.hooks if isinstance(r.hook, PreparesPods))
         blocking = sum(1 for r in self.hooks if not r.is_async)
         self._executor = DaemonThreads(SPARE_WORKERS + STUCK_PER_HOOK * blocking) if blocking else None
@@ -180,7 +181,7 @@ class HookChain:
         the first hook that must wait."""
         out = Outcome(ctx)
         regs = self._by_stage[ctx.stage]
-        if any(r.narrows for r in regs):  # a hook that does not want this call is not called
+        if self._narrowed[ctx.stage]:  # a hook that does not want this call is not called
             regs = tuple(r for r in regs if not r.narrows or r.hook.wants(ctx.stage))  # type: ignore[attr-defined]
         i = self._run_cached(regs, 0, _blocking_end(regs, 0), out)
         if i < len(regs) and out.error is None:
