@@ -2,7 +2,8 @@
 driven over HTTP the way kube-scheduler drives its extender, against the suite's fake API server.
 
     .venv/bin/python bench/cluster_bench.py --pods openb_pod_list_default.csv [--nodes 1000] [--count 5000]
-        [--form names|nodes] [--percentage-of-nodes-to-score 0] [--binders 16] [--seed 42]
+        [--form names|nodes] [--percentage-of-nodes-to-score 0] [--binders 16] [--seed 42] [--rate 0]
+        [--api-nice 0]
 
 (the pod list is the openb trace's, github.com/alibaba/clusterdata, cluster-trace-gpu-v2023)
 
@@ -19,7 +20,8 @@ What kube-scheduler does, and so this script (pkg/scheduler/schedule_one.go, ext
 - binding runs beside the next cycles (its own goroutine), here on `--binders` threads; a pod
   whose bind fails, or that fits no node, is tried again after the others.
 Pods are created in the API server by another thread while cycles run, so binds land, and the
-scheduler's watches see them, all along.
+scheduler's watches see them, all along: back to back (the cycles then run as fast as the extender
+answers, its saturation), or `--rate` pods a second.
 
 Printed: pods/s, extender time per pod (filter + prioritize, as kube-scheduler waits for it),
 the scheduler's own time per verb (from its /metrics), memory, a GPU-by-GPU check of the pods'
@@ -389,8 +391,13 @@ def schedule(
     arrived: queue.Queue[tuple[simulate.TracePod, dict[str, Any]] | None] = queue.Queue()
 
     def create() -> None:
+        """The pods, created back to back, or with --rate paced at that many a second (a controller
+        creating them as a workload arrives)."""
         api = Client(api_host, api_port)
+        start = time.monotonic()
         for i, p in enumerate(arrivals):
+            if args.rate and (ahead := start + i / args.rate - time.monotonic()) > 0:
+                time.sleep(ahead)
             arrived.put((p, api.call("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod_object(p, i))))
         arrived.put(None)
 
@@ -484,7 +491,11 @@ def report(
     times = r["times"]
     ms = [t * 1000 for t in times]
     pcts = args.percentage_of_nodes_to_score
-    print(f"form {args.form}, {r['window']} nodes per cycle (percentageOfNodesToScore {pcts}), {args.binders} binders")
+    paced = f", created at {args.rate:g} pods/s" if args.rate else ", created back to back"
+    print(
+        f"form {args.form}, {r['window']} nodes per cycle (percentageOfNodesToScore {pcts}), "
+        f"{args.binders} binders{paced}"
+    )
     print(
         f"pods {r['pods']}: bound {r['bound']} in {r['elapsed']:.1f} s = {r['bound'] / r['elapsed']:.1f} pods/s; "
         f"cycles that fit no node {r['unschedulable_cycles']}, failed binds {len(r['failed_binds'])}, "
@@ -527,6 +538,7 @@ def main() -> None:
     ap.add_argument("--form", choices=("names", "nodes"), default="names", help="nodeCacheCapable true / false")
     ap.add_argument("--percentage-of-nodes-to-score", type=int, default=0, help="kube-scheduler's; 0: adaptive")
     ap.add_argument("--binders", type=int, default=16)
+    ap.add_argument("--rate", type=float, default=0, help="create the pods at this many a second (0: back to back)")
     ap.add_argument(
         "--api-nice", type=int, default=0, help="run the fake API server at this nice value (it stands for a "
         "kube-apiserver, which a cluster runs on other cores)"
