@@ -8,10 +8,11 @@ Pure: no I/O, no clock, no randomness except through a policy's own seeded gener
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import copy
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -73,10 +74,18 @@ class Policy(Protocol):
     def pick(self, st: Cluster, req: PodRequest, row: int, fits: np.ndarray) -> list[int]: ...
 
 
+@runtime_checkable
+class Refreshes(Protocol):
+    """A policy whose periodic re-derivation can run off the request path (DefaultPolicy.outlook_job)."""
+
+    def outlook_job(self, st: Cluster) -> Callable[[], Callable[[], None]] | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class PluginConfig:
     strategy: str = "fragmentation"  # cluster default: fragmentation | binpack | spread
     policy: Policy | None = None  # replaces the node/GPU scoring (the simulator's baselines)
+    background_outlook: bool = False  # the default policy's outlook re-derived by outlook_job (the extender)
 
 
 class Cluster:
@@ -135,6 +144,14 @@ class Cluster:
         self.width = w1
         self.epoch += 1
 
+    def snapshot(self) -> Cluster:
+        """A copy that later changes do not touch: what a job reads without the lock."""
+        out = copy.copy(self)
+        for name, value in vars(self).items():
+            if isinstance(value, np.ndarray | list | dict):
+                setattr(out, name, value.copy())
+        return out
+
     def left(self, rows: np.ndarray | slice) -> np.ndarray:
         """Idle capacity of each GPU slot in percent: the smaller of compute and memory."""
         return self.idle[rows]
@@ -165,7 +182,7 @@ class DeviceShare:
         if self.config.policy is None:
             from crihook.scheduler.score import DefaultPolicy
 
-            self.policy: Policy = DefaultPolicy()
+            self.policy: Policy = DefaultPolicy(background=self.config.background_outlook)
         else:
             self.policy = self.config.policy
         self.st = Cluster()
@@ -377,6 +394,10 @@ class DeviceShare:
             cap = np.maximum(100 * self.st.usable[rows[idx]].sum(axis=1), 1)
             s = 100.0 * used / cap if strategy == "binpack" else 100.0 - 100.0 * used / cap
         return dict(zip(fit_names, np.asarray(s, np.float64).tolist(), strict=True))
+
+    def outlook_job(self) -> Callable[[], Callable[[], None]] | None:
+        """The policy's due re-derivation as a job to run without the lock (Refreshes), if any."""
+        return self.policy.outlook_job(self.st) if isinstance(self.policy, Refreshes) else None
 
     def reserve(self, req: PodRequest, node: str) -> Allocation:
         held = self.held.get(req.uid)

@@ -34,6 +34,7 @@ OUTLOOK; each time every row is rescored.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -603,12 +604,20 @@ def soft_deficit(cpu: np.ndarray, gpu: np.ndarray, rho: float) -> np.ndarray:
 
 
 class DefaultPolicy:
-    """FGD's bucket, then the cost to the pods still to come; workload learned from the pods seen."""
+    """FGD's bucket, then the cost to the pods still to come; workload learned from the pods seen.
 
-    def __init__(self, coverage: float = 0.95, refresh: int = REFRESH, outlook: int = OUTLOOK) -> None:
+    With `background`, an outlook that is due is not re-derived by the evaluation that finds it
+    due: `outlook_job` hands the update to whoever runs it off the request path (the extender, on a
+    thread of its own), and evaluations use the outlook they have until it is installed. The
+    simulator keeps it in line, so that placements do not depend on timing."""
+
+    def __init__(
+        self, coverage: float = 0.95, refresh: int = REFRESH, outlook: int = OUTLOOK, background: bool = False
+    ) -> None:
         self.coverage = coverage
         self.refresh = refresh
         self.every = outlook
+        self.background = background
         self.typ = Typical.of({}, coverage)
         self.outlook = Outlook()
         self.due = False  # the outlook needs the cluster: updated at the next evaluation
@@ -706,9 +715,40 @@ class DefaultPolicy:
                 self.growths.clear()
                 self.stats = RowMemo(0)
                 self.retype = False
+            elif self.background:
+                return  # outlook_job's
             self.outlook.update(st)
             self.cache.clear()
             self.due = False
+
+    def outlook_job(self, st: Cluster) -> Callable[[], Callable[[], None]] | None:
+        """The due outlook update as a job that needs no lock, or None when none is due (the
+        typical shapes being due too, the next evaluation does both). The job derives a new
+        outlook from the workload and the cluster as they are now (copies); it returns what
+        installs it, with the pods observed meanwhile, to be called under the lock. Taking the
+        job clears `due`: a pod observed meanwhile that makes it due again asks for another."""
+        if not self.due or self.retype or len(st.model_names) != self.models:
+            return None
+        live, cluster = self.outlook, st.snapshot()
+        fresh = copy.copy(live)  # counters are ints; what update replaces it may share
+        fresh.shapes, fresh.kinds = Counter(live.shapes), copy.deepcopy(live.kinds)
+        self.due = False
+
+        def job() -> Callable[[], None]:
+            fresh.update(cluster)
+
+            def install() -> None:
+                now = self.outlook
+                if now is not live:  # the typical shapes were re-derived meanwhile, the outlook with them
+                    return
+                fresh.shapes, fresh.seen, fresh.gpu = now.shapes, now.seen, now.gpu
+                fresh.gpu_cpu, fresh.gpu_pct = now.gpu_cpu, now.gpu_pct
+                self.outlook = fresh
+                self.cache.clear()
+
+            return install
+
+        return job
 
     def scores(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> np.ndarray:
         self._fresh(st)

@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     api_client = _api_client(args.kubeconfig)
 
     def new_plugin() -> DeviceShare:
-        return DeviceShare(PluginConfig(strategy=args.strategy))
+        return DeviceShare(PluginConfig(strategy=args.strategy, background_outlook=True))
 
     extender = Extender(new_plugin(), KubeApi(api_client))
     try:

@@ -10,6 +10,7 @@ import shutil
 import ssl
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,8 @@ from crihook.scheduler.extender import (
     host_priorities,
     to_extender_scores,
 )
+from crihook.scheduler.plugin import PluginConfig
+from crihook.scheduler.score import DefaultPolicy
 from tests.support.extender import cluster_plugin, fixture
 
 FILTER_RESULT_KEYS = {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
@@ -100,6 +103,33 @@ def test_prioritize(ext: Extender) -> None:
     # a node that can not take the pod scores 0
     args["NodeNames"].append("cpu-node-1")
     assert ext.prioritize(args)[-1] == {"Host": "cpu-node-1", "Score": 0}
+
+
+def test_an_outlook_due_is_derived_on_a_thread_and_installed() -> None:
+    """The pod that makes the allocator's outlook due starts its re-derivation on a thread of its
+    own (Extender._refresh): the verbs do not wait for it, and the next ones score with it once in."""
+    ext = Extender(cluster_plugin(PluginConfig(background_outlook=True)))
+    policy = ext.plugin.policy
+    assert isinstance(policy, DefaultPolicy)
+    args = fixture("prioritize_node_names.json")
+    first = None
+    for i in range(192):  # the 192nd pod seen makes the outlook due, and not the typical shapes
+        with ext.lock:
+            first = first or policy.outlook
+        args["Pod"]["metadata"]["uid"] = f"pod-{i}"
+        ext.filter(args)
+        ext.prioritize(args)
+        with ext.lock:
+            ext._let_go(f"pod-{i}")  # the pod goes: the nodes never fill, every evaluation scores
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # let each job in before the next pod, as a quiet cluster would
+            with ext.lock:
+                if not ext._refreshing:
+                    break
+            time.sleep(0.001)
+    with ext.lock:
+        assert not policy.due and not ext._refreshing
+        assert policy.outlook is not first and policy.outlook.seen == 192
 
 
 def _pod(args: dict[str, Any]) -> Any:

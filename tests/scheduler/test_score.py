@@ -382,3 +382,64 @@ def test_kept_node_stats_and_places_are_what_a_fresh_count_gives() -> None:
     fresh_room = places.count_room(cpu, cl.hmem_free[rows], left, model)  # places, then shares per GPU part
     np.testing.assert_array_equal(fresh_room[:, : count.shape[1]], count)
     np.testing.assert_array_equal(pol.outlook.before.get(cl, rows, lambda at: fresh_room[at]), fresh_room)
+
+
+def test_an_outlook_derived_off_the_request_path_scores_as_one_derived_in_line() -> None:
+    """The extender re-derives the outlook on a thread (DefaultPolicy.outlook_job): derived from
+    copies of the same state and installed before the evaluation, it scores exactly as the
+    simulator's in-line update does; evaluations in between do not derive it themselves."""
+    rng = np.random.default_rng(7)
+    inline, background = DeviceShare(), DeviceShare(PluginConfig(background_outlook=True))
+    for ds in (inline, background):
+        for i in range(24):
+            ds.set_node(_node(f"n{i:02d}", (2, 4, 8)[i % 3], (32_000, 64_000, 96_000)[i % 3]))
+    jobs, placed = 0, []
+    policy = background.policy
+    assert isinstance(policy, DefaultPolicy)
+    for i in range(420):
+        pod = _pod(f"p{i}", int(rng.choice([2000, 8000, 16000])), int(rng.choice([0, 1, 1, 2, 4])))
+        want = inline.score_nodes(inline.pre_filter(pod))
+        req = background.pre_filter(pod)  # the pod is observed here: the outlook may be due now
+        if policy.due and not policy.retype:
+            before = policy.outlook
+            background.score_nodes(req)
+            assert policy.outlook is before and policy.due  # left to the job
+        job = background.outlook_job()
+        if job is not None:
+            jobs += 1
+            job()()
+            assert background.outlook_job() is None  # taken: not due again until another pod makes it so
+        assert background.score_nodes(req) == want
+        if want:
+            node = max(want, key=want.__getitem__)
+            inline.reserve(inline.pre_filter(pod), node)
+            background.reserve(req, node)
+            placed.append(pod.uid)
+        if len(placed) > 30:  # pods end: the cluster never fills, every pod is placed and seen
+            gone = placed.pop(0)
+            inline.unreserve(gone)
+            background.unreserve(gone)
+    assert 320 <= policy.outlook.seen < 384  # the GPU pods: the others are not observed
+    assert jobs == 2  # at 192 and 320 seen: at 1, 2, 4 … 256 the typical shapes are due too, in line
+
+
+def test_pods_seen_while_an_outlook_job_runs_are_kept() -> None:
+    ds = DeviceShare(PluginConfig(background_outlook=True))
+    ds.set_node(_node("a", 8, 96_000))
+    for i in range(192):  # the 192nd pod makes the outlook due, and not the typical shapes
+        req = ds.pre_filter(_pod(f"p{i}", 1000, 1 + i % 2))
+        ds.score_nodes(req)
+        ds.reserve(req, "a")
+        ds.unreserve(req.uid)  # the pods come and go: the node has room for all
+        if i < 191:
+            job = ds.outlook_job()
+            if job is not None:
+                job()()
+    job = ds.outlook_job()
+    assert job is not None and isinstance(ds.policy, DefaultPolicy)
+    install = job()  # derived from the 192 pods seen when it was taken
+    late = ds.pre_filter(_pod("late", 3000, 2))
+    ds.reserve(late, "a")  # observed by the outlook still in use
+    install()
+    outlook = ds.policy.outlook
+    assert outlook.seen == 193 and [n for (cpu, *_), n in outlook.shapes.items() if cpu == 3000] == [1]
