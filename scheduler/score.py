@@ -606,10 +606,10 @@ def soft_deficit(cpu: np.ndarray, gpu: np.ndarray, rho: float) -> np.ndarray:
 class DefaultPolicy:
     """FGD's bucket, then the cost to the pods still to come; workload learned from the pods seen.
 
-    With `background`, an outlook that is due is not re-derived by the evaluation that finds it
-    due: `outlook_job` hands the update to whoever runs it off the request path (the extender, on a
-    thread of its own), and evaluations use the outlook they have until it is installed. The
-    simulator keeps it in line, so that placements do not depend on timing."""
+    With `background`, what is due is not re-derived by the evaluation that finds it due:
+    `outlook_job` hands it to whoever runs it off the request path (the extender, on a thread of
+    its own), and evaluations use the outlook they have until it is installed. The simulator keeps
+    it in line, so that placements do not depend on timing."""
 
     def __init__(
         self, coverage: float = 0.95, refresh: int = REFRESH, outlook: int = OUTLOOK, background: bool = False
@@ -706,29 +706,37 @@ class DefaultPolicy:
         return Stats(both[:, :m], both[:, m:], left.sum(axis=1).astype(np.float64), cpu)
 
     def _fresh(self, st: Cluster) -> None:
-        if len(st.model_names) != self.models:  # a new GPU model: shapes pinned to it resolve anew
-            self.models = len(st.model_names)
-            self.retype = self.due = True
-        if self.due:
-            if self.retype:
-                self.typ = self._typical(st.model_names)
-                self.growths.clear()
-                self.stats = RowMemo(0)
-                self.retype = False
-            elif self.background:
-                return  # outlook_job's
+        self._models(st)
+        if self.due and not self.background:  # in the background, outlook_job's
+            self._retype(st)
             self.outlook.update(st)
             self.cache.clear()
             self.due = False
 
+    def _models(self, st: Cluster) -> None:
+        if len(st.model_names) != self.models:  # a new GPU model: shapes pinned to it resolve anew
+            self.models = len(st.model_names)
+            self.retype = self.due = True
+
+    def _retype(self, st: Cluster) -> None:
+        """FGD's typical shapes, when due; the growths and scores that depended on them go."""
+        if self.retype:
+            self.typ = self._typical(st.model_names)
+            self.growths.clear()
+            self.stats = RowMemo(0)
+            self.cache.clear()
+            self.retype = False
+
     def outlook_job(self, st: Cluster) -> Callable[[], Callable[[], None]] | None:
-        """The due outlook update as a job that needs no lock, or None when none is due (the
-        typical shapes being due too, the next evaluation does both). The job derives a new
-        outlook from the workload and the cluster as they are now (copies); it returns what
+        """The due re-derivation as a job that needs no lock, or None when none is due. The
+        typical shapes, when due, are derived at once (a small table); the job derives the
+        outlook from the workload and the cluster as they are now (copies) and returns what
         installs it, with the pods observed meanwhile, to be called under the lock. Taking the
         job clears `due`: a pod observed meanwhile that makes it due again asks for another."""
-        if not self.due or self.retype or len(st.model_names) != self.models:
+        self._models(st)
+        if not self.due:
             return None
+        self._retype(st)
         live, cluster = self.outlook, st.snapshot()
         fresh = copy.copy(live)  # counters are ints; what update replaces it may share
         fresh.shapes, fresh.kinds = Counter(live.shapes), copy.deepcopy(live.kinds)
@@ -739,7 +747,7 @@ class DefaultPolicy:
 
             def install() -> None:
                 now = self.outlook
-                if now is not live:  # the typical shapes were re-derived meanwhile, the outlook with them
+                if now is not live:  # another job's outlook is in: this one is older
                     return
                 fresh.shapes, fresh.seen, fresh.gpu = now.shapes, now.seen, now.gpu
                 fresh.gpu_cpu, fresh.gpu_pct = now.gpu_cpu, now.gpu_pct

@@ -113,7 +113,7 @@ def test_an_outlook_due_is_derived_on_a_thread_and_installed() -> None:
     assert isinstance(policy, DefaultPolicy)
     args = fixture("prioritize_node_names.json")
     first = None
-    for i in range(192):  # the 192nd pod seen makes the outlook due, and not the typical shapes
+    for i in range(192):  # the 192nd pod seen makes the outlook due
         with ext.lock:
             first = first or policy.outlook
         args["Pod"]["metadata"]["uid"] = f"pod-{i}"
