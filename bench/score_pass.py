@@ -65,7 +65,7 @@ def main() -> None:
     ds, reqs = state(args.nodes, args.pods, args.at, args.seed)
     pol = ds.policy
     assert isinstance(pol, DefaultPolicy)
-    print(f"{args.pods.name} at pod {args.at}, seed {args.seed}: {len(pol.outlook.scarce)} outlook shapes")
+    print(f"{args.pods.name} at pod {args.at}, seed {args.seed}: {pol.outlook.places.table.shape[1]} outlook shapes")
     for kind, req in sorted(reqs.items()):
         scores = ds.score_nodes(req)
         if not scores:

@@ -38,7 +38,7 @@ import copy
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -63,8 +63,8 @@ MIN_RARE = 0.001  # rarer shapes are weighed
 MAX_SHAPES = 512  # the most frequent shapes the outlook looks at (a real cluster's requests vary without end)
 REFRESH = 1024  # pods between updates of the typical shapes, once past the first REFRESH
 OUTLOOK = 64  # pods between outlook updates, once past the first OUTLOOK
-# FGD growths kept, over all request shapes: 8 bytes per GPU slot and node and 8 per node for each
-# shape (350 KiB at 5,000 8-GPU nodes); openb brings a new shape every 15 pods or so, and the
+# FGD growths kept, over all request shapes: 8 bytes per GPU slot and node and 16 per node for each
+# shape (390 KiB at 5,000 8-GPU nodes); openb brings a new shape every 15 pods or so, and the
 # 512 shapes kept before held 80 shapes, 22 MiB, after 1,500 pods there, up to 180 MiB in all
 GROWTH_BYTES = 32 << 20
 NO_HOST = 2**62  # CPU left on nodes whose allocatable is not known: never the limit
@@ -85,10 +85,18 @@ Options = tuple[np.ndarray, np.ndarray]  # option i is slot [1][i] of node [0][i
 
 def share_options(left: np.ndarray, fits: np.ndarray, model: np.ndarray) -> Options:
     """The slots that can take a one-GPU share, less those equal (idle, model) to a lower slot of the
-    same node: a placement there measures the same, and ties go to the lowest slot anyway."""
-    same = (left[:, :, None] == left[:, None, :]) & (model[:, :, None] == model[:, None, :]) & fits[:, None, :]
-    dup = np.tril(same, k=-1).any(axis=2)  # an equal fitting slot before it
-    nodes, slots = np.nonzero(fits & ~dup)
+    same node: a placement there measures the same, and ties go to the lowest slot anyway. Equal
+    slots are found by sorting each node's (idle, model) keys, a stable sort keeping the lowest
+    slot first among equals."""
+    g = left.shape[1]
+    key = np.where(fits, left * (int(model.max(initial=0)) + 1) + model, -1 - np.arange(g))  # unfit: unique
+    order = np.argsort(key, axis=1, kind="stable")
+    ranked = np.take_along_axis(key, order, axis=1)
+    first = np.ones(key.shape, bool)
+    first[:, 1:] = ranked[:, 1:] != ranked[:, :-1]
+    keep = np.empty_like(first)
+    np.put_along_axis(keep, order, first, axis=1)
+    nodes, slots = np.nonzero(fits & keep)
     return nodes, slots
 
 
@@ -152,14 +160,16 @@ class RowMemo:
         self.width, self.dtype = width, dtype
         self.epoch = -1
         self.version = np.zeros(0, np.int64)
+        self.tag = np.zeros(0, np.int64)
         self.value: np.ndarray = np.zeros((0, width), dtype)
 
     def _fit(self, st: Cluster) -> None:
         n = st.version.size
         if self.epoch != st.epoch or self.version.size != n:
-            self.epoch, self.version, self.value = (
+            self.epoch, self.version, self.tag, self.value = (
                 st.epoch,
                 np.full(n, -1, np.int64),
+                np.zeros(n, np.int64),
                 np.zeros((n, self.width), self.dtype),
             )
 
@@ -173,19 +183,27 @@ class RowMemo:
             at += block.shape[1]
         self.version[rows] = st.version[rows]
 
-    def get(self, st: Cluster, rows: np.ndarray, compute: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-        """(K, width) for the rows; compute(positions in rows) gives the stale ones."""
+    def get(
+        self, st: Cluster, rows: np.ndarray, compute: Callable[[np.ndarray], np.ndarray], tag: np.ndarray | None = None
+    ) -> np.ndarray:
+        """(K, width) for the rows; compute(positions in rows) gives the stale ones. `tag` (K,):
+        what else a row's value depends on; a row computed under another tag is stale too."""
         self._fit(st)
-        pos = np.flatnonzero(self.version[rows] != st.version[rows])
+        old = self.version[rows] != st.version[rows]
+        if tag is not None:
+            old |= self.tag[rows] != tag
+        pos = np.flatnonzero(old)
         if pos.size:
             stale = rows[pos]
             self.value[stale] = compute(pos)
             self.version[stale] = st.version[stale]
+            if tag is not None:
+                self.tag[stale] = tag[pos]
         value: np.ndarray = self.value[rows]
         return value
 
 
-ShapeKey = tuple[int, int, int, int, int, int, Selectors]
+ShapeKey = tuple[int, int, int, int, int, int, Selectors] | tuple[int, int, int, int, int, int]
 
 
 def shape_key(req: PodRequest) -> ShapeKey:
@@ -193,23 +211,30 @@ def shape_key(req: PodRequest) -> ShapeKey:
     return (req.count, req.core, req.ratio, req.memory, req.cpu_milli, req.host_memory, req.selectors)
 
 
-@dataclass(slots=True)
-class _Entry:
-    epoch: int
-    version: np.ndarray
-    value: np.ndarray
-    choice: np.ndarray
+def size_key(req: PodRequest) -> ShapeKey:
+    """What a request's scores depend on besides the nodes and which of their GPUs fit it (which
+    is all its selectors change): for caches that check each node's fitting GPUs (`fit_tag`)."""
+    return (req.count, req.core, req.ratio, req.memory, req.cpu_milli, req.host_memory)
+
+
+def fit_tag(fits: np.ndarray) -> np.ndarray:
+    """(K,): the fitting slots (K, G) of each node as one number, G < 63."""
+    tag: np.ndarray = fits @ (1 << np.arange(fits.shape[1], dtype=np.int64))
+    return tag
 
 
 Evaluate = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
 class ShapeCache:
-    """Per-node results by request shape, valid while the node's version is unchanged: a pod
-    changes one node, so the next pod of the same shape recomputes one row, not the cluster."""
+    """Per-node results (score, chosen slot) by request shape, valid while the node's version and
+    the slots that fit the request are unchanged: a pod changes one node, so the next pod of the
+    same shape recomputes one row, not the cluster. `key`: what tells request shapes apart."""
 
-    def __init__(self) -> None:
-        self.entries: dict[ShapeKey, _Entry] = {}
+    def __init__(self, key: Callable[[PodRequest], ShapeKey] = shape_key) -> None:
+        self.key = key
+        self.tagged = key is not shape_key  # requests of one key may differ in the slots that fit them
+        self.entries: dict[ShapeKey, RowMemo] = {}
 
     def clear(self) -> None:
         self.entries.clear()
@@ -217,18 +242,13 @@ class ShapeCache:
     def get(
         self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray, evaluate: Evaluate
     ) -> tuple[np.ndarray, np.ndarray]:
-        key = shape_key(req)
-        ent = self.entries.get(key)
-        n = st.version.size
-        if ent is None or ent.epoch != st.epoch or ent.version.size != n:
-            ent = _Entry(st.epoch, np.full(n, -1, np.int64), np.zeros(n), np.zeros(n, np.int64))
-            self.entries[key] = ent
-        pos = np.flatnonzero(ent.version[rows] != st.version[rows])
-        if pos.size:
-            stale = rows[pos]
-            ent.value[stale], ent.choice[stale] = distinct(st, stale, fits[pos], evaluate)
-            ent.version[stale] = st.version[stale]
-        return ent.value[rows], ent.choice[rows]
+        memo = self.entries.setdefault(self.key(req), RowMemo(2))
+
+        def compute(pos: np.ndarray) -> np.ndarray:
+            return np.stack(distinct(st, rows[pos], fits[pos], evaluate), axis=1)
+
+        both = memo.get(st, rows, compute, fit_tag(fits) if self.tagged else None)
+        return both[:, 0], both[:, 1].astype(np.int64)  # the slot, exact as a float
 
 
 _MIX = np.random.default_rng(14).integers(1, 2**62, 64, dtype=np.int64) | 1  # odd multipliers of the state hash
@@ -276,7 +296,8 @@ class Outlook:
     `scarce`, the GPU percent expected to be lost per place of it a placement takes away, and `rare`,
     its frequency times nodes / nodes that can host it. A shape pinned to models has places only on
     GPUs of those models, so scarcity and rarity are per model set. Shapes that weigh next to
-    nothing in both are left out."""
+    nothing in both are left out. Both weights are fixed-point (`fixed`): a node's costs are exact
+    sums, the same whichever nodes they are computed with."""
 
     def __init__(self) -> None:
         self.shapes: Counter[tuple[int, int, int, int, Types]] = Counter()
@@ -284,10 +305,13 @@ class Outlook:
         self.gpu = 0  # GPU percent asked by all pods seen
         self.gpu_cpu = 0  # CPU asked by the GPU pods seen
         self.gpu_pct = 0  # GPU percent asked by the GPU pods seen
-        self.places = Places(np.zeros((4, 0), np.int64))
-        self.scarce = np.zeros(0)
-        self.rare = np.zeros(0)
-        self.before = RowMemo(0, PLACE)  # places per shape, then shares per GPU part, on each node as it is
+        self.places = Places(np.zeros((4, 0), np.int64))  # the shapes weighed
+        self.hot = self.places  # those of them with a scarcity, whose places are counted
+        self.hot_parts = np.zeros(0, np.int64)  # where the GPU parts of `hot` are among `places`'
+        self.scarce = np.zeros(0)  # per shape of `hot`
+        self.reach = Reach(self.places, np.zeros(0))  # rarity, per shape of `places`
+        # on each node as it is: places per shape of `hot`, shares per GPU part, the weight `reach` finds
+        self.before = RowMemo(1)
         self.kinds = RowMemo(3, np.int64)  # CPU, memory and GPUs of each node, for `node_shapes`
         self.pool: np.ndarray | None = None  # per model id: GPU lost per GPU percent taken from it
 
@@ -338,39 +362,58 @@ class Outlook:
         rare = np.where(hosts > 0, freq * rows.size / np.maximum(hosts, 1), 0.0)
         keep = (scarce >= MIN_SCARCE) | (rare >= MIN_RARE)
         self.places = every.subset(keep)
-        self.scarce, self.rare = scarce[keep], rare[keep]
-        self.before = RowMemo(self.scarce.size + self.places.cnt.size, PLACE)
+        scarce = fixed(scarce[keep])
+        hot = scarce > 0  # rarity alone weighs the others: whether a place is left, not how many
+        self.hot = self.places.subset(hot)
+        self.hot_parts = self.places.part_columns(self.hot)
+        self.scarce = scarce[hot]
+        self.reach = Reach(self.places, fixed(rare[keep]))
+        self.before = RowMemo(self.scarce.size + self.places.cnt.size + 1)
         # a shape's places do not depend on the others, nor a part's room: both are kept as counted
-        self.before.seed(st, rows, places[:, keep], shares[:, every.part_columns(self.places)])
+        room = shares.take(every.part_columns(self.places), axis=1)
+        reach = self.reach(host_cpu(st, rows), st.hmem_free[rows], room)
+        self.before.seed(st, rows, places.take(np.flatnonzero(keep)[hot], axis=1), room, reach[:, None])
         self.pool = pools(seen, self.seen, future, st, rows) if POOL else None
+
+    def _count(self, cpu: np.ndarray, hmem: np.ndarray, left: np.ndarray, model: np.ndarray) -> np.ndarray:
+        """(K, S + U + 1) of K node states, as `costs` keeps them: the places of the S scarce
+        shapes, the shares of each of the U GPU parts, the weight with a place (`reach`)."""
+        room = self.places.room(left, model)
+        hot = self.hot.from_room(cpu, hmem, room.take(self.hot_parts, axis=1))
+        return np.concatenate((hot, room, self.reach(cpu, hmem, room)[:, None]), axis=1, dtype=np.float64)
 
     def costs(
         self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray, opts: Options, cpu: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """(scarcity p, rarity r), both (N,), of each option `placements` makes; `cpu`: the rows'
-        CPU left (`host_cpu`)."""
+        CPU left (`host_cpu`). Both are sums of fixed-point weights, exact: an option's costs do
+        not depend on the options computed with it."""
         hmem, left, model = st.hmem_free[rows], st.left(rows), st.model[rows]
-        pl = self.places
-        known = self.before.get(st, rows, lambda at: pl.count_room(cpu[at], hmem[at], left[at], model[at]))
-        pct = share_pct(req)
+        known = self.before.get(st, rows, lambda at: self._count(cpu[at], hmem[at], left[at], model[at]))
+        hot = self.scarce.size
+        room = known[:, hot:-1]
+        k: np.ndarray | None = None
         if req.count == 1 and req.shared:
             k, g = opts
-            known = known[k]
-            slot_model = model[k, g, None]
-            before, room = known[:, : self.scarce.size], known[:, self.scarce.size :]
-            after = pl.taken(cpu - req.cpu_milli, hmem - req.host_memory, room, pct, left[k, g, None], slot_model, k)
+            slots, slot_model = left[k, g, None], model[k, g, None]
         else:  # one option per node, in node order: the best-fitting slots
             cols = best_fit_cols(left, fits, req.count)
-            slot_model = np.take_along_axis(model, cols, axis=1)
-            slots = np.take_along_axis(left, cols, axis=1)
-            before, room = known[:, : self.scarce.size], known[:, self.scarce.size :]
-            after = pl.taken(cpu - req.cpu_milli, hmem - req.host_memory, room, pct, slots, slot_model)
-        p = (before - after) @ self.scarce  # taking a pod's resources never adds a place
+            slots, slot_model = np.take_along_axis(left, cols, axis=1), np.take_along_axis(model, cols, axis=1)
+        pct = share_pct(req)
+        cpu_after, hmem_after = cpu - req.cpu_milli, hmem - req.host_memory
+        room_after = self.places.lose(room if k is None else room[k], pct, slots, slot_model)
+        # the weight of the shapes whose last place goes: taking a pod's resources never adds a place
+        r = known[:, -1] if k is None else known[k, -1]
+        r = r - self.reach(cpu_after, hmem_after, room_after, k)
+        if hot:
+            before = known[:, :hot] if k is None else known[k, :hot]
+            after = self.hot.after(cpu_after, hmem_after, room_after.take(self.hot_parts, axis=1), k)
+            p = (before - after) @ self.scarce
+        else:
+            p = np.zeros(slots.shape[0])
         if self.pool is not None:  # GPU of a pinned pool taken away, at the rate it is to be missed
             p = p + POOL * pct * self.pool[slot_model].sum(axis=1)
-        # the shapes whose last place goes, cast to float as the product casts it, in the same pass
-        gone = np.logical_and(before > 0, after == 0, out=np.empty(after.shape))
-        return p, gone @ self.rare
+        return p, r
 
 
 def pools(
@@ -518,17 +561,29 @@ class Places:
         model id per slot (K, G)."""
         return self.from_room(cpu, hmem, self.room(left, model))
 
-    def count_room(self, cpu: np.ndarray, hmem: np.ndarray, left: np.ndarray, model: np.ndarray | None) -> np.ndarray:
-        """(K, M + U): `count`, then `room`, for what `taken` needs of the nodes as they are."""
-        room = self.room(left, model)
-        return np.concatenate((self.from_room(cpu, hmem, room), room.astype(PLACE)), axis=1)
-
     def from_room(self, cpu: np.ndarray, hmem: np.ndarray, room: np.ndarray) -> np.ndarray:
         """(K, M) of nodes with this CPU and memory left (K,) and shares per part (K, U): a float
         quotient, cast to an integer, is the floor `_host` has."""
         host = self._host(cpu, hmem)
         places: np.ndarray = np.minimum(host, self._by_shape(room / self.cnt_f), out=host)
         return np.ascontiguousarray(places.T)
+
+    def lose(self, room: np.ndarray, pct: int, slots: np.ndarray, model: np.ndarray | None) -> np.ndarray:
+        """(N, U): the `room` (N, U) of each option's node less the shares its slots (idle percent
+        `slots` (N, C), model ids `model`) lose when `pct` is taken from each: a delta on the room,
+        not a recount of every slot."""
+        out: np.ndarray = room - self._lost(slots, model, pct)
+        return out
+
+    def after(self, cpu: np.ndarray, hmem: np.ndarray, room: np.ndarray, k: np.ndarray | None = None) -> np.ndarray:
+        """(N, M): the places of option i, whose node k[i] (i when k is None) has this CPU and memory
+        (K,) and whose room per part is `room` (N, U)."""
+        if k is None:
+            return self.from_room(cpu, hmem, room)
+        spread = np.ascontiguousarray(self._host(cpu, hmem).T)[k]  # divided per node, then spread over its options
+        by_part = np.ascontiguousarray(self._by_shape(room / self.cnt_f).T)
+        places: np.ndarray = np.minimum(spread, by_part, out=spread)
+        return places
 
     def taken(
         self,
@@ -543,14 +598,8 @@ class Places:
         """(N, M): the places of `count` after `pct` is taken from each of the slots (idle percent
         `slots` (N, C), their model ids `model`) of node k[i] (node i when k is None), given the
         nodes' CPU and memory (K,) as they are to be and the `room` (N, U) of each one's node as it
-        is. A delta on the room: the slots' shares lost, not a recount of every slot."""
-        room = room - self._lost(slots, model, pct)
-        if k is None:
-            return self.from_room(cpu, hmem, room)
-        spread = np.ascontiguousarray(self._host(cpu, hmem).T)[k]  # divided per node, then spread over its options
-        by_part = np.ascontiguousarray(self._by_shape(room / self.cnt_f).T)
-        places: np.ndarray = np.minimum(spread, by_part, out=spread)
-        return places
+        is."""
+        return self.after(cpu, hmem, self.lose(room, pct, slots, model), k)
 
     def count_options(
         self, cpu: np.ndarray, hmem: np.ndarray, left: np.ndarray, model: np.ndarray | None, pct: int, opts: Options
@@ -559,6 +608,52 @@ class Places:
         k, g = opts
         slot_model = None if model is None else model[k, g, None]
         return self.taken(cpu, hmem, self.room(left, model)[k], pct, left[k, g, None], slot_model, k)
+
+
+FIX = 20  # bits after the binary point of the outlook's weights
+
+
+def fixed(x: np.ndarray) -> np.ndarray:
+    """x rounded to a multiple of 2**-FIX. Sums of such numbers are exact in float64 while below
+    2**(53 - FIX) (a placement's places lost times its scarcity, summed over 512 shapes, stay below
+    2**31 up to 16 GPUs a node), so they do not depend on the order of the additions, which BLAS
+    picks by the rows it computes together: a node's costs are the same in any pass."""
+    out: np.ndarray = np.ldexp(np.rint(np.ldexp(x, FIX)), -FIX)
+    return out
+
+
+class Reach:
+    """The summed weight of the shapes that have a place on each node, by table lookup. A place
+    needs the shape's CPU, its memory and one pod's shares of its GPU part (any of them may be
+    nothing), so the weights are summed once per (CPU rank, memory rank, part): a node's CPU and
+    memory pick a row of U + 1 sums, its room decides which of them count. (N, U) work per pass
+    instead of (N, M), the outlook's shapes being several times its GPU parts."""
+
+    def __init__(self, places: Places, weight: np.ndarray) -> None:
+        w = weight > 0
+        cpu, mem, gpu = places.table[0], places.table[1], places.table[2] > 0
+        self.cpus = np.unique(cpu[w & (cpu > 0)])  # sizes of 0 leave a place whatever is left
+        self.mems = np.unique(mem[w & (mem > 0)])
+        self.parts = np.unique(places.part[w & gpu])  # among places' parts
+        self.every = self.parts.size == places.cnt.size  # all of them: no columns to pick
+        self.cnt = places.cnt[self.parts]
+        col = np.full(weight.size, self.parts.size)  # CPU-only shapes: a column with a place always
+        col[gpu] = np.searchsorted(self.parts, places.part[gpu])
+        ci = np.where(cpu > 0, np.searchsorted(self.cpus, cpu) + 1, 0)
+        hi = np.where(mem > 0, np.searchsorted(self.mems, mem) + 1, 0)
+        shape = (self.cpus.size + 1, self.mems.size + 1, self.parts.size + 1)
+        at = np.ravel_multi_index((ci[w], hi[w], col[w]), shape)
+        table = np.bincount(at, weight[w], minlength=math.prod(shape)).reshape(shape)
+        self.table = table.cumsum(axis=0).cumsum(axis=1)  # [i, j]: shapes needing the i-th CPU size or less, ...
+
+    def __call__(self, cpu: np.ndarray, hmem: np.ndarray, room: np.ndarray, k: np.ndarray | None = None) -> np.ndarray:
+        """(N,): the weight with a place on option i, whose node k[i] (i when k is None) has this
+        CPU and memory left (K,) and whose shares of places' parts are `room` (N, U)."""
+        ci, hi = np.searchsorted(self.cpus, cpu, side="right"), np.searchsorted(self.mems, hmem, side="right")
+        w = self.table[ci, hi] if k is None else self.table[ci[k], hi[k]]
+        w[:, :-1] *= (room if self.every else room.take(self.parts, axis=1)) >= self.cnt  # take: C order, fast
+        out: np.ndarray = w.sum(axis=1)
+        return out
 
 
 def node_shapes(st: Cluster, rows: np.ndarray, memo: RowMemo) -> set[tuple[int, int, int, int, None]]:
@@ -623,8 +718,8 @@ class DefaultPolicy:
         self.due = False  # the outlook needs the cluster: updated at the next evaluation
         self.retype = False  # the typical shapes too
         self.models = 0  # GPU models the cluster had when the shapes were resolved
-        self.cache = ShapeCache()
-        self.growths: dict[ShapeKey, RowMemo] = {}  # FGD growth per request shape, while `typ` holds
+        self.cache = ShapeCache(size_key)
+        self.growths: dict[ShapeKey, RowMemo] = {}  # FGD growth per request size, while `typ` holds
         self.stats = RowMemo(0)  # FGD's stats of each node, while `typ` holds: see `_stats`
 
     def observe(self, req: PodRequest) -> None:
@@ -643,7 +738,8 @@ class DefaultPolicy:
         typical: Counter[Shape] = Counter()
         for (cpu, _, pct, count, models), k in self.outlook.resolved(names).items():
             typical[Shape(cpu, pct, count, models)] += k
-        return Typical.of(typical, self.coverage).bind(names)
+        typ = Typical.of(typical, self.coverage).bind(names)
+        return replace(typ, weight=fixed(typ.weight))  # growths exact, as the outlook's costs
 
     def _evaluate(
         self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray
@@ -667,10 +763,10 @@ class DefaultPolicy:
     def _growth(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> np.ndarray:
         """(K, G) FGD growth of each option, by slot (slot 0 for a set of slots). It depends on the
         typical shapes only, which change far less often than the outlook: kept per node."""
-        key = shape_key(req)
+        key = size_key(req)
         memo = self.growths.pop(key, None)  # and put back last: the least recently used go first
         if memo is None or memo.width != st.width:  # a node with more GPUs than any before
-            keep = max(1, GROWTH_BYTES // (8 * (st.width + 1) * max(st.version.size, 1)) - 1)
+            keep = max(1, GROWTH_BYTES // (8 * (st.width + 2) * max(st.version.size, 1)) - 1)
             for old in list(self.growths)[: max(0, len(self.growths) - keep)]:
                 del self.growths[old]
             memo = RowMemo(st.width)
@@ -683,7 +779,7 @@ class DefaultPolicy:
             out[opts] = growth(self.typ, *placements(self.typ, st, req, sub, f, opts, self._stats(st, sub)), opts)
             return out
 
-        return memo.get(st, rows, compute)
+        return memo.get(st, rows, compute, fit_tag(fits))
 
     def _stats(self, st: Cluster, rows: np.ndarray) -> Stats | None:
         """FGD's stats of the nodes as they are (GPUs with room and idle too small, per typical

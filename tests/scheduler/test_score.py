@@ -377,11 +377,11 @@ def test_kept_node_stats_and_places_are_what_a_fresh_count_gives() -> None:
     assert kept is not None and pol.typ.weight.size
     for field in ("nfit", "small", "total", "cpu"):
         np.testing.assert_array_equal(getattr(kept, field), getattr(fresh, field))
-    places = pol.outlook.places
-    count = places.count(cpu, cl.hmem_free[rows], left, model)
-    fresh_room = places.count_room(cpu, cl.hmem_free[rows], left, model)  # places, then shares per GPU part
-    np.testing.assert_array_equal(fresh_room[:, : count.shape[1]], count)
-    np.testing.assert_array_equal(pol.outlook.before.get(cl, rows, lambda at: fresh_room[at]), fresh_room)
+    out = pol.outlook
+    count = out.hot.count(cpu, cl.hmem_free[rows], left, model)  # the scarce shapes' places
+    room = out.places.room(left, model)  # then shares per GPU part, then the weight with a place
+    fresh_room = np.concatenate((count, room, out.reach(cpu, cl.hmem_free[rows], room)[:, None]), axis=1)
+    np.testing.assert_array_equal(out.before.get(cl, rows, lambda at: fresh_room[at]), fresh_room)
 
 
 def test_an_outlook_derived_off_the_request_path_scores_as_one_derived_in_line() -> None:
