@@ -615,9 +615,9 @@ FIX = 20  # bits after the binary point of the outlook's weights
 
 def fixed(x: np.ndarray) -> np.ndarray:
     """x rounded to a multiple of 2**-FIX. Sums of such numbers are exact in float64 while below
-    2**(53 - FIX) (a placement's places lost times its scarcity, summed over 512 shapes, stay below
-    2**31 up to 16 GPUs a node), so they do not depend on the order of the additions, which BLAS
-    picks by the rows it computes together: a node's costs are the same in any pass."""
+    2**(53 - FIX) (places lost times scarcity stay below 2**22 per shape up to 16 GPUs a node, so
+    below 2**32 over 1,024 shapes), so they do not depend on the order of the additions, which BLAS
+    picks by the rows it computes together: a node's score is the same in any pass."""
     out: np.ndarray = np.ldexp(np.rint(np.ldexp(x, FIX)), -FIX)
     return out
 
@@ -644,7 +644,9 @@ class Reach:
         shape = (self.cpus.size + 1, self.mems.size + 1, self.parts.size + 1)
         at = np.ravel_multi_index((ci[w], hi[w], col[w]), shape)
         table = np.bincount(at, weight[w], minlength=math.prod(shape)).reshape(shape)
-        self.table = table.cumsum(axis=0).cumsum(axis=1)  # [i, j]: shapes needing the i-th CPU size or less, ...
+        np.cumsum(table, axis=0, out=table)
+        # [i, j, u]: the weight of the shapes of part u that need at most the i-th CPU size and the j-th memory size
+        self.table = np.cumsum(table, axis=1, out=table)
 
     def __call__(self, cpu: np.ndarray, hmem: np.ndarray, room: np.ndarray, k: np.ndarray | None = None) -> np.ndarray:
         """(N,): the weight with a place on option i, whose node k[i] (i when k is None) has this

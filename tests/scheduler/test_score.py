@@ -21,11 +21,14 @@ from crihook.scheduler.score import (
     BIG,
     DefaultPolicy,
     Places,
+    Reach,
     RowMemo,
+    fixed,
     host_cpu,
     node_shapes,
     poisson_tail,
     pools,
+    share_options,
     soft_deficit,
 )
 
@@ -108,6 +111,72 @@ def test_places_match_adding_pods_one_by_one(
     moved = left.copy()
     np.put_along_axis(moved, cols, np.maximum(np.take_along_axis(left, cols, axis=1) - pct, 0), axis=1)
     check(both, cpu_after, mem, moved)
+
+
+@settings(max_examples=80, deadline=None)
+@given(shape_rows, node_states, st.lists(st.sampled_from([0.0, 0.001, 0.3, 1.0, 2.7]), min_size=6, max_size=6))
+def test_reach_is_the_weight_of_the_shapes_with_a_place(
+    shapes: list[tuple[int, int, int, int, tuple[str, ...] | None]],
+    nodes: list[tuple[int, int, list[int], list[int]]],
+    weights: list[float],
+) -> None:
+    """The table's answer is the weighed shapes with at least one place, counted one by one, to
+    the last bit (the weights are fixed-point); for the options of a node as for nodes."""
+    pl = Places.of(shapes, MODELS)
+    weight = fixed(np.array(weights[: len(shapes)]))
+    cpu = np.array([c for c, _, _, _ in nodes], np.int64)
+    mem = np.array([m for _, m, _, _ in nodes], np.int64)
+    left = np.array([lv for _, _, lv, _ in nodes], np.int64)
+    model = np.array([g for _, _, _, g in nodes], np.int64)
+    reach = Reach(pl, weight)
+    got = reach(cpu, mem, pl.room(left, model))
+    for k, (c, m, lv, g) in enumerate(nodes):
+        want = sum(w for w, s in zip(weight, shapes, strict=True) if places_reference(s, c, m, lv, g) > 0)
+        assert got[k] == want
+    k = np.repeat(np.arange(len(nodes)), 2)  # two options on each node
+    np.testing.assert_array_equal(reach(cpu, mem, pl.room(left, model)[k], k), got[k])
+
+
+def test_fixed_point_sums_do_not_depend_on_the_rows_summed_together() -> None:
+    """BLAS sums a row of a product differently with other rows; fixed-point weights make every
+    order give the same sum, so a node scores the same alone or in a pass over the cluster."""
+    rng = np.random.default_rng(14)
+    lost = rng.integers(0, 1600, (1500, 512)).astype(np.int32)  # places lost, up to 16 GPUs of 1 % shares
+    weight = fixed(rng.random(512) * 1600)
+    whole = lost @ weight
+    for i in range(0, 1500, 37):
+        assert lost[i] @ weight == whole[i]  # a row alone: a dot product, not the matrix kernel
+        assert (lost[i : i + 3] @ weight)[0] == whole[i]
+    np.testing.assert_array_equal((lost[::-1] @ weight)[::-1], whole)
+    np.testing.assert_array_equal(lost[:, ::-1] @ weight[::-1], whole)
+
+
+Slots = list[tuple[list[int], list[int], list[bool]]]  # per node: idle percent, model id, fits
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(st.sampled_from([0, 25, 50, 100]), min_size=4, max_size=4),
+            st.lists(st.integers(0, 2), min_size=4, max_size=4),
+            st.lists(st.booleans(), min_size=4, max_size=4),
+        ),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_share_options_are_each_distinct_fitting_slot_once(nodes: Slots) -> None:
+    """One option per fitting slot, the lowest of the slots of a node equal in idle and model."""
+    left, model, fits = (np.array([n[i] for n in nodes]) for i in range(3))
+    want = [
+        (k, g)
+        for k, (lv, md, ft) in enumerate(nodes)
+        for g in range(4)
+        if ft[g] and not any(ft[i] and lv[i] == lv[g] and md[i] == md[g] for i in range(g))
+    ]
+    got = share_options(left, fits.astype(bool), model)
+    assert list(zip(*(a.tolist() for a in got), strict=True)) == want
 
 
 @pytest.mark.parametrize("mean", [0.0, 0.3, 2.5, 40.0, 400.0])
@@ -267,6 +336,36 @@ def test_the_default_never_places_a_pinned_pod_on_a_model_it_refused(
             model = model_of[(node, g.minor)]
             assert not use or any(t.upper() in model for t in use.split(",")), (use, model)
             assert not nouse or nouse.upper() not in model, (nouse, model)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_requests_of_one_size_share_kept_rows_and_score_as_counted_afresh(shared: bool) -> None:
+    """Requests that differ only in their selectors share the kept scores and growths; a node
+    whose fitting GPUs differ between them (one of two models) is scored again, so every answer is
+    what a pass with nothing kept gives, to the last bit."""
+    ds = DeviceShare()
+    for i in range(6):  # T4 nodes, G2 nodes and nodes of both
+        slot_models = [("T4", "G2")[(i + g * (i // 4)) % 2] for g in range(4)]
+        gpus = tuple(Gpu(minor=g, memory=16 << 30, model=m, uuid=f"n{i}-{g}") for g, m in enumerate(slot_models))
+        ds.set_node(NodeDevices(f"n{i}", gpus, cpu_milli=64_000, memory=1 << 40))
+    res = (
+        {"koordinator.sh/gpu-core": "30", "koordinator.sh/gpu-memory-ratio": "30", "koordinator.sh/gpu.shared": "1"}
+        if shared
+        else {"nvidia.com/gpu": "1"}
+    ) | {"cpu": "4000m"}
+    pol = ds.policy
+    assert isinstance(pol, DefaultPolicy)
+    for j, use in enumerate(["", "T4", "G2", "", "T4", "G2,T4"] * 4):
+        ann = {"nvidia.com/use-gputype": use} if use else {}
+        req = ds.pre_filter(
+            Pod(uid=f"p{j}", namespace="t", name=f"p{j}", containers=(Container("m", res),), annotations=ann)
+        )
+        kept = ds.score_nodes(req)
+        pol.cache.clear()
+        pol.growths.clear()
+        assert ds.score_nodes(req) == kept
+        if kept and j % 2:
+            ds.reserve(req, max(kept, key=kept.__getitem__))
 
 
 def test_a_pinned_pool_about_to_run_out_costs_its_gpu_and_a_roomy_one_does_not() -> None:
