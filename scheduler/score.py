@@ -233,11 +233,23 @@ class ShapeCache:
 
     def __init__(self, key: Callable[[PodRequest], ShapeKey] = shape_key) -> None:
         self.key = key
-        self.tagged = key is not shape_key  # requests of one key may differ in the slots that fit them
+        self.by_size = key is not shape_key  # requests of one key may differ in their selectors
+        self.tagged = False  # and have: each row is checked against the slots that fitted it
         self.entries: dict[ShapeKey, RowMemo] = {}
 
     def clear(self) -> None:
         self.entries.clear()
+
+    def meet(self, req: PodRequest) -> bool:
+        """Whether `req` starts the checks of the slots that fit (the first request with
+        selectors, when requests of one key share rows): the rows kept so far have no record of
+        them and are dropped. Until then all requests of a key have the same fitting slots on a
+        node that has not changed, and no check is needed."""
+        if not self.by_size or self.tagged or not req.selectors:
+            return False
+        self.tagged = True
+        self.entries.clear()
+        return True
 
     def get(
         self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray, evaluate: Evaluate
@@ -781,7 +793,7 @@ class DefaultPolicy:
             out[opts] = growth(self.typ, *placements(self.typ, st, req, sub, f, opts, self._stats(st, sub)), opts)
             return out
 
-        return memo.get(st, rows, compute, fit_tag(fits))
+        return memo.get(st, rows, compute, fit_tag(fits) if self.cache.tagged else None)
 
     def _stats(self, st: Cluster, rows: np.ndarray) -> Stats | None:
         """FGD's stats of the nodes as they are (GPUs with room and idle too small, per typical
@@ -803,7 +815,9 @@ class DefaultPolicy:
         both = self.stats.get(st, rows, compute)
         return Stats(both[:, :m], both[:, m:], left.sum(axis=1).astype(np.float64), cpu)
 
-    def _fresh(self, st: Cluster) -> None:
+    def _fresh(self, st: Cluster, req: PodRequest) -> None:
+        if self.cache.meet(req):  # the growths are shared by requests of one size too
+            self.growths.clear()
         self._models(st)
         if self.due and not self.background:  # in the background, outlook_job's
             self._retype(st)
@@ -857,13 +871,13 @@ class DefaultPolicy:
         return job
 
     def scores(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> np.ndarray:
-        self._fresh(st)
+        self._fresh(st, req)
         return self.cache.get(st, req, rows, fits, lambda r, f: self._evaluate(st, req, r, f))[0]
 
     def pick(self, st: Cluster, req: PodRequest, row: int, fits: np.ndarray) -> list[int]:
         rows = np.array([row])
         if req.count == 1 and req.shared:  # the slot Score chose, unless the node changed since
-            self._fresh(st)
+            self._fresh(st, req)
             _, choice = self.cache.get(st, req, rows, fits[None, :], lambda r, f: self._evaluate(st, req, r, f))
             return [int(choice[0])]
         return [int(c) for c in best_fit_cols(st.left(rows), fits[None, :], req.count)[0]]
