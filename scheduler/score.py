@@ -85,18 +85,10 @@ Options = tuple[np.ndarray, np.ndarray]  # option i is slot [1][i] of node [0][i
 
 def share_options(left: np.ndarray, fits: np.ndarray, model: np.ndarray) -> Options:
     """The slots that can take a one-GPU share, less those equal (idle, model) to a lower slot of the
-    same node: a placement there measures the same, and ties go to the lowest slot anyway. Equal
-    slots are found by sorting each node's (idle, model) keys, a stable sort keeping the lowest
-    slot first among equals."""
-    g = left.shape[1]
-    key = np.where(fits, left * (int(model.max(initial=0)) + 1) + model, -1 - np.arange(g))  # unfit: unique
-    order = np.argsort(key, axis=1, kind="stable")
-    ranked = np.take_along_axis(key, order, axis=1)
-    first = np.ones(key.shape, bool)
-    first[:, 1:] = ranked[:, 1:] != ranked[:, :-1]
-    keep = np.empty_like(first)
-    np.put_along_axis(keep, order, first, axis=1)
-    nodes, slots = np.nonzero(fits & keep)
+    same node: a placement there measures the same, and ties go to the lowest slot anyway."""
+    same = (left[:, :, None] == left[:, None, :]) & (model[:, :, None] == model[:, None, :]) & fits[:, None, :]
+    dup = np.tril(same, k=-1).any(axis=2)  # an equal fitting slot before it
+    nodes, slots = np.nonzero(fits & ~dup)
     return nodes, slots
 
 
@@ -254,13 +246,16 @@ class ShapeCache:
     def get(
         self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray, evaluate: Evaluate
     ) -> tuple[np.ndarray, np.ndarray]:
-        memo = self.entries.setdefault(self.key(req), RowMemo(2))
+        key = self.key(req)
+        memo = self.entries.get(key)
+        if memo is None:
+            memo = self.entries[key] = RowMemo(2)
 
         def compute(pos: np.ndarray) -> np.ndarray:
             return np.stack(distinct(st, rows[pos], fits[pos], evaluate), axis=1)
 
         both = memo.get(st, rows, compute, fit_tag(fits) if self.tagged else None)
-        return both[:, 0], both[:, 1].astype(np.int64)  # the slot, exact as a float
+        return both[:, 0], both[:, 1]  # the slot, exact as a float
 
 
 _MIX = np.random.default_rng(14).integers(1, 2**62, 64, dtype=np.int64) | 1  # odd multipliers of the state hash
