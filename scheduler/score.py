@@ -38,7 +38,7 @@ import copy
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -215,19 +215,29 @@ def fit_tag(fits: np.ndarray) -> np.ndarray:
     return tag
 
 
+@dataclass(slots=True)
+class _Entry:
+    epoch: int
+    version: np.ndarray
+    tag: np.ndarray  # `fit_tag` of the slots that fitted when the row was scored, once checked
+    value: np.ndarray
+    choice: np.ndarray
+
+
 Evaluate = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
 class ShapeCache:
-    """Per-node results (score, chosen slot) by request shape, valid while the node's version and
-    the slots that fit the request are unchanged: a pod changes one node, so the next pod of the
-    same shape recomputes one row, not the cluster. `key`: what tells request shapes apart."""
+    """Per-node results (score, chosen slot) by request shape, valid while the node's version is
+    unchanged: a pod changes one node, so the next pod of the same shape recomputes one row, not
+    the cluster. `key`: what tells request shapes apart; one that leaves the selectors out shares
+    rows between requests that may differ in the slots that fit them (see `meet`)."""
 
     def __init__(self, key: Callable[[PodRequest], ShapeKey] = shape_key) -> None:
         self.key = key
-        self.by_size = key is not shape_key  # requests of one key may differ in their selectors
-        self.tagged = False  # and have: each row is checked against the slots that fitted it
-        self.entries: dict[ShapeKey, RowMemo] = {}
+        self.by_size = key is not shape_key
+        self.tagged = False  # each row is checked against the slots that fitted it
+        self.entries: dict[ShapeKey, _Entry] = {}
 
     def clear(self) -> None:
         self.entries.clear()
@@ -247,15 +257,24 @@ class ShapeCache:
         self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray, evaluate: Evaluate
     ) -> tuple[np.ndarray, np.ndarray]:
         key = self.key(req)
-        memo = self.entries.get(key)
-        if memo is None:
-            memo = self.entries[key] = RowMemo(2)
-
-        def compute(pos: np.ndarray) -> np.ndarray:
-            return np.stack(distinct(st, rows[pos], fits[pos], evaluate), axis=1)
-
-        both = memo.get(st, rows, compute, fit_tag(fits) if self.tagged else None)
-        return both[:, 0], both[:, 1]  # the slot, exact as a float
+        ent = self.entries.get(key)
+        n = st.version.size
+        if ent is None or ent.epoch != st.epoch or ent.version.size != n:
+            n64 = np.zeros(n, np.int64)
+            ent = _Entry(st.epoch, np.full(n, -1, np.int64), n64, np.zeros(n), n64.copy())
+            self.entries[key] = ent
+        old = ent.version[rows] != st.version[rows]
+        if self.tagged:
+            tag = fit_tag(fits)
+            old |= ent.tag[rows] != tag
+        pos = np.flatnonzero(old)
+        if pos.size:
+            stale = rows[pos]
+            ent.value[stale], ent.choice[stale] = distinct(st, stale, fits[pos], evaluate)
+            ent.version[stale] = st.version[stale]
+            if self.tagged:
+                ent.tag[stale] = tag[pos]
+        return ent.value[rows], ent.choice[rows]
 
 
 _MIX = np.random.default_rng(14).integers(1, 2**62, 64, dtype=np.int64) | 1  # odd multipliers of the state hash
