@@ -1,4 +1,4 @@
-"""Array helpers the allocator's modules share: pure numpy, no cluster state."""
+"""Array functions the allocator's modules share: pure numpy, no cluster state."""
 
 from __future__ import annotations
 
