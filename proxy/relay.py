@@ -408,7 +408,7 @@ class Link(Generic[C]):
         run = 0  # start of frames copied verbatim, not yet emitted
         refund = 0
         stream_refunds: list[bytes] = []
-        complete: list[tuple[int, _Stream[C]]] = []  # held requests now whole: pre runs once the batch is out
+        complete: list[tuple[int, _Stream[C]]] | None = None  # held requests now whole: pre runs once the batch is out
         streams = self.streams
         flow = self.flow
         while n - pos >= 9:
@@ -444,6 +444,8 @@ class Link(Generic[C]):
                             )
                         elif flags & END_STREAM:
                             stream.request_done = True
+                            if complete is None:  # a pass-through read makes no list
+                                complete = []
                             complete.append((sid, stream))
                         elif length:
                             stream_refunds.append(frame(WINDOW_UPDATE, 0, sid, length.to_bytes(4, "big")))
