@@ -582,11 +582,6 @@ class Places:
             room = room * self.acc[model[:, 0]]
         return room
 
-    def count(self, cpu: np.ndarray, hmem: np.ndarray, left: np.ndarray, model: np.ndarray | None = None) -> np.ndarray:
-        """(K, M) for K node states: CPU left (K,), memory left (K,), percent idle per slot (K, G),
-        model id per slot (K, G)."""
-        return self.from_room(cpu, hmem, self.room(left, model))
-
     def from_room(self, cpu: np.ndarray, hmem: np.ndarray, room: np.ndarray) -> np.ndarray:
         """(K, M) of nodes with this CPU and memory left (K,) and shares per part (K, U): a float
         quotient, cast to an integer, is the floor `_host` has."""
@@ -610,30 +605,6 @@ class Places:
         by_part = np.ascontiguousarray(self._by_shape(room / self.cnt_f).T)
         places: np.ndarray = np.minimum(spread, by_part, out=spread)
         return places
-
-    def taken(
-        self,
-        cpu: np.ndarray,
-        hmem: np.ndarray,
-        room: np.ndarray,
-        pct: int,
-        slots: np.ndarray,
-        model: np.ndarray | None,
-        k: np.ndarray | None = None,
-    ) -> np.ndarray:
-        """(N, M): the places of `count` after `pct` is taken from each of the slots (idle percent
-        `slots` (N, C), their model ids `model`) of node k[i] (node i when k is None), given the
-        nodes' CPU and memory (K,) as they are to be and the `room` (N, U) of each one's node as it
-        is."""
-        return self.after(cpu, hmem, self.lose(room, pct, slots, model), k)
-
-    def count_options(
-        self, cpu: np.ndarray, hmem: np.ndarray, left: np.ndarray, model: np.ndarray | None, pct: int, opts: Options
-    ) -> np.ndarray:
-        """(N, M): the same after `pct` is taken from each option's slot (CPU and memory as given)."""
-        k, g = opts
-        slot_model = None if model is None else model[k, g, None]
-        return self.taken(cpu, hmem, self.room(left, model)[k], pct, left[k, g, None], slot_model, k)
 
 
 FIX = 20  # bits after the binary point of the outlook's weights

@@ -98,16 +98,18 @@ def test_places_match_adding_pods_one_by_one(
                 want = places_reference(s, int(c[k]), int(m[k]), list(lv[k]), list(model[k]))
                 assert got[k, j] == want or (want == math.inf and got[k, j] >= BIG)
 
-    check(pl.count(cpu, mem, left, model), cpu, mem, left)
+    room = pl.room(left, model)
+    check(pl.from_room(cpu, mem, room), cpu, mem, left)
     cpu_after = np.maximum(cpu - 500, 0)
-    k, g = np.nonzero(np.ones_like(left, bool))
-    each = pl.count_options(cpu_after, mem, left, model, pct, (k, g)).reshape(*left.shape, -1)
+    k, g = np.nonzero(np.ones_like(left, bool))  # every slot an option, as a one-GPU share's
+    each = pl.after(cpu_after, mem, pl.lose(room[k], pct, left[k, g, None], model[k, g, None]), k)
+    each = each.reshape(*left.shape, -1)
     for col in range(left.shape[1]):
         moved = left.copy()
         moved[:, col] = np.maximum(moved[:, col] - pct, 0)
         check(each[:, col, :], cpu_after, mem, moved)
     cols = np.array([[1, 3]] * len(nodes))  # a set of slots taken from each node
-    both = pl.taken(cpu_after, mem, pl.room(left, model), pct, left[:, [1, 3]], model[:, [1, 3]])
+    both = pl.after(cpu_after, mem, pl.lose(room, pct, left[:, [1, 3]], model[:, [1, 3]]))
     moved = left.copy()
     np.put_along_axis(moved, cols, np.maximum(np.take_along_axis(left, cols, axis=1) - pct, 0), axis=1)
     check(both, cpu_after, mem, moved)
@@ -477,8 +479,9 @@ def test_kept_node_stats_and_places_are_what_a_fresh_count_gives() -> None:
     for field in ("nfit", "small", "total", "cpu"):
         np.testing.assert_array_equal(getattr(kept, field), getattr(fresh, field))
     out = pol.outlook
-    count = out.hot.count(cpu, cl.hmem_free[rows], left, model)  # the scarce shapes' places
-    room = out.places.room(left, model)  # then shares per GPU part, then the weight with a place
+    room = out.places.room(left, model)
+    count = out.hot.from_room(cpu, cl.hmem_free[rows], out.hot.room(left, model))  # the scarce shapes' places
+    # then shares per GPU part, then the weight with a place
     fresh_room = np.concatenate((count, room, out.reach(cpu, cl.hmem_free[rows], room)[:, None]), axis=1)
     np.testing.assert_array_equal(out.before.get(cl, rows, lambda at: fresh_room[at]), fresh_room)
 
