@@ -829,7 +829,10 @@ class DefaultPolicy:
         typical shapes, when due, are derived at once (a small table); the job derives the
         outlook from the workload and the cluster as they are now (copies) and returns what
         installs it, with the pods observed meanwhile, to be called under the lock. Taking the
-        job clears `due`: a pod observed meanwhile that makes it due again asks for another."""
+        job clears `due`: a pod observed meanwhile that makes it due again asks for another. None
+        without `background`: then the evaluations re-derive in line, and nothing else may."""
+        if not self.background:
+            return None
         self._models(st)
         if not self.due:
             return None

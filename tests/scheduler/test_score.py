@@ -545,3 +545,13 @@ def test_pods_seen_while_an_outlook_job_runs_are_kept() -> None:
     install()
     outlook = ds.policy.outlook
     assert outlook.seen == 193 and [n for (cpu, *_), n in outlook.shapes.items() if cpu == 3000] == [1]
+
+
+def test_without_background_there_is_no_outlook_job() -> None:
+    """The simulator's policy re-derives in line: an extender's refresh must not take the work from
+    its evaluations (their timing would then decide its placements)."""
+    ds = DeviceShare()
+    ds.set_node(_node("a", 8, 96_000))
+    ds.pre_filter(_pod("p0", 1000, 1))  # the first pod seen: the outlook is due
+    assert isinstance(ds.policy, DefaultPolicy) and ds.policy.due
+    assert ds.outlook_job() is None and ds.policy.due
