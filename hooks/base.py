@@ -162,6 +162,9 @@ class HookContext:
     # time.monotonic() by which kubelet wants the CRI call answered (its grpc-timeout); None when
     # the call set none or the stage runs after the call
     deadline: float | None = None
+    # the express lane (HookChain.run_express): the container's envs, mounts and resources are not
+    # shown (left empty); a hook that would read them raises NotCached and the call takes the full lane
+    partial: bool = False
 
     def log_fields(self) -> dict[str, str]:
         return log_fields(self.pod, self.container)
@@ -211,6 +214,20 @@ class Edit:
                 self.resources,
                 self.cgroup_parent,
             )
+        )
+
+    def adds_only(self) -> bool:
+        """Whether the edit only adds envs, mounts, devices, CDI devices and annotations: such an
+        edit can be written onto the request without the views (the express lane)."""
+        return not (
+            self.remove_env
+            or self.remove_mounts
+            or self.remove_devices
+            or self.remove_cdi_devices
+            or self.remove_annotations
+            or self.labels
+            or self.resources is not None
+            or self.cgroup_parent is not None
         )
 
     def summary(self) -> dict[str, Any]:
@@ -331,6 +348,19 @@ class PreparesPods(Protocol):
     after kubelet has its answer, so that work is on no call's path."""
 
     def prepare_pod(self, pod: PodInfo) -> None: ...
+
+
+@runtime_checkable
+class Express(Protocol):
+    """A blocking hook that can answer a CreateContainer on the express lane (HookChain.run_express):
+    its `handle_cached` copes with a partial view (HookContext.partial: no envs, mounts or resources),
+    raising NotCached when it would need them, and its answer does not depend on what the hooks
+    before it added. The gpu and rdma hooks: what they decide comes from the pod's allocation, the
+    container's name and the devices it brings."""
+
+    express: bool
+
+    def handle_cached(self, ctx: HookContext) -> Edit | None: ...
 
 
 @runtime_checkable

@@ -63,6 +63,8 @@ class Registered:
     cached: bool = False
     # the hook narrows its stages call by call (`wants(stage)`; see HookChain.wants)
     narrows: bool = False
+    # `handle_cached` answers partial views too (hooks.base.Express; see HookChain.run_express)
+    express: bool = False
 
 
 @dataclass(slots=True)
@@ -100,6 +102,7 @@ class Allowlist:
         # host path -> allowed: a node's hooks add the same few device nodes and mounts to every
         # container, and matching each against every pattern was a tenth of a CreateContainer
         self._verdicts: dict[str, bool] = {}
+        self._edits: dict[int, tuple[Edit, str | None]] = {}  # check_kept's
 
     def allows(self, host: str) -> bool:
         verdict = self._verdicts.get(host)
@@ -110,6 +113,18 @@ class Allowlist:
                 self._verdicts.clear()
             self._verdicts[host] = verdict
         return verdict
+
+    def check_kept(self, edit: Edit) -> str | None:
+        """check(), remembered by identity for an edit a hook gives again unchanged (hooks.base.Express:
+        the gpu hook's one Edit per allocation); the edit is kept too, so its id can not pass to another."""
+        hit = self._edits.get(id(edit))
+        if hit is not None and hit[0] is edit:
+            return hit[1]
+        bad = self.check(edit)
+        if len(self._edits) >= ALLOWLIST_MEMO:
+            self._edits.clear()
+        self._edits[id(edit)] = (edit, bad)
+        return bad
 
     def check(self, edit: Edit) -> str | None:
         """The first host path the edit adds that is not allowed, or None."""
@@ -186,6 +201,39 @@ class HookChain:
         i = self._run_cached(regs, 0, _blocking_end(regs, 0), out)
         if i < len(regs) and out.error is None:
             return self._run(regs, i, out)
+        self._count(out)
+        return out
+
+    def run_express(self, ctx: HookContext) -> Outcome | None:
+        """The express lane: a partial view (ctx.partial) of a call that every hook it goes to can
+        answer from its cache, with an edit that only adds (Edit.adds_only) and passes the allowlist.
+        The proxy then writes the edits onto the request as they are, with no view of the container
+        built or compared (docs/proxy.md). None: some hook can not, or said no, or failed; the call
+        takes the full lane (`run_now`), which answers it with each hook's policy. Every hook here
+        sees the same view, so the express hooks' answers must not depend on each other's."""
+        regs = self._by_stage[ctx.stage]
+        if self._narrowed[ctx.stage]:
+            regs = tuple(r for r in regs if not r.narrows or r.hook.wants(ctx.stage))  # type: ignore[attr-defined]
+        out = Outcome(ctx)
+        for reg in regs:
+            if not reg.express:
+                return None
+            start = time.perf_counter()
+            try:
+                edit = reg.hook.handle_cached(ctx)  # type: ignore[attr-defined]
+            except Exception:  # NotCached, or a refusal the full lane words and applies the policy to
+                return None
+            ms = _ms(start)
+            if ms > reg.timeout * 1000:
+                return None
+            if edit is not None and not isinstance(edit, Edit):
+                return None
+            if edit is None or edit.is_empty():
+                out.records.append(HookRecord(reg.hook.name, ctx.stage, "noop", ms))
+            elif not edit.adds_only() or self.allowlist.check_kept(edit) is not None:
+                return None
+            else:
+                out.records.append(HookRecord(reg.hook.name, ctx.stage, "ok", ms, edit))
         self._count(out)
         return out
 
@@ -564,7 +612,10 @@ def build_chain(
         follows = is_async and common.timeout_ms is None and getattr(hook, "follows_call_deadline", False) is True
         cached = not is_async and callable(getattr(hook, "handle_cached", None))
         narrows = callable(getattr(hook, "wants", None))
-        regs.append(Registered(hook, common.failure_policy, timeout_ms / 1000, is_async, follows, cached, narrows))
+        express = cached and getattr(hook, "express", False) is True
+        regs.append(
+            Registered(hook, common.failure_policy, timeout_ms / 1000, is_async, follows, cached, narrows, express)
+        )
     explicit = {n: i for i, n in enumerate(hooks_cfg.order)}
     regs.sort(key=lambda r: (explicit.get(r.hook.name, len(explicit)), r.hook.priority, r.hook.name))
     patterns = [p.replace("{dev_root}", node.dev_root.rstrip("/") or "/") for p in hooks_cfg.allowed_host_paths]

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from google.protobuf.message import Message
 
 from crihook.base.spec import Device, Mount
-from crihook.hooks.base import RESOURCE_FIELDS, ContainerInfo, LinuxResources, PodInfo, PodRecordView
+from crihook.hooks.base import RESOURCE_FIELDS, ContainerInfo, Edit, LinuxResources, PodInfo, PodRecordView
 from crihook.proto import runtime_v1_pb2 as cri
 
 _V = TypeVar("_V")
@@ -69,11 +70,23 @@ def pod_view(
     )
 
 
-def container_view(cfg: cri.ContainerConfig, container_id: str = "") -> ContainerInfo:
+def container_view(cfg: cri.ContainerConfig, container_id: str = "", partial: bool = False) -> ContainerInfo:
+    """`partial`: the express lane's view (HookContext.partial), without envs, mounts and resources:
+    a container may bring many envs (kubelet's service links), and the express hooks read none."""
     # most containers have no envs, mounts, devices or CDI devices of their own: an empty field
     # costs no generator
-    meta, linux = cfg.metadata, cfg.linux
-    envs, mounts, devices, cdi = cfg.envs, cfg.mounts, cfg.devices, cfg.CDI_devices
+    meta = cfg.metadata
+    devices, cdi = cfg.devices, cfg.CDI_devices
+    rest: dict[str, Any] = {}
+    if not partial:
+        envs, mounts, linux = cfg.envs, cfg.mounts, cfg.linux
+        if envs:
+            rest["envs"] = tuple((_text(kv.key), _text(kv.value)) for kv in envs)
+        if mounts:
+            rest["mounts"] = tuple(
+                Mount(m.container_path, m.host_path, m.readonly, m.selinux_relabel, m.propagation) for m in mounts
+            )
+        rest["resources"] = resources_view(linux.resources, linux.HasField("resources"))
     return ContainerInfo(
         name=meta.name,
         attempt=meta.attempt,
@@ -81,13 +94,9 @@ def container_view(cfg: cri.ContainerConfig, container_id: str = "") -> Containe
         image=cfg.image.image,
         labels=_plain(cfg.labels),
         annotations=_plain(cfg.annotations),
-        envs=tuple((_text(kv.key), _text(kv.value)) for kv in envs) if envs else (),
-        mounts=tuple(Mount(m.container_path, m.host_path, m.readonly, m.selinux_relabel, m.propagation) for m in mounts)
-        if mounts
-        else (),
         devices=tuple(Device(d.container_path, d.host_path, d.permissions) for d in devices) if devices else (),
         cdi_devices=tuple(c.name for c in cdi) if cdi else (),
-        resources=resources_view(linux.resources, linux.HasField("resources")),
+        **rest,
     )
 
 
@@ -152,29 +161,127 @@ def write_resources(
     _set_map(msg.unified, dict(base.unified), dict(after.unified))
 
 
+def _new_env(new: Callable[..., cri.KeyValue], kv: tuple[str, str]) -> cri.KeyValue:
+    return new(key=_raw(kv[0]), value=_raw(kv[1]))
+
+
+def _new_mount(new: Callable[..., cri.Mount], m: Mount) -> cri.Mount:
+    return new(
+        container_path=m.container_path,
+        host_path=m.host_path,
+        readonly=m.readonly,
+        selinux_relabel=m.selinux_relabel,
+        propagation=m.propagation,
+    )
+
+
+def _new_device(new: Callable[..., cri.Device], d: Device) -> cri.Device:
+    return new(container_path=d.container_path, host_path=d.host_path, permissions=d.permissions)
+
+
+def _new_cdi(new: Callable[..., cri.CDIDevice], name: str) -> cri.CDIDevice:
+    return new(name=name)
+
+
 def write_container(cfg: cri.ContainerConfig, before: ContainerInfo, after: ContainerInfo) -> None:
-    _rebuild(cfg.envs, before.envs, after.envs, lambda new, kv: new(key=_raw(kv[0]), value=_raw(kv[1])))
-    _rebuild(
-        cfg.mounts,
-        before.mounts,
-        after.mounts,
-        lambda new, m: new(
-            container_path=m.container_path,
-            host_path=m.host_path,
-            readonly=m.readonly,
-            selinux_relabel=m.selinux_relabel,
-            propagation=m.propagation,
-        ),
-    )
-    _rebuild(
-        cfg.devices,
-        before.devices,
-        after.devices,
-        lambda new, d: new(container_path=d.container_path, host_path=d.host_path, permissions=d.permissions),
-    )
-    _rebuild(cfg.CDI_devices, before.cdi_devices, after.cdi_devices, lambda new, name: new(name=name))
+    _rebuild(cfg.envs, before.envs, after.envs, _new_env)
+    _rebuild(cfg.mounts, before.mounts, after.mounts, _new_mount)
+    _rebuild(cfg.devices, before.devices, after.devices, _new_device)
+    _rebuild(cfg.CDI_devices, before.cdi_devices, after.cdi_devices, _new_cdi)
     _set_map(cfg.annotations, before.annotations, after.annotations)
     write_resources(cfg.linux.resources, before.resources, after.resources)
+
+
+@dataclass(frozen=True, slots=True)
+class _Added:
+    """One edit's additions: the ContainerConfig fragment that adds them, and their keys."""
+
+    edit: Edit
+    fragment: bytes
+    envs: frozenset[bytes]
+    mounts: frozenset[str]
+    devices: frozenset[str]
+    cdi: frozenset[str]
+    annotations: frozenset[str]
+    unique: bool  # no key twice within the edit
+
+
+class Additions:
+    """Edits that only add (Edit.adds_only), written onto a CreateContainer's config as applying them
+    to the views (chain.apply_edit) and writing the difference back (write_container) would, without
+    the views. Each edit is encoded once, as a ContainerConfig fragment the config merges in (repeated
+    fields append, map entries set), and kept by identity with the edit itself (so its id can not pass
+    to another): the gpu hook answers every container of an allocation with one Edit
+    (Placement.grant), and an edit given again must not have changed (hooks.base.Express)."""
+
+    MAX = 4096  # edits kept (cleared when full)
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, _Added] = {}
+
+    def write(self, cfg: cri.ContainerConfig, edits: Sequence[Edit]) -> bool:
+        """Merge the edits in, in hook order; False, with the config left as it was, when a key one
+        adds is the container's already or another edit's (the full lane would replace that entry)."""
+        added = [self._added(e) for e in edits]
+        if not all(a.unique for a in added) or not _disjoint(added):
+            return False
+        envs = cfg.envs
+        for a in added:
+            if (
+                (a.envs and envs and any(kv.key in a.envs for kv in envs))
+                or (a.mounts and cfg.mounts and any(m.container_path in a.mounts for m in cfg.mounts))
+                or (a.devices and cfg.devices and any(d.container_path in a.devices for d in cfg.devices))
+                or (a.cdi and cfg.CDI_devices and any(c.name in a.cdi for c in cfg.CDI_devices))
+                or (a.annotations and any(k in cfg.annotations for k in a.annotations))
+            ):
+                return False
+        for a in added:
+            cfg.MergeFromString(a.fragment)
+        return True
+
+    def _added(self, edit: Edit) -> _Added:
+        hit = self._by_id.get(id(edit))
+        if hit is not None and hit.edit is edit:
+            return hit
+        cfg = cri.ContainerConfig()
+        for kv in edit.env.items():
+            _new_env(cfg.envs.add, kv)
+        for m in edit.add_mounts:
+            _new_mount(cfg.mounts.add, m)
+        for d in edit.add_devices:
+            _new_device(cfg.devices.add, d)
+        for name in edit.add_cdi_devices:
+            _new_cdi(cfg.CDI_devices.add, name)
+        cfg.annotations.update(edit.annotations)
+        mounts = [m.container_path for m in edit.add_mounts]
+        devices = [d.container_path for d in edit.add_devices]
+        a = _Added(
+            edit,
+            cfg.SerializeToString(),
+            frozenset(_raw(k) for k in edit.env),
+            frozenset(mounts),
+            frozenset(devices),
+            frozenset(edit.add_cdi_devices),
+            frozenset(edit.annotations),
+            len(set(mounts)) == len(mounts)
+            and len(set(devices)) == len(devices)
+            and len(set(edit.add_cdi_devices)) == len(edit.add_cdi_devices),
+        )
+        if len(self._by_id) >= self.MAX:
+            self._by_id.clear()
+        self._by_id[id(edit)] = a
+        return a
+
+
+def _disjoint(added: Sequence[_Added]) -> bool:
+    """No key added by two of the edits."""
+    if len(added) < 2:
+        return True
+    for kind in ("envs", "mounts", "devices", "cdi", "annotations"):
+        sets: list[frozenset[Any]] = [getattr(a, kind) for a in added]
+        if sum(map(len, sets)) != len(frozenset().union(*sets)):
+            return False
+    return True
 
 
 def write_pod(cfg: cri.PodSandboxConfig, before: PodInfo, after: PodInfo) -> None:

@@ -170,6 +170,7 @@ class GpuHook:
     name = "gpu"
     stages = frozenset({Stage.PRE_CREATE_CONTAINER})
     priority = PRIORITY
+    express = True  # a partial view suffices unless the device plugin injected something (see _decide)
 
     def __init__(
         self,
@@ -305,6 +306,9 @@ class GpuHook:
 
     def _decide(self, ctx: HookContext, node: NodeView, facts: _Facts) -> Edit | None:
         assert ctx.container is not None
+        if ctx.partial and node.checkpoint.for_container(ctx.pod.uid, ctx.container.name):
+            # the envs and mounts a device plugin injected are stripped: that needs them shown
+            raise NotCached("the device plugin allocated to this container")
         edit = gpu_edit(ctx.pod, ctx.container, facts.gpus, node, self.opts)
         if edit is not None and edit.add_cdi_devices and self.cdi is not None:
             if facts.cached:

@@ -38,6 +38,9 @@ HAMI_CACHE_MOUNT = "/tmp/vgpu"
 HAMI_PRELOAD_MOUNT = "/etc/ld.so.preload"
 DEVICE_PERMISSIONS = "rw"  # what NVIDIA's device plugin grants
 MiB = 1 << 20
+# what a container the scheduler gave no GPU gets when it brings nothing to strip; shared by all of
+# them, so never changed (see Placement.grant)
+DENIED = Edit(env={VISIBLE: VOID})
 
 _GPU_NODE = re.compile(r"(?:.*/)?nvidia[0-9]+")  # /dev/nvidiaN, as a container or host path
 # CDI kinds that name GPUs: nvidia-ctk's nvidia.com/gpu, NVIDIA's device plugin's own
@@ -155,6 +158,13 @@ class Placement:
     devices: tuple[Device, ...]  # env+devices: the device nodes to add
     cdi_devices: tuple[str, ...]  # cdi: the CDI devices to add
     shared: bool  # a GPU is shared: HAMi-core isolation applies if the pod asks for it
+    # what a container that brings nothing to strip gets: one Edit for every container of the
+    # allocation, never changed (the proxy keeps what it made of it by identity: see Express)
+    grant: Edit = field(default_factory=Edit)
+
+    def __post_init__(self) -> None:
+        grant = Edit(env={VISIBLE: self.visible}, add_devices=[*self.devices], add_cdi_devices=[*self.cdi_devices])
+        object.__setattr__(self, "grant", grant)
 
 
 def place(
@@ -220,19 +230,30 @@ def gpu_edit(pod: PodInfo, container: ContainerInfo, gpus: GpuLookup, node: Node
         _check_taken(pod.uid, plugin, gpus, node)
         return None  # no word from the scheduler: the device plugin's allocation stands
     if not allocs:
-        return _strip(container, plugin, frozenset(), VOID) if opts.deny_unallocated else None
+        return _granted(_strip(container, plugin, frozenset()), DENIED) if opts.deny_unallocated else None
     placed = node.placements.get(allocs, node.stamp) if node.placements is not None else None
     if placed is None:
         placed = place(allocs, gpus, node.exists, node.dev_root, opts)
         if node.placements is not None:
             node.placements.put(allocs, node.stamp, placed)
     _check_conflicts(pod.uid, placed.gpus, node)
-    edit = _strip(container, plugin, placed.names, placed.visible)
-    edit.add_devices = list(placed.devices)
-    edit.add_cdi_devices = list(placed.cdi_devices)
+    stripped = _strip(container, plugin, placed.names)
     if placed.shared and pod.labels.get(ISOLATION_LABEL, "").lower() == HAMI_CORE:
+        edit = _granted(stripped or Edit(), placed.grant)
         _isolate(edit, pod, container, placed.chosen, opts.hami_core)
-    return edit
+        return edit
+    return _granted(stripped, placed.grant)
+
+
+def _granted(stripped: Edit | None, grant: Edit) -> Edit:
+    """The grant alone (the same object every time) when nothing was stripped, else both in a new
+    Edit: removals happen before additions."""
+    if stripped is None:
+        return grant
+    stripped.env.update(grant.env)
+    stripped.add_devices = list(grant.add_devices)
+    stripped.add_cdi_devices = list(grant.add_cdi_devices)
+    return stripped
 
 
 def _resolve(allocs: Iterable[al.DeviceAllocation], gpus: GpuLookup) -> list[tuple[al.DeviceAllocation, GpuLike]]:
@@ -315,14 +336,14 @@ def _plugin_gpu(dev_id: str, gpus: GpuLookup) -> GpuLike | None:
     return gpus.by_uuid(dev_id) if dev_id.startswith("GPU-") else None
 
 
-def _strip(container: ContainerInfo, plugin: Sequence[PodDeviceEntry], names: frozenset[str], visible: str) -> Edit:
+def _strip(container: ContainerInfo, plugin: Sequence[PodDeviceEntry], names: frozenset[str]) -> Edit | None:
     """Remove every GPU the container would get some other way: what the device plugin injected
     for it, any /dev/nvidiaN node, and every CDI device naming a GPU not chosen, whether in
-    CDI_devices or in a `cdi.k8s.io/*` annotation (the plugin's, an image's, a webhook's); then set
-    the visible list. CDI devices that name no GPU (gds, mofed, imex channels) stay; `names`: the
-    chosen GPUs' (Placement.names). Only what the container has is looked at: most containers bring
-    nothing of their own, and a pod the scheduler placed has no plugin injections."""
-    edit = Edit(env={VISIBLE: visible})
+    CDI_devices or in a `cdi.k8s.io/*` annotation (the plugin's, an image's, a webhook's); None
+    when there is nothing to remove. CDI devices that name no GPU (gds, mofed, imex channels) stay;
+    `names`: the chosen GPUs' (Placement.names). Only what the container has is looked at: most
+    containers bring nothing of their own, and a pod the scheduler placed has no plugin injections."""
+    edit = Edit()
     device_paths: set[str] = set()
     plugin_annotations: set[str] = set()
     if plugin:
@@ -358,7 +379,7 @@ def _strip(container: ContainerInfo, plugin: Sequence[PodDeviceEntry], names: fr
                 edit.annotations[key] = ",".join(kept)
             else:
                 edit.remove_annotations.add(key)
-    return edit
+    return None if edit.is_empty() else edit
 
 
 def _cdi_allowed(name: str, chosen: frozenset[str]) -> bool:

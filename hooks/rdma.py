@@ -84,6 +84,7 @@ class RdmaHook:
     name = "rdma"
     stages = frozenset({Stage.PRE_CREATE_CONTAINER})
     priority = PRIORITY
+    express = True  # it reads the pod's allocation and the container's name only
 
     def __init__(self, node: NodeConfig) -> None:
         self.dev_root = node.dev_root.rstrip("/")

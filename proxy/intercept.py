@@ -32,9 +32,10 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from crihook.hooks.base import ContainerInfo, HookContext, PodInfo, Stage, log_fields
+from crihook.hooks.base import ContainerInfo, Edit, HookContext, PodInfo, Stage, log_fields
 from crihook.hooks.chain import HookChain, HookRecord, Outcome
 from crihook.hooks.criview import (
+    Additions,
     container_view,
     pod_view,
     resources_from_record,
@@ -56,6 +57,9 @@ Views = tuple[PodInfo, ContainerInfo | None]
 ContextBuilder = Callable[[Store, Any], Views]  # request -> the hooks' view of the call
 WriteBack = Callable[[Any, HookContext, HookContext], None]  # (request, view before, view after)
 Recorder = Callable[[Store, "Call", Any, Any], Views | None]  # (…, request, response) -> post hooks' view
+# (…, request, deadline) -> what the hooks said, their edits written on the request; None: the full lane
+ExpressLane = Callable[["Interceptor", Any, float | None], Outcome | None]
+POD_VIEWS = 4096  # pods whose express-lane view is kept (cleared when full)
 
 
 def _nothing_to_write(msg: Any, before: HookContext, after: HookContext) -> None:
@@ -80,6 +84,8 @@ class Handler:
     may_name_orphan: bool = False
     # once recorded, the hooks may get ready for the pod's containers (HookChain.prepare_pod)
     prepares_pod: bool = False
+    # tried before the views are built: hooks that answer partial views, edits that only add
+    express: ExpressLane | None = None
 
 
 @dataclass(slots=True)
@@ -104,6 +110,9 @@ class Interceptor:
         self.store = store
         self.janitor = janitor
         self._tasks: set[asyncio.Task[None]] = set()
+        # sandbox id -> its store record and the view made of it, for the express lane
+        self._pod_views: dict[str, tuple[PodRecord, PodInfo]] = {}
+        self.additions = Additions()  # the express lane's edits, each encoded once
 
     def classify(self, path: bytes) -> Call | None:
         handler = HANDLERS.get(path)
@@ -124,10 +133,16 @@ class Interceptor:
             raise Rejected(
                 grpc.StatusCode.INVALID_ARGUMENT, f"crihook: malformed {handler.name} request: {e}"
             ) from None
-        # 2. the hooks' view of the call
+        # 2. the express lane (CreateContainer): no views, the hooks' additions written as they are
+        if handler.express is not None:
+            express = handler.express(self, msg, deadline)
+            if express is not None:
+                call.records = express.records  # call.ctx stays None: post reads what was forwarded
+                return msg.SerializeToString() if any(r.detail for r in express.records) else request
+        # 3. the hooks' view of the call
         pod, container = handler.context(self.store, msg)
         ctx = HookContext(handler.pre, pod, container, deadline)
-        # 3. the hooks, in order
+        # 4. the hooks, in order
         outcome = self.chain.run_now(ctx)
         if isinstance(outcome, Outcome):
             return self._written(call, request, msg, ctx, outcome)
@@ -144,7 +159,7 @@ class Interceptor:
         return self._written(call, request, msg, ctx, await pending)
 
     def _written(self, call: Call, request: bytes, msg: Message, ctx: HookContext, outcome: Outcome) -> bytes:
-        """4. What the hooks changed, written back (the relay forwards it); a refusal raises Rejected."""
+        """5. What the hooks changed, written back (the relay forwards it); a refusal raises Rejected."""
         handler = call.handler
         call.records = outcome.records
         call.ctx = outcome.ctx
@@ -159,10 +174,25 @@ class Interceptor:
         handler.write_back(msg, ctx, outcome.ctx)
         return msg.SerializeToString()
 
+    def pod_view(self, pod_id: str) -> PodInfo | None:
+        """The pod as the store recorded it at RunPodSandbox (what the hooks made of it), made into
+        a view once per record; None for a pod crihook has not seen start."""
+        rec = self.store.pods.get(pod_id)
+        if rec is None:
+            return None
+        kept = self._pod_views.get(pod_id)
+        if kept is not None and kept[0] is rec:
+            return kept[1]
+        if len(self._pod_views) >= POD_VIEWS:
+            self._pod_views.clear()
+        view = rec.view()
+        self._pod_views[pod_id] = (rec, view)
+        return view
+
     def post(
         self, call: Call, request: bytes, response: bytes | None, status: grpc.StatusCode, message: bytes | None
     ) -> None:
-        """5. After the runtime answered: bookkeeping now, in call order; post hooks in the
+        """6. After the runtime answered: bookkeeping now, in call order; post hooks in the
         background (they never change or delay what kubelet sees)."""
         handler = call.handler
         if status is not grpc.StatusCode.OK:
@@ -180,6 +210,7 @@ class Interceptor:
         if views is None:
             return
         if handler.prepares_pod:
+            self.pod_view(views[0].id)  # made now, off the CreateContainers' path
             self.chain.prepare_pod(views[0])
         if handler.post is None or not self.chain.wants(handler.post):
             return
@@ -242,6 +273,20 @@ def _create_context(store: Store, msg: cri.CreateContainerRequest) -> Views:
     # RunPodSandbox (labels, annotations, cgroup parent) is in the store
     pod = pod_view(msg.sandbox_config, pod_id=msg.pod_sandbox_id, stored=store.pods.get(msg.pod_sandbox_id))
     return pod, container_view(msg.config)
+
+
+def _express_create(icpt: Interceptor, msg: cri.CreateContainerRequest, deadline: float | None) -> Outcome | None:
+    """The pod from the store's record, the container without its envs, mounts and resources; the
+    additions written only when none replaces what the container has (criview.Additions)."""
+    pod = icpt.pod_view(msg.pod_sandbox_id)
+    if pod is None:
+        return None
+    container = container_view(msg.config, partial=True)
+    outcome = icpt.chain.run_express(HookContext(Stage.PRE_CREATE_CONTAINER, pod, container, deadline, partial=True))
+    if outcome is None:
+        return None
+    edits = [r.detail for r in outcome.records if isinstance(r.detail, Edit)]
+    return outcome if not edits or icpt.additions.write(msg.config, edits) else None
 
 
 def _write_create(msg: cri.CreateContainerRequest, before: HookContext, after: HookContext) -> None:
@@ -384,6 +429,7 @@ HANDLERS: dict[bytes, Handler] = {
             context=_create_context,
             write_back=_write_create,
             records_from_views=True,
+            express=_express_create,
         ),
         Handler(
             "StartContainer",

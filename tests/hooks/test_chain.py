@@ -252,3 +252,72 @@ def test_prepare_pod_reaches_the_hooks_that_have_it_and_survives_their_failure()
     bad, good, plain = Preparing("bad", True), Preparing("good", False), Blocking("plain", 3, setter("P"))
     chain(bad, good, plain).prepare_pod(PodInfo(name="p", namespace="ns", uid="u1"))
     assert bad.pods == good.pods == ["u1"]
+
+
+# -- the express lane --------------------------------------------------------------------------------
+
+
+class ExpressCached(Cached):
+    express = True
+
+
+def partial() -> HookContext:
+    return HookContext(STAGE, PodInfo(name="p", namespace="ns", uid="u"), ContainerInfo(name="c"), partial=True)
+
+
+def test_express_hooks_answer_partial_views_with_what_they_add() -> None:
+    a = ExpressCached("a", 1, setter("A"))
+    b = ExpressCached("b", 2, lambda c: None)
+    out = chain(a, b).run_express(partial())
+    assert out is not None and out.error is None
+    assert [(r.hook, r.result) for r in out.records] == [("a", "ok"), ("b", "noop")]
+    assert out.records[0].detail == Edit(env={"A": "1"})
+    assert out.ctx.container is not None and out.ctx.container.envs == ()  # views are not edited here
+    assert a.threads == b.threads == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        lambda c: Edit(remove_env={"A"}),  # removes: only the views can tell what is left
+        lambda c: Edit(add_devices=[Device("/dev/x", "/etc/shadow")]),  # the allowlist says no
+        lambda c: (_ for _ in ()).throw(HookError(grpc.StatusCode.INTERNAL, "no")),  # a refusal
+        lambda c: (_ for _ in ()).throw(NotCached("a read")),  # needs what it has not cached
+        lambda c: "not an edit",
+    ],
+)
+def test_the_express_lane_declines_what_the_full_lane_must_answer(body: Callable[[HookContext], Any]) -> None:
+    """The full lane applies the hook's policy and words the refusal; the express lane only says no."""
+    hook = ExpressCached("a", 1, body)
+    assert chain(hook, allowed_host_paths=("/dev/*",)).run_express(partial()) is None
+
+
+def test_a_hook_without_the_express_lane_sends_the_call_to_the_full_lane() -> None:
+    assert chain(ExpressCached("a", 1, setter("A")), Cached("b", 2, setter("B"))).run_express(partial()) is None
+
+
+def test_a_hook_that_narrows_its_stages_away_does_not_hold_up_the_express_lane() -> None:
+    class Narrowing(Cached):
+        def __init__(self) -> None:
+            super().__init__("n", 0, setter("N"))
+            self.asked: list[Stage] = []
+
+        def wants(self, stage: Stage) -> bool:
+            self.asked.append(stage)
+            return False
+
+    narrowing = Narrowing()
+    out = chain(narrowing, ExpressCached("a", 1, setter("A"))).run_express(partial())
+    assert out is not None and [r.hook for r in out.records] == ["a"]
+    assert narrowing.asked == [STAGE] and narrowing.cached_calls == 0
+
+
+def test_the_allowlist_verdict_on_an_edit_given_again_is_kept() -> None:
+    from crihook.hooks.chain import Allowlist
+
+    allow = Allowlist(["/dev/*"])
+    grant = Edit(add_devices=[Device("/dev/a", "/dev/a")])
+    assert allow.check_kept(grant) is None
+    grant.add_devices.append(Device("/dev/b", "/etc/b"))  # what a hook must never do (see Express)
+    assert allow.check_kept(grant) is None  # the verdict is the edit's identity's
+    assert allow.check_kept(Edit(add_devices=list(grant.add_devices))) == "/etc/b"

@@ -10,6 +10,7 @@ import json
 import os
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -312,6 +313,8 @@ async def test_a_stalled_file_system_never_freezes_the_event_loop(memo: FsMemo, 
         hung = asyncio.create_task(chain.run(ctx(POD, 2)))
         assert await asyncio.to_thread(stalled.wait, 10), "the hook never read"
         other = asyncio.create_task(chain.run(ctx(OTHER, 3)))
+        # the express lane, on the loop, does not wait for the lock either: it sends the call on
+        assert chain.run_express(replace(ctx(OTHER, 3), partial=True)) is None
         await assert_loop_keeps_ticking()
         for task in (hung, other):
             out = await task

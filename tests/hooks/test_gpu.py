@@ -433,3 +433,33 @@ def test_containers_created_at_once_can_not_share_a_gpu(node: Node, tmp_path: Pa
     assert err.code == grpc.StatusCode.FAILED_PRECONDITION and f"which live pod {POD_UID} uses" in err.reason
     now[0] += 31  # the claim lapses; the store never showed the container (a later hook refused it)
     assert handle(hook, pod(uid=OTHER_UID)) is None  # the plugin's allocation stands
+
+
+# -- the express lane -------------------------------------------------------------------------------
+
+
+def test_partial_views_get_the_placements_grant_unless_the_plugin_allocated(node: Node) -> None:
+    """On the express lane (no envs or mounts shown) every container of an allocation gets the same
+    Edit; a container the device plugin allocated to goes to the full lane, which strips what the
+    plugin injected."""
+    from crihook.hooks.fscache import FsMemo, NotCached
+
+    write_checkpoint(node.checkpoint, [])
+    hook = node.hook()
+    hook.memo = FsMemo()
+    p = pod(allocated(2, 3))
+    full = handle(hook, p)  # fills the memo
+    assert full is not None
+
+    def express(container: str) -> Edit | None:
+        return hook.handle_cached(HookContext(Stage.PRE_CREATE_CONTAINER, p, ContainerInfo(container), partial=True))
+
+    first, second = express("cuda"), express("sidecar")
+    assert first is second and first == full and first.adds_only()
+    write_checkpoint(node.checkpoint, [Entry(POD_UID, "cuda", [BOX[3].uuid], resp=nvidia_plugin_resp(BOX[3:4]))])
+    hook.memo.sync()  # the change seen, as a cached call sees it first
+    handle(hook, p)  # the memo reads the new checkpoint
+    with pytest.raises(NotCached):
+        express("cuda")
+    assert express("sidecar") is second  # the plugin gave that container nothing
+    hook.close()
