@@ -100,6 +100,14 @@ def container_view(cfg: cri.ContainerConfig, container_id: str = "", partial: bo
     )
 
 
+def kept_of(cfg: cri.ContainerConfig) -> tuple[dict[str, str], dict[str, str], LinuxResources | None]:
+    """What the proxy's store keeps of a container as created: its envs, annotations and resources
+    (read from the request as sent, without a whole view: devices and mounts are not kept)."""
+    linux = cfg.linux
+    envs = {_text(kv.key): _text(kv.value) for kv in cfg.envs}
+    return envs, _plain(cfg.annotations), resources_view(linux.resources, linux.HasField("resources"))
+
+
 # -- views -> protobuf ---------------------------------------------------------------------------
 
 

@@ -37,6 +37,7 @@ from crihook.hooks.chain import HookChain, HookRecord, Outcome
 from crihook.hooks.criview import (
     Additions,
     container_view,
+    kept_of,
     pod_view,
     resources_from_record,
     resources_record,
@@ -95,8 +96,11 @@ class Call:
     handler: Handler
     modifies: bool
     records: list[HookRecord] = field(default_factory=list)
-    # what the hooks left (the views the forwarded request was written from)
+    # what the hooks left (the views the forwarded request was written from); on the express lane
+    # the partial view the hooks saw, with `sent`
     ctx: HookContext | None = None
+    # the request as forwarded, decoded: the express lane's (post reads it instead of decoding again)
+    sent: Message | None = None
 
 
 # -- the orchestration ---------------------------------------------------------------------------
@@ -137,7 +141,7 @@ class Interceptor:
         if handler.express is not None:
             express = handler.express(self, msg, deadline)
             if express is not None:
-                call.records = express.records  # call.ctx stays None: post reads what was forwarded
+                call.records, call.ctx, call.sent = express.records, express.ctx, msg
                 return msg.SerializeToString() if any(r.detail for r in express.records) else request
         # 3. the hooks' view of the call
         pod, container = handler.context(self.store, msg)
@@ -200,8 +204,11 @@ class Interceptor:
                 self.janitor.notice(message)
             return
         try:
-            reuse = handler.records_from_views and call.ctx is not None
-            req = None if reuse else handler.request.FromString(request)
+            if call.sent is not None:
+                req: Any = call.sent
+            else:
+                reuse = handler.records_from_views and call.ctx is not None
+                req = None if reuse else handler.request.FromString(request)
             resp = handler.response.FromString(response or b"")
         except DecodeError as e:
             log.warning("undecodable lifecycle message", extra={"method": handler.name, "error": str(e)})
@@ -300,9 +307,12 @@ def _record_create(
     if req is None:  # decoded once, in pre: the hooks' final views are what was forwarded
         assert call.ctx is not None and call.ctx.container is not None
         pod, c = call.ctx.pod, replace(call.ctx.container, id=resp.container_id)
-    else:
-        pod = pod_view(req.sandbox_config, pod_id=req.pod_sandbox_id)
-        c = container_view(req.config, resp.container_id)
+        envs, annotations, resources = dict(c.envs), dict(c.annotations), c.resources
+    else:  # the express lane's request as sent, with the views its hooks saw, or one decoded again
+        pod = call.ctx.pod if call.ctx is not None else pod_view(req.sandbox_config, pod_id=req.pod_sandbox_id)
+        seen = call.ctx.container if call.ctx is not None else None
+        c = replace(seen or container_view(req.config, partial=True), id=resp.container_id)
+        envs, annotations, resources = kept_of(req.config)
     store.put_container(
         ContainerRecord(
             id=c.id,
@@ -310,11 +320,11 @@ def _record_create(
             name=c.name,
             attempt=c.attempt,
             labels=dict(c.labels),
-            annotations=dict(c.annotations),
+            annotations=annotations,
             hooks=[r.as_dict() for r in call.records],
             created=time.time(),
-            envs=dict(c.envs),
-            resources=resources_record(c.resources),
+            envs=envs,
+            resources=resources_record(resources),
         )
     )
     _log_event("container created", pod, c, call.records)

@@ -124,12 +124,12 @@ async def test_the_express_lane_sends_what_the_full_lane_sends(
     full_call, fast_call = full.classify(CREATE), fast.classify(CREATE)
     assert full_call is not None and fast_call is not None
     sent = await full.rewrite(full_call, raw)
-    assert full_call.ctx is not None  # the full lane's views
+    assert full_call.sent is None and full_call.ctx is not None  # the full lane's views
     expressed = await fast.rewrite(fast_call, raw)
     assert cri.CreateContainerRequest.FromString(expressed) == cri.CreateContainerRequest.FromString(sent)
     assert b"future-config" in expressed and b"future-mount" in expressed  # kubelet's unknown fields kept
     added = [e for e in hooks if e is not None and not e.is_empty()]
-    assert (fast_call.ctx is None) == (not clashes(added, envs, devices, cdi, notes))  # taken whenever it can be
+    assert (fast_call.sent is not None) == (not clashes(added, envs, devices, cdi, notes))  # whenever it can be
     assert [(r.hook, r.result) for r in fast_call.records] == [(r.hook, r.result) for r in full_call.records]
     if not added:
         assert expressed is raw  # nothing added: kubelet's own bytes
@@ -141,7 +141,7 @@ async def test_the_store_records_what_the_express_lane_forwarded(tmp_path: Path)
     call = ic.classify(CREATE)
     assert call is not None
     out = await ic.rewrite(call, request([], [], [], []))
-    assert call.ctx is None
+    assert call.sent is not None
     ic.post(call, out, cri.CreateContainerResponse(container_id="c-1").SerializeToString(), grpc.StatusCode.OK, None)
     rec = ic.store.containers["c-1"]
     assert rec.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-1" and rec.pod_id == "sb-1"
@@ -163,7 +163,7 @@ async def test_a_pod_crihook_did_not_see_start_takes_the_full_lane(tmp_path: Pat
     call = ic.classify(CREATE)
     assert call is not None
     await ic.rewrite(call, req.SerializeToString())
-    assert call.ctx is not None
+    assert call.sent is None
 
 
 def test_an_edit_is_encoded_once_and_its_own_duplicates_are_refused() -> None:
