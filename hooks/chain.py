@@ -211,11 +211,11 @@ class HookChain:
         built or compared (docs/proxy.md). None: some hook can not, or said no, or failed; the call
         takes the full lane (`run_now`), which answers it with each hook's policy. Every hook here
         sees the same view, so the express hooks' answers must not depend on each other's."""
-        regs = self._by_stage[ctx.stage]
-        if self._narrowed[ctx.stage]:
-            regs = tuple(r for r in regs if not r.narrows or r.hook.wants(ctx.stage))  # type: ignore[attr-defined]
+        stage = ctx.stage
         out = Outcome(ctx)
-        for reg in regs:
+        for reg in self._by_stage[stage]:
+            if reg.narrows and not reg.hook.wants(stage):  # type: ignore[attr-defined]
+                continue  # not called at all, as in run_now
             if not reg.express:
                 return None
             start = time.perf_counter()
@@ -229,11 +229,11 @@ class HookChain:
             if edit is not None and not isinstance(edit, Edit):
                 return None
             if edit is None or edit.is_empty():
-                out.records.append(HookRecord(reg.hook.name, ctx.stage, "noop", ms))
+                out.records.append(HookRecord(reg.hook.name, stage, "noop", ms))
             elif not edit.adds_only() or self.allowlist.check_kept(edit) is not None:
                 return None
             else:
-                out.records.append(HookRecord(reg.hook.name, ctx.stage, "ok", ms, edit))
+                out.records.append(HookRecord(reg.hook.name, stage, "ok", ms, edit))
         self._count(out)
         return out
 
