@@ -201,7 +201,7 @@ class HookChain:
         i = self._run_cached(regs, 0, _blocking_end(regs, 0), out)
         if i < len(regs) and out.error is None:
             return self._run(regs, i, out)
-        self._count(out)
+        self.count(out)
         return out
 
     def run_express(self, ctx: HookContext) -> Outcome | None:
@@ -234,10 +234,10 @@ class HookChain:
                 return None
             else:
                 out.records.append(HookRecord(reg.hook.name, stage, "ok", ms, edit))
-        self._count(out)
-        return out
+        return out  # counted by the caller once the call is answered (`count`): off kubelet's wait
 
-    def _count(self, out: Outcome) -> None:
+    def count(self, out: Outcome) -> None:
+        """The outcome's records in the hook metrics."""
         stage = _STAGE_LABELS[out.ctx.stage]
         for r in out.records:
             HOOK_SECONDS.observe(r.ms / 1000, r.hook, stage)
@@ -267,7 +267,7 @@ class HookChain:
                 if out.error is None:
                     i = self._run_cached(regs, i, _blocking_end(regs, i), out)
         finally:
-            self._count(out)
+            self.count(out)
         return out
 
     def _run_cached(self, regs: tuple[Registered, ...], i: int, j: int, out: Outcome) -> int:

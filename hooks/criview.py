@@ -71,8 +71,9 @@ def pod_view(
 
 
 def container_view(cfg: cri.ContainerConfig, container_id: str = "", partial: bool = False) -> ContainerInfo:
-    """`partial`: the express lane's view (HookContext.partial), without envs, mounts and resources:
-    a container may bring many envs (kubelet's service links), and the express hooks read none."""
+    """`partial`: the express lane's view (HookContext.partial): the name, attempt, annotations,
+    devices and CDI devices only. A container may bring many envs (kubelet's service links), and
+    the express hooks read none of what is left out."""
     # most containers have no envs, mounts, devices or CDI devices of their own: an empty field
     # costs no generator
     meta = cfg.metadata
@@ -80,6 +81,8 @@ def container_view(cfg: cri.ContainerConfig, container_id: str = "", partial: bo
     rest: dict[str, Any] = {}
     if not partial:
         envs, mounts, linux = cfg.envs, cfg.mounts, cfg.linux
+        rest["image"] = cfg.image.image
+        rest["labels"] = _plain(cfg.labels)
         if envs:
             rest["envs"] = tuple((_text(kv.key), _text(kv.value)) for kv in envs)
         if mounts:
@@ -91,8 +94,6 @@ def container_view(cfg: cri.ContainerConfig, container_id: str = "", partial: bo
         name=meta.name,
         attempt=meta.attempt,
         id=container_id,
-        image=cfg.image.image,
-        labels=_plain(cfg.labels),
         annotations=_plain(cfg.annotations),
         devices=tuple(Device(d.container_path, d.host_path, d.permissions) for d in devices) if devices else (),
         cdi_devices=tuple(c.name for c in cdi) if cdi else (),
@@ -100,12 +101,25 @@ def container_view(cfg: cri.ContainerConfig, container_id: str = "", partial: bo
     )
 
 
-def kept_of(cfg: cri.ContainerConfig) -> tuple[dict[str, str], dict[str, str], LinuxResources | None]:
-    """What the proxy's store keeps of a container as created: its envs, annotations and resources
-    (read from the request as sent, without a whole view: devices and mounts are not kept)."""
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """What the proxy's store keeps of a container as created."""
+
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    envs: dict[str, str]
+    resources: LinuxResources | None
+
+
+def kept_of(cfg: cri.ContainerConfig) -> Kept:
+    """`Kept`, read from the request as sent without a whole view (devices and mounts are not kept)."""
     linux = cfg.linux
-    envs = {_text(kv.key): _text(kv.value) for kv in cfg.envs}
-    return envs, _plain(cfg.annotations), resources_view(linux.resources, linux.HasField("resources"))
+    return Kept(
+        _plain(cfg.labels),
+        _plain(cfg.annotations),
+        {_text(kv.key): _text(kv.value) for kv in cfg.envs},
+        resources_view(linux.resources, linux.HasField("resources")),
+    )
 
 
 # -- views -> protobuf ---------------------------------------------------------------------------

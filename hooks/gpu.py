@@ -88,7 +88,9 @@ class PodDirs:
 CLAIM_SECONDS = 30.0  # a container the hook let through is in the store long before this
 
 
-@dataclass(frozen=True, slots=True)
+# not frozen: one is made per CreateContainer, and a frozen dataclass sets each field through
+# object.__setattr__ (seven times the cost of a plain one, on kubelet's wait)
+@dataclass(slots=True)
 class Claim:
     """A container the hook let through, which the store shows only once the runtime has created
     it: kubelet creates containers of different pods at the same time."""

@@ -128,7 +128,8 @@ class GpuOptions:
         return any(fnmatch.fnmatchcase(name, p) for p in self.plugin_resources)
 
 
-@dataclass(frozen=True, slots=True)
+# not frozen: one is made per CreateContainer (see hooks.gpu.Claim)
+@dataclass(slots=True)
 class NodeView:
     """The node facts the edit depends on, read by the caller."""
 
@@ -343,7 +344,9 @@ def _strip(container: ContainerInfo, plugin: Sequence[PodDeviceEntry], names: fr
     when there is nothing to remove. CDI devices that name no GPU (gds, mofed, imex channels) stay;
     `names`: the chosen GPUs' (Placement.names). Only what the container has is looked at: most
     containers bring nothing of their own, and a pod the scheduler placed has no plugin injections."""
-    edit = Edit()
+    remove_env: set[str] = set()
+    remove_mounts: set[str] = set()
+    remove_devices: set[str] = set()
     device_paths: set[str] = set()
     plugin_annotations: set[str] = set()
     if plugin:
@@ -358,28 +361,38 @@ def _strip(container: ContainerInfo, plugin: Sequence[PodDeviceEntry], names: fr
         mount_paths = {m.container_path for r in injected for m in r.mounts}
         device_paths = {d.container_path for r in injected for d in r.devices}
         plugin_annotations = {k for r in injected for k in r.annotations}
-        edit.remove_env = {k for k, _ in container.envs if k in env_keys}
-        edit.remove_mounts = {m.container_path for m in container.mounts if m.container_path in mount_paths}
+        remove_env = {k for k, _ in container.envs if k in env_keys}
+        remove_mounts = {m.container_path for m in container.mounts if m.container_path in mount_paths}
     if container.devices:
-        edit.remove_devices = {
+        remove_devices = {
             d.container_path
             for d in container.devices
             if d.container_path in device_paths
             or _GPU_NODE.fullmatch(d.container_path)
             or _GPU_NODE.fullmatch(d.host_path)
         }
-    if container.cdi_devices:
-        edit.remove_cdi_devices = {n for n in container.cdi_devices if not _cdi_allowed(n, names)}
+    remove_cdi = {n for n in container.cdi_devices if not _cdi_allowed(n, names)} if container.cdi_devices else set()
+    annotations: dict[str, str] = {}
+    remove_annotations: set[str] = set()
     for key, value in container.annotations.items():
         if key.startswith(CDI_ANNOTATION_PREFIX) or key in plugin_annotations:
             kept = [n for n in value.split(",") if _cdi_allowed(n, names)]
             if len(kept) == len(value.split(",")):
                 continue
             if kept:
-                edit.annotations[key] = ",".join(kept)
+                annotations[key] = ",".join(kept)
             else:
-                edit.remove_annotations.add(key)
-    return None if edit.is_empty() else edit
+                remove_annotations.add(key)
+    if not (remove_env or remove_mounts or remove_devices or remove_cdi or annotations or remove_annotations):
+        return None  # the common case: no Edit made
+    return Edit(
+        remove_env=remove_env,
+        remove_mounts=remove_mounts,
+        remove_devices=remove_devices,
+        remove_cdi_devices=remove_cdi,
+        annotations=annotations,
+        remove_annotations=remove_annotations,
+    )
 
 
 def _cdi_allowed(name: str, chosen: frozenset[str]) -> bool:

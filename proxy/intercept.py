@@ -36,6 +36,7 @@ from crihook.hooks.base import ContainerInfo, Edit, HookContext, PodInfo, Stage,
 from crihook.hooks.chain import HookChain, HookRecord, Outcome
 from crihook.hooks.criview import (
     Additions,
+    Kept,
     container_view,
     kept_of,
     pod_view,
@@ -199,6 +200,8 @@ class Interceptor:
         """6. After the runtime answered: bookkeeping now, in call order; post hooks in the
         background (they never change or delay what kubelet sees)."""
         handler = call.handler
+        if call.sent is not None and call.ctx is not None:  # the express lane counts its hooks now
+            self.chain.count(Outcome(call.ctx, call.records))
         if status is not grpc.StatusCode.OK:
             if status is grpc.StatusCode.FAILED_PRECONDITION and handler.may_name_orphan and self.janitor is not None:
                 self.janitor.notice(message)
@@ -307,24 +310,24 @@ def _record_create(
     if req is None:  # decoded once, in pre: the hooks' final views are what was forwarded
         assert call.ctx is not None and call.ctx.container is not None
         pod, c = call.ctx.pod, replace(call.ctx.container, id=resp.container_id)
-        envs, annotations, resources = dict(c.envs), dict(c.annotations), c.resources
+        kept = Kept(dict(c.labels), dict(c.annotations), dict(c.envs), c.resources)
     else:  # the express lane's request as sent, with the views its hooks saw, or one decoded again
         pod = call.ctx.pod if call.ctx is not None else pod_view(req.sandbox_config, pod_id=req.pod_sandbox_id)
         seen = call.ctx.container if call.ctx is not None else None
         c = replace(seen or container_view(req.config, partial=True), id=resp.container_id)
-        envs, annotations, resources = kept_of(req.config)
+        kept = kept_of(req.config)
     store.put_container(
         ContainerRecord(
             id=c.id,
             pod_id=pod.id,
             name=c.name,
             attempt=c.attempt,
-            labels=dict(c.labels),
-            annotations=annotations,
+            labels=kept.labels,
+            annotations=kept.annotations,
             hooks=[r.as_dict() for r in call.records],
             created=time.time(),
-            envs=envs,
-            resources=resources_record(resources),
+            envs=kept.envs,
+            resources=resources_record(kept.resources),
         )
     )
     _log_event("container created", pod, c, call.records)
