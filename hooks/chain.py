@@ -46,6 +46,7 @@ ENTRY_POINT_GROUP = "crihook.hooks"
 STUCK_PER_HOOK = 2
 SPARE_WORKERS = 4
 ALLOWLIST_MEMO = 4096  # host paths whose verdict is kept (cleared when full: paths from a hook server vary)
+EDIT_MEMO = 512  # express edits whose verdict is kept: about one per pod on the node (cleared when full)
 # PreCreateContainer -> pre_create_container, the metrics label
 _STAGE_LABELS = {s: "".join("_" + c.lower() if c.isupper() else c for c in s.value).lstrip("_") for s in Stage}
 
@@ -121,7 +122,7 @@ class Allowlist:
         if hit is not None and hit[0] is edit:
             return hit[1]
         bad = self.check(edit)
-        if len(self._edits) >= ALLOWLIST_MEMO:
+        if len(self._edits) >= EDIT_MEMO:
             self._edits.clear()
         self._edits[id(edit)] = (edit, bad)
         return bad

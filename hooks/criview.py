@@ -236,7 +236,7 @@ class Additions:
     to another): the gpu hook answers every container of an allocation with one Edit
     (Placement.grant), and an edit given again must not have changed (hooks.base.Express)."""
 
-    MAX = 4096  # edits kept (cleared when full)
+    MAX = 512  # edits kept, about one per pod on the node (cleared when full: HAMi-core's are per container)
 
     def __init__(self) -> None:
         self._by_id: dict[int, _Added] = {}

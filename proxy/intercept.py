@@ -15,6 +15,10 @@ A CreateContainer through the code (docs/proxy.md opens with the same path):
                   Link.up_data           containerd's trailers -> Link.stream_done
     intercept.py  Interceptor.post       _record_create: the store's ContainerRecord, from the views
 
+Before the view is built, CreateContainer tries its express lane (`_express_create`, docs/proxy.md):
+hooks that answer partial views, with edits that only add, merged into the request without views;
+anything else takes the path above.
+
 The relay calls `pre` and `post` with the forwarding in between. When every hook answers from what it
 has (the gpu hook from its file-system memo), `pre` returns the request to forward at once and the call
 costs no task; only a hook that must wait (a read on a worker thread, a hook server) makes one.
@@ -61,7 +65,7 @@ WriteBack = Callable[[Any, HookContext, HookContext], None]  # (request, view be
 Recorder = Callable[[Store, "Call", Any, Any], Views | None]  # (…, request, response) -> post hooks' view
 # (…, request, deadline) -> what the hooks said, their edits written on the request; None: the full lane
 ExpressLane = Callable[["Interceptor", Any, float | None], Outcome | None]
-POD_VIEWS = 4096  # pods whose express-lane view is kept (cleared when full)
+POD_VIEWS = 512  # pods whose express-lane view is kept, more than a node runs (cleared when full)
 
 
 def _nothing_to_write(msg: Any, before: HookContext, after: HookContext) -> None:
