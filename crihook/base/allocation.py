@@ -90,13 +90,14 @@ def parse_device_allocated(
     for dtype, entries in doc.items():
         if entries is None or (types is not None and dtype not in types):
             continue
+        where = field_path(dtype)  # a type named "" or "a.b" still names one place
         if not isinstance(entries, list):
-            raise AnnotationError(ann, dtype, "expected a list of allocations")
+            raise AnnotationError(ann, where, "expected a list of allocations")
         if len(entries) > MAX_DEVICES:
-            raise AnnotationError(ann, dtype, f"{len(entries)} allocations is more than {MAX_DEVICES}")
-        allocs = tuple(_allocation(e, dtype, f"{dtype}[{i}]") for i, e in enumerate(entries))
+            raise AnnotationError(ann, where, f"{len(entries)} allocations is more than {MAX_DEVICES}")
+        allocs = tuple(_allocation(e, dtype, f"{where}[{i}]") for i, e in enumerate(entries))
         if dtype == GPU and len({a.minor for a in allocs}) != len(allocs):
-            raise AnnotationError(ann, dtype, "the same minor is allocated twice")
+            raise AnnotationError(ann, where, "the same minor is allocated twice")
         out[dtype] = allocs
     return out
 

@@ -125,6 +125,9 @@ def test_types_filter_skips_other_types_unchecked() -> None:
             "PCI address",
         ),
         ('{"gpu":[' + ",".join(f'{{"minor":{i}}}' for i in range(1025)) + "]}", "gpu", "more than 1024"),
+        # a device type that is no plain key is named as one (found by the property test)
+        ('{"":[{}]}', "[''][0].minor", "missing"),
+        ('{"a.b":3}', "['a.b']", "expected a list"),
     ],
 )
 def test_rejections_name_the_field(text: str, where: str, reason: str) -> None:
