@@ -162,9 +162,9 @@ class HookContext:
     # time.monotonic() by which kubelet wants the CRI call answered (its grpc-timeout); None when
     # the call set none or the stage runs after the call
     deadline: float | None = None
-    # the express lane (HookChain.run_express): of the container only its name, attempt, annotations,
-    # devices and CDI devices are shown (the rest left empty); a hook that would read more raises
-    # NotCached and the call takes the full lane
+    # the express lane (HookChain.run_express): the container brings no devices of its own by any path
+    # (devices, CDI devices, CDI annotations), and only its name and attempt are shown (the rest left
+    # empty); a hook that would read more raises NotCached and the call takes the full lane
     partial: bool = False
 
     def log_fields(self) -> dict[str, str]:
@@ -354,11 +354,11 @@ class PreparesPods(Protocol):
 @runtime_checkable
 class Express(Protocol):
     """A blocking hook that can answer a CreateContainer on the express lane (HookChain.run_express):
-    its `handle_cached` copes with a partial view (HookContext.partial: no envs, mounts, labels, image
-    or resources), raising NotCached when it would need them; its answer does not depend on what the
-    hooks before it added; and an Edit it gives again is unchanged (the proxy keeps what it made of
-    one by identity). The gpu and rdma hooks: what they decide comes from the pod's allocation, the
-    container's name and the devices it brings."""
+    its `handle_cached` copes with a partial view (HookContext.partial: the container's name and
+    attempt, of a container that brings no devices of its own), raising NotCached when it would need
+    more; its answer does not depend on what the hooks before it added; and an Edit it gives again is
+    unchanged (the proxy keeps what it made of one by identity). The gpu and rdma hooks: what they
+    decide for such a container comes from the pod's allocation and the container's name."""
 
     express: bool
 

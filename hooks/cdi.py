@@ -24,6 +24,9 @@ import yaml
 
 # containerd's defaults (and CDI's): static specs, then generated ones, later dirs taking priority.
 DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
+# The annotation prefix CDI-enabled runtimes (containerd >= 1.7, CRI-O) inject devices from; the
+# value is a comma list of qualified names (CDI's pkg/cdi annotations.go).
+ANNOTATION_PREFIX = "cdi.k8s.io/"
 SPEC_SUFFIXES = (".json", ".yaml")  # what the CDI library reads; any other file is ignored
 GENERATE_FIX = "nvidia-ctk cdi generate --device-name-strategy=uuid --output=/var/run/cdi/nvidia.yaml"
 

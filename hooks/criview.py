@@ -18,6 +18,7 @@ from google.protobuf.message import Message
 
 from crihook.base.spec import Device, Mount
 from crihook.hooks.base import RESOURCE_FIELDS, ContainerInfo, Edit, LinuxResources, PodInfo, PodRecordView
+from crihook.hooks.cdi import ANNOTATION_PREFIX
 from crihook.proto import runtime_v1_pb2 as cri
 
 _V = TypeVar("_V")
@@ -70,35 +71,33 @@ def pod_view(
     )
 
 
-def container_view(cfg: cri.ContainerConfig, container_id: str = "", partial: bool = False) -> ContainerInfo:
-    """`partial`: the express lane's view (HookContext.partial): the name, attempt, annotations,
-    devices and CDI devices only. A container may bring many envs (kubelet's service links), and
-    the express hooks read none of what is left out."""
+def container_view(cfg: cri.ContainerConfig, container_id: str = "") -> ContainerInfo:
     # most containers have no envs, mounts, devices or CDI devices of their own: an empty field
     # costs no generator
-    meta = cfg.metadata
-    devices, cdi = cfg.devices, cfg.CDI_devices
-    rest: dict[str, Any] = {}
-    if not partial:
-        envs, mounts, linux = cfg.envs, cfg.mounts, cfg.linux
-        rest["image"] = cfg.image.image
-        rest["labels"] = _plain(cfg.labels)
-        if envs:
-            rest["envs"] = tuple((_text(kv.key), _text(kv.value)) for kv in envs)
-        if mounts:
-            rest["mounts"] = tuple(
-                Mount(m.container_path, m.host_path, m.readonly, m.selinux_relabel, m.propagation) for m in mounts
-            )
-        rest["resources"] = resources_view(linux.resources, linux.HasField("resources"))
+    meta, linux = cfg.metadata, cfg.linux
+    envs, mounts, devices, cdi = cfg.envs, cfg.mounts, cfg.devices, cfg.CDI_devices
     return ContainerInfo(
         name=meta.name,
         attempt=meta.attempt,
         id=container_id,
+        image=cfg.image.image,
+        labels=_plain(cfg.labels),
         annotations=_plain(cfg.annotations),
+        envs=tuple((_text(kv.key), _text(kv.value)) for kv in envs) if envs else (),
+        mounts=tuple(Mount(m.container_path, m.host_path, m.readonly, m.selinux_relabel, m.propagation) for m in mounts)
+        if mounts
+        else (),
         devices=tuple(Device(d.container_path, d.host_path, d.permissions) for d in devices) if devices else (),
         cdi_devices=tuple(c.name for c in cdi) if cdi else (),
-        **rest,
+        resources=resources_view(linux.resources, linux.HasField("resources")),
     )
+
+
+def brings_devices(cfg: cri.ContainerConfig) -> bool:
+    """Whether the container asks for devices of its own, by any path: devices, CDI devices or CDI
+    annotations (a device plugin's, an image's, a webhook's). One that does not may take the express
+    lane (HookContext.partial)."""
+    return bool(cfg.devices or cfg.CDI_devices or any(k.startswith(ANNOTATION_PREFIX) for k in cfg.annotations))
 
 
 @dataclass(frozen=True, slots=True)

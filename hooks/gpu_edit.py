@@ -22,15 +22,12 @@ from crihook.base.config import absolute_path, absolute_path_or_empty, not_empty
 from crihook.base.spec import Device, Mount
 from crihook.devices.checkpoint import Checkpoint, PodDeviceEntry, base_device_id
 from crihook.hooks.base import ContainerInfo, Edit, HookError, PodInfo
-from crihook.hooks.cdi import DEFAULT_SPEC_DIRS
+from crihook.hooks.cdi import ANNOTATION_PREFIX, DEFAULT_SPEC_DIRS
 from crihook.hooks.scheduled import refuse, scheduled
 
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 VOID = "void"  # the NVIDIA runtime injects nothing, whatever the image says
 CDI_KIND = "nvidia.com/gpu"
-# The annotation prefix CDI-enabled runtimes (containerd >= 1.7, CRI-O) inject devices from; the
-# value is a comma list of qualified names (CDI's pkg/cdi annotations.go).
-CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
 ISOLATION_LABEL = "koordinator.sh/gpu-isolation-provider"
 HAMI_CORE = "hami-core"  # compared case-insensitively: Koordinator's docs spell it both ways
@@ -375,7 +372,7 @@ def _strip(container: ContainerInfo, plugin: Sequence[PodDeviceEntry], names: fr
     annotations: dict[str, str] = {}
     remove_annotations: set[str] = set()
     for key, value in container.annotations.items():
-        if key.startswith(CDI_ANNOTATION_PREFIX) or key in plugin_annotations:
+        if key.startswith(ANNOTATION_PREFIX) or key in plugin_annotations:
             kept = [n for n in value.split(",") if _cdi_allowed(n, names)]
             if len(kept) == len(value.split(",")):
                 continue

@@ -41,6 +41,7 @@ from crihook.hooks.chain import HookChain, HookRecord, Outcome
 from crihook.hooks.criview import (
     Additions,
     Kept,
+    brings_devices,
     container_view,
     kept_of,
     pod_view,
@@ -290,17 +291,20 @@ def _create_context(store: Store, msg: cri.CreateContainerRequest) -> Views:
 
 
 def _express_create(icpt: Interceptor, msg: cri.CreateContainerRequest, deadline: float | None) -> Outcome | None:
-    """The pod from the store's record, the container without its envs, mounts and resources; the
-    additions written only when none replaces what the container has (criview.Additions)."""
+    """For a container that brings no devices of its own, of a pod the store saw start: the pod from
+    the store's record, the container by its name; the additions written only when none replaces
+    what the container has (criview.Additions)."""
+    cfg = msg.config
     pod = icpt.pod_view(msg.pod_sandbox_id)
-    if pod is None:
+    if pod is None or brings_devices(cfg):
         return None
-    container = container_view(msg.config, partial=True)
+    meta = cfg.metadata
+    container = ContainerInfo(meta.name, meta.attempt)
     outcome = icpt.chain.run_express(HookContext(Stage.PRE_CREATE_CONTAINER, pod, container, deadline, partial=True))
     if outcome is None:
         return None
     edits = [r.detail for r in outcome.records if isinstance(r.detail, Edit)]
-    return outcome if not edits or icpt.additions.write(msg.config, edits) else None
+    return outcome if not edits or icpt.additions.write(cfg, edits) else None
 
 
 def _write_create(msg: cri.CreateContainerRequest, before: HookContext, after: HookContext) -> None:
@@ -318,7 +322,7 @@ def _record_create(
     else:  # the express lane's request as sent, with the views its hooks saw, or one decoded again
         pod = call.ctx.pod if call.ctx is not None else pod_view(req.sandbox_config, pod_id=req.pod_sandbox_id)
         seen = call.ctx.container if call.ctx is not None else None
-        c = replace(seen or container_view(req.config, partial=True), id=resp.container_id)
+        c = replace(seen, id=resp.container_id) if seen else container_view(req.config, resp.container_id)
         kept = kept_of(req.config)
     store.put_container(
         ContainerRecord(
