@@ -28,8 +28,9 @@ the first node in the scheduler's order.
 
 Results are cached per request shape and node version: a pod changes one node, so the next pod of
 the same shape recomputes one row, not the cluster. The typical shapes are re-derived at 1, 2, 4 …
-pods, then every REFRESH; the outlook (rho, scarcity, rarity) at 1, 2, 4 … pods, then every
-OUTLOOK; each time every row is rescored.
+pods, then every REFRESH; the outlook (rho, scarcity, rarity) at 1, 2, 4 … OUTLOOK pods, then when
+the pods seen since have moved the cluster or the mix enough (`Drift`); each time every row is
+rescored.
 """
 
 from __future__ import annotations
@@ -62,7 +63,9 @@ MIN_SCARCE = 0.1  # GPU percent per place: scarcer shapes are weighed
 MIN_RARE = 0.001  # rarer shapes are weighed
 MAX_SHAPES = 512  # the most frequent shapes the outlook looks at (a real cluster's requests vary without end)
 REFRESH = 1024  # pods between updates of the typical shapes, once past the first REFRESH
-OUTLOOK = 64  # pods between outlook updates, once past the first OUTLOOK
+OUTLOOK = 64  # the least pods between outlook updates, once past the first OUTLOOK
+FILL = 0.125  # then an update once a pool's idle GPU moved by more than this share of it (`Drift`)
+GROW = 0.125  # or once the pods since the last one are this share of the pods seen before it
 # FGD growths kept, over all request shapes: 8 bytes per GPU slot and node and 16 per node for each
 # shape (390 KiB at 5,000 8-GPU nodes); openb brings a new shape every 15 pods or so, and the
 # 512 shapes kept before held 80 shapes, 22 MiB, after 1,500 pods there, up to 180 MiB in all
@@ -697,6 +700,43 @@ def soft_deficit(cpu: np.ndarray, gpu: np.ndarray, rho: float) -> np.ndarray:
     return deficit
 
 
+@dataclass(slots=True)
+class Drift:
+    """When the outlook is re-derived, past its first `every` pods: once `every` pods have been seen
+    since the last derivation and either the idle GPU of a pool (the whole cluster, and the GPU
+    models each set of pins accepts) has moved by more than `fill` of what it was then (places run
+    short and the forecast's horizon shrinks, fastest as the pool fills up) or the pods since are
+    `grow` of the pods seen before it (the mix moved: its estimate settles as pods add up). On a
+    steady workload that is often early and near full, rarely in between, and seldom once the
+    cluster is full; fill = grow = 0 is every `every` pods."""
+
+    every: int = OUTLOOK
+    fill: float = FILL
+    grow: float = GROW
+    look: int = 8  # pods between looks at the pools (a sum over every GPU), once `every` have been seen
+    seen: int = 0  # pods seen at the last derivation
+    idle: tuple[int, ...] = ()  # GPU percent idle in each pool then
+
+    def mark(self, seen: int, idle: Sequence[int]) -> None:
+        """A derivation from `seen` pods, with `idle` GPU percent idle in each pool."""
+        self.seen, self.idle = seen, tuple(idle)
+
+    def waited(self, seen: int) -> bool:
+        """Whether to look at the pools now (`due` may say yes): `every` pods have been seen since
+        the last derivation, and a multiple of `look` since."""
+        since = seen - self.seen
+        return since >= self.every and since % self.look == 0
+
+    def due(self, seen: int, idle: Sequence[int]) -> bool:
+        """Whether the workload (`seen` pods, `idle` GPU percent in the pools `mark` was given) has
+        drifted from the one of the last derivation."""
+        since = seen - self.seen
+        if since < self.every:
+            return False
+        moved = any(abs(now - then) > self.fill * then for now, then in zip(idle, self.idle, strict=True))
+        return moved or since >= self.grow * self.seen
+
+
 class DefaultPolicy:
     """FGD's bucket, then the cost to the pods still to come; workload learned from the pods seen.
 
@@ -710,8 +750,10 @@ class DefaultPolicy:
     ) -> None:
         self.coverage = coverage
         self.refresh = refresh
-        self.every = outlook
         self.background = background
+        self.drift = Drift(outlook)
+        self.pins = np.ones((1, 0))  # (pools, model ids): the models each pool of `drift` holds
+        self.looked = 0  # pods seen when `drift` last looked at the pools
         self.typ = Typical.of({}, coverage)
         self.outlook = Outlook()
         self.due = False  # the outlook needs the cluster: updated at the next evaluation
@@ -723,14 +765,39 @@ class DefaultPolicy:
 
     def observe(self, req: PodRequest) -> None:
         """Learn the workload: the typical shapes at 1, 2, 4 … pods, then every `refresh`; the
-        outlook at 1, 2, 4 … pods, then every `outlook`."""
+        outlook at 1, 2, 4 … `outlook` pods, then as the workload drifts (`Drift`)."""
         self.outlook.observe(req)
         n = self.outlook.seen
         early = (n & (n - 1)) == 0
         if (early and n < self.refresh) or n % self.refresh == 0:
             self.retype = self.due = True
-        if (early and n < self.every) or n % self.every == 0:
+        if early and n <= self.drift.every:
             self.due = True
+
+    def _drifted(self, st: Cluster) -> bool:
+        """Whether the outlook is due: asked for, or the workload drifted since it was derived
+        (`Drift`; the pools' idle GPU is summed every `look` pods once `every` have been seen)."""
+        n = self.outlook.seen
+        if not self.due and n != self.looked and self.drift.waited(n):
+            self.looked = n  # once per pod: Score and Reserve both ask
+            self.due = self.drift.due(n, self._idle(st))
+        return self.due
+
+    def _idle(self, st: Cluster) -> list[int]:
+        """GPU percent idle in each pool of `pins`: the whole cluster, then each set of pins."""
+        rows = np.flatnonzero(st.live)
+        width = self.pins.shape[1]
+        by_model = np.bincount(st.model[rows].ravel(), st.left(rows).ravel(), width)[:width]
+        idle: list[int] = np.rint(self.pins @ by_model).astype(np.int64).tolist()
+        return idle
+
+    def _mark(self, st: Cluster) -> None:
+        """The outlook is derived now: `drift` counts from here, over the model sets pinned so far."""
+        names = st.model_names
+        sets = {model_set(types, names) for types in {key[-1] for key in self.outlook.shapes}}  # few type lists
+        pins = [[True] * len(names)] + [[n in m for n in names] for m in sets if m is not None]
+        self.pins = np.array(pins, np.float64).reshape(len(pins), len(names))
+        self.drift.mark(self.outlook.seen, self._idle(st))
 
     def _typical(self, names: Sequence[str]) -> Typical:
         """FGD's typical shapes from the shapes seen: host memory left out, models kept."""
@@ -804,8 +871,9 @@ class DefaultPolicy:
         if self.cache.meet(req):  # the growths are shared by requests of one size too
             self.growths.clear()
         self._models(st)
-        if self.due and not self.background:  # in the background, outlook_job's
+        if not self.background and self._drifted(st):  # in the background, outlook_job's
             self._retype(st)
+            self._mark(st)
             self.outlook.update(st)
             self.cache.clear()
             self.due = False
@@ -834,9 +902,10 @@ class DefaultPolicy:
         if not self.background:
             return None
         self._models(st)
-        if not self.due:
+        if not self._drifted(st):
             return None
         self._retype(st)
+        self._mark(st)
         live, cluster = self.outlook, st.snapshot()
         fresh = copy.copy(live)  # counters are ints; what update replaces it may share
         fresh.shapes, fresh.kinds = Counter(live.shapes), copy.deepcopy(live.kinds)

@@ -20,6 +20,7 @@ from crihook.scheduler.pod import Container, Pod
 from crihook.scheduler.score import (
     BIG,
     DefaultPolicy,
+    Drift,
     Places,
     Reach,
     RowMemo,
@@ -555,3 +556,57 @@ def test_without_background_there_is_no_outlook_job() -> None:
     ds.pre_filter(_pod("p0", 1000, 1))  # the first pod seen: the outlook is due
     assert isinstance(ds.policy, DefaultPolicy) and ds.policy.due
     assert ds.outlook_job() is None and ds.policy.due
+
+
+pool_idle = st.lists(st.integers(0, 10**6), min_size=1, max_size=4)
+
+
+@given(
+    st.integers(1, 128),
+    st.sampled_from([0.0, 0.0625, 0.125, 0.5]),
+    st.sampled_from([0.0, 0.0625, 0.125, 1.0]),
+    st.integers(0, 10**5),
+    pool_idle,
+    st.integers(0, 10**4),
+    st.data(),
+)
+def test_the_outlook_drifts_when_a_pool_or_the_mix_moved_enough(
+    every: int, fill: float, grow: float, seen: int, then: list[int], since: int, data: st.DataObject
+) -> None:
+    """Never before `every` pods since the last derivation; then as soon as a pool's idle GPU has
+    moved by more than `fill` of what it was, either way, or the pods since reach `grow` of those
+    before. A pool that was empty and stays so never drifts; fill = grow = 0 is every `every` pods."""
+    now = data.draw(st.lists(st.integers(0, 10**6), min_size=len(then), max_size=len(then)))
+    drift = Drift(every, fill, grow)
+    drift.mark(seen, then)
+    due = drift.due(seen + since, now)
+    assert drift.waited(seen + since) == (since >= every and since % drift.look == 0)
+    if since < every:
+        assert not due
+        return
+    moved = [abs(a - b) for a, b in zip(now, then, strict=True)]
+    assert due == (any(m > fill * b for m, b in zip(moved, then, strict=True)) or since >= grow * seen)
+    assert drift.due(seen + since, then) == (since >= grow * seen)  # nothing moved: the mix alone
+    assert drift.due(seen + since + 1, now) or not due  # more pods since: still due
+    if fill == grow == 0:
+        assert due
+    if grow * seen > since and all(b == 0 for b in then):
+        assert due == any(a > 0 for a in now)
+
+
+def test_a_steadily_filling_cluster_drifts_early_and_near_full() -> None:
+    """A cluster of 100,000 GPU percent filled by pods of 10: the outlook follows every 64 pods
+    while the mix is young and once the cluster is nearly full, rarely in between, and never once
+    it is full and nothing moves."""
+    drift = Drift(64, 0.125, 0.125)
+    drift.mark(64, [100_000 - 640])
+    at = []
+    for n in range(65, 12_001):
+        idle = max(100_000 - 10 * n, 0)
+        if drift.due(n, [idle]):
+            drift.mark(n, [idle])
+            at.append(n)
+    gaps = np.diff([64, *at])
+    assert at[:7] == [128, 192, 256, 320, 384, 448, 512]  # the mix: every 64 up to 8 x 64 pods
+    assert max(gaps) > 600 and len(at) < 60  # against 155 every 64 pods
+    assert all(gap == 64 for gap in gaps[-6:-1]) and at[-1] < 10_000 + 12_000 // 8 + 64  # near full, then full
