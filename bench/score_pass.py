@@ -1,7 +1,8 @@
 """The default policy's Score passes, timed on one state of a simulated run: what a request costs
 when every node is scored afresh (a cold pass: the first pod of a shape after the outlook is
-re-derived, every 64 pods) and when one node changed since its shape was last scored (a warm pass).
-A whole run's CPU moves by about 10 % on a loaded machine; one pass, timed many times, far less.
+re-derived, as the workload drifts) and when one node changed since its shape was last scored (a
+warm pass). A whole run's CPU moves by about 10 % on a loaded machine; one pass, timed many times,
+far less.
 
     .venv/bin/python bench/score_pass.py --pods PODS.csv [--nodes NODES.csv] [--at 6000] [--seed 42]
         [--times 40] [--repeat 3]

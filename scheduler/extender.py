@@ -226,7 +226,7 @@ class Extender:
         """Start the allocator's due re-derivation on a thread of its own, if one is due and none
         runs: computed from copies without the lock, installed under it, while the verbs go on
         with the outlook they have (at 5,000 nodes an update is about 5 ms of CPU, which the
-        prioritize that found it due used to spend, every 64 pods). Caller holds self.lock."""
+        prioritize that found it due used to spend, up to every 64 pods). Caller holds self.lock."""
         if self._refreshing:
             return
         plugin = self.plugin
