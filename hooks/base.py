@@ -199,22 +199,20 @@ class Edit:
     cgroup_parent: str | None = None  # pod stages only
 
     def is_empty(self) -> bool:
-        return not any(
-            (
-                self.env,
-                self.remove_env,
-                self.add_mounts,
-                self.remove_mounts,
-                self.add_devices,
-                self.remove_devices,
-                self.add_cdi_devices,
-                self.remove_cdi_devices,
-                self.annotations,
-                self.remove_annotations,
-                self.labels,
-                self.resources,
-                self.cgroup_parent,
-            )
+        return not (
+            self.env
+            or self.remove_env
+            or self.add_mounts
+            or self.remove_mounts
+            or self.add_devices
+            or self.remove_devices
+            or self.add_cdi_devices
+            or self.remove_cdi_devices
+            or self.annotations
+            or self.remove_annotations
+            or self.labels
+            or self.resources
+            or self.cgroup_parent
         )
 
     def adds_only(self) -> bool:
