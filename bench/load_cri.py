@@ -392,10 +392,32 @@ def loaded_crihook(containerd: Containerd, work: Path) -> Iterator[Crihook]:
         yield proxy
 
 
-def store_settled(proxy: Crihook) -> Path:
-    """The store file once crihook's coalesced write has happened."""
-    time.sleep(0.3)  # the store flushes 50 ms after the last change
-    return proxy.state_dir / "store.json"
+def store_settled(proxy: Crihook, quiet: float = 0.3, limit: float = 15.0) -> Path:
+    """The store file once crihook's coalesced writes have happened: the snapshot and its journal
+    unchanged for `quiet` seconds (the store writes 50 ms after the last change, on a thread that
+    fsyncs: a loaded machine takes longer than any fixed wait), or `limit` seconds at most."""
+    snapshot = proxy.state_dir / "store.json"
+    files = (snapshot, snapshot.with_suffix(".journal"))
+
+    def state() -> tuple[tuple[int, int] | None, ...]:
+        seen: list[tuple[int, int] | None] = []
+        for f in files:
+            try:
+                st = f.stat()
+            except FileNotFoundError:  # no journal yet, or a snapshot being replaced
+                seen.append(None)
+            else:
+                seen.append((st.st_size, st.st_mtime_ns))
+        return tuple(seen)
+
+    end = time.monotonic() + limit
+    last, since = state(), time.monotonic()
+    while time.monotonic() < end and time.monotonic() - since < quiet:
+        time.sleep(0.05)
+        now = state()
+        if now != last:
+            last, since = now, time.monotonic()
+    return snapshot
 
 
 def main() -> int:
