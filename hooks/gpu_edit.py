@@ -221,9 +221,8 @@ class Placements:
 def gpu_edit(pod: PodInfo, container: ContainerInfo, gpus: GpuLookup, node: NodeView, opts: GpuOptions) -> Edit | None:
     """The edit for one CreateContainer. Raises HookError."""
     allocs = scheduled(pod, container, al.GPU)
-    plugin = tuple(
-        e for e in node.checkpoint.for_container(pod.uid, container.name) if opts.is_plugin_resource(e.resource_name)
-    )
+    entries = node.checkpoint.for_container(pod.uid, container.name)
+    plugin = tuple(e for e in entries if opts.is_plugin_resource(e.resource_name)) if entries else ()
     if allocs is None and plugin:
         _check_taken(pod.uid, plugin, gpus, node)
         return None  # no word from the scheduler: the device plugin's allocation stands
@@ -341,6 +340,8 @@ def _strip(container: ContainerInfo, plugin: Sequence[PodDeviceEntry], names: fr
     when there is nothing to remove. CDI devices that name no GPU (gds, mofed, imex channels) stay;
     `names`: the chosen GPUs' (Placement.names). Only what the container has is looked at: most
     containers bring nothing of their own, and a pod the scheduler placed has no plugin injections."""
+    if not (plugin or container.devices or container.cdi_devices or container.annotations):
+        return None  # nothing to look at (the express lane's containers)
     remove_env: set[str] = set()
     remove_mounts: set[str] = set()
     remove_devices: set[str] = set()
