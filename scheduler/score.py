@@ -103,6 +103,18 @@ def options(st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) ->
     return np.arange(rows.size), np.zeros(rows.size, np.int64)
 
 
+def sub_options(opts: Options, at: np.ndarray, k: int) -> Options:
+    """The options of rows `at` (ascending positions among k rows) out of `opts` of all k rows,
+    numbered as rows[at]: a node's options do not depend on the other nodes."""
+    if at.size == k:
+        return opts
+    where = np.full(k, -1, np.int64)
+    where[at] = np.arange(at.size)
+    node = where[opts[0]]
+    keep = node >= 0
+    return node[keep], opts[1][keep]
+
+
 def placements(
     typ: Typical,
     st: Cluster,
@@ -137,9 +149,10 @@ def growth(typ: Typical, before: Stats, after: Stats, opts: Options) -> np.ndarr
 
 
 def bucket(growth: np.ndarray) -> np.ndarray:
-    """Score buckets 0..100 of fragmentation growth (percent of a GPU): floor(100 * sigmoid(-growth / 100))."""
+    """Score buckets 0..100 of fragmentation growth (percent of a GPU): floor(100 * sigmoid(-growth / 100)).
+    An exponent that overflows gives 0 and one that underflows 100, as they should: no clipping."""
     with np.errstate(over="ignore", invalid="ignore"):
-        return np.floor(100.0 / (1.0 + np.exp(np.clip(growth / 100.0, -50, 50))))
+        return np.floor(100.0 / (1.0 + np.exp(growth / 100.0)))
 
 
 def best_fit_cols(left: np.ndarray, fits: np.ndarray, count: int) -> np.ndarray:
@@ -241,6 +254,7 @@ class ShapeCache:
         self.by_size = key is not shape_key
         self.tagged = False  # each row is checked against the slots that fitted it
         self.entries: dict[ShapeKey, _Entry] = {}
+        self.states = States()  # of the nodes, for `distinct`
 
     def clear(self) -> None:
         self.entries.clear()
@@ -273,31 +287,53 @@ class ShapeCache:
         pos = np.flatnonzero(old)
         if pos.size:
             stale = rows[pos]
-            ent.value[stale], ent.choice[stale] = distinct(st, stale, fits[pos], evaluate)
+            ent.value[stale], ent.choice[stale] = distinct(st, stale, fits[pos], evaluate, self.states)
             ent.version[stale] = st.version[stale]
             if self.tagged:
                 ent.tag[stale] = tag[pos]
         return ent.value[rows], ent.choice[rows]
 
 
-_MIX = np.random.default_rng(14).integers(1, 2**62, 64, dtype=np.int64) | 1  # odd multipliers of the state hash
 DISTINCT = 64  # rows from which evaluating each distinct node state once pays for finding them
+WIDEST = 24  # GPU slots a node may have for `distinct`: a state id, then one bit per slot, in an int64
 
 
-def distinct(st: Cluster, rows: np.ndarray, fits: np.ndarray, evaluate: Evaluate) -> tuple[np.ndarray, np.ndarray]:
-    """`evaluate` once per distinct node state (CPU, memory, idle, fitting slots and model per slot):
-    the scores are per node, and many nodes are alike (all empty ones of a kind, at first)."""
-    if rows.size < DISTINCT:
+class States:
+    """An id per distinct node state (CPU and memory left, idle and model per slot), kept while the
+    node is unchanged: equal ids are equal states, exactly, for the cost of a lookup per node that
+    changed, not a pass over every node's state at every evaluation."""
+
+    def __init__(self) -> None:
+        self.ids = RowMemo(1, np.int64)
+        self.known: dict[bytes, int] = {}
+
+    def of(self, st: Cluster, rows: np.ndarray) -> np.ndarray:
+        """(K,) the rows' state ids."""
+        if len(self.known) > 8 * max(st.version.size, 1024):  # mostly states long gone: start afresh
+            self.known.clear()
+            self.ids = RowMemo(1, np.int64)
+
+        def compute(at: np.ndarray) -> np.ndarray:
+            sub = rows[at]
+            host = (host_cpu(st, sub)[:, None], st.hmem_free[sub, None])
+            state = np.concatenate((*host, st.left(sub), st.model[sub]), axis=1)
+            known = self.known
+            return np.array([known.setdefault(b, len(known)) for b in map(bytes, state)], np.int64)[:, None]
+
+        ids: np.ndarray = self.ids.get(st, rows, compute)[:, 0]
+        return ids
+
+
+def distinct(
+    st: Cluster, rows: np.ndarray, fits: np.ndarray, evaluate: Evaluate, states: States
+) -> tuple[np.ndarray, np.ndarray]:
+    """`evaluate` once per distinct node state (`states`, and the slots that fit): the scores are
+    per node, and many nodes are alike (all empty ones of a kind, at first)."""
+    if rows.size < DISTINCT or fits.shape[1] > WIDEST:
         return evaluate(rows, fits)
-    state = np.concatenate(
-        (host_cpu(st, rows)[:, None], st.hmem_free[rows, None], st.left(rows), fits, st.model[rows]), axis=1
-    )
-    digest = state @ np.resize(_MIX, state.shape[1])  # wraps around: a hash
-    _, first, inverse = np.unique(digest, return_index=True, return_inverse=True)
-    if not (state[first][inverse] == state).all():  # two states met in the hash: no shortcut
-        return evaluate(rows, fits)
+    key = (states.of(st, rows) << fits.shape[1]) | fit_tag(fits)
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     value, choice = evaluate(rows[first], fits[first])
-    inverse = inverse.ravel()
     return value[inverse], choice[inverse]
 
 
@@ -812,7 +848,7 @@ class DefaultPolicy:
     ) -> tuple[np.ndarray, np.ndarray]:
         """(score (K,), chosen slot (K,)): the best option's score, the first option that has it."""
         opts = options(st, req, rows, fits)
-        d = self._growth(st, req, rows, fits)[opts]
+        d = self._growth(st, req, rows, fits, opts)[opts]
         cpu = host_cpu(st, rows)
         p, r = self.outlook.costs(st, req, rows, fits, opts, cpu)
         cpu = cpu.astype(np.float64)
@@ -820,15 +856,16 @@ class DefaultPolicy:
         rho = self.outlook.rho
         s = soft_deficit(cpu - req.cpu_milli, gpu - req.count * share_pct(req), rho)
         s = (s - soft_deficit(cpu, gpu, rho))[opts[0]]
-        with np.errstate(over="ignore"):
-            tie = 1.0 / (1.0 + np.exp(np.clip((s + p + 100.0 * LAM * r) / 100.0, -50, 50)))
+        with np.errstate(over="ignore"):  # an overflow is a tie-break of 0, as it should be
+            tie = 1.0 / (1.0 + np.exp((s + p + 100.0 * LAM * r) / 100.0))
         raw = bucket(d + p + KAPPA * s) - MU * r + TIE * tie  # below 100 + TIE, unbounded below
         q = np.logaddexp(0.0, raw) * (100.0 / (100.0 + TIE))  # softplus: 0..100, same order
         return per_node(q, opts, fits.shape if req.count == 1 and req.shared else (rows.size, 1))
 
-    def _growth(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> np.ndarray:
-        """(K, G) FGD growth of each option, by slot (slot 0 for a set of slots). It depends on the
-        typical shapes only, which change far less often than the outlook: kept per node."""
+    def _growth(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray, opts: Options) -> np.ndarray:
+        """(K, G) FGD growth of each option `opts` of the rows, by slot (slot 0 for a set of slots).
+        It depends on the typical shapes only, which change far less often than the outlook: kept
+        per node."""
         key = size_key(req)
         memo = self.growths.pop(key, None)  # and put back last: the least recently used go first
         if memo is None or memo.width != st.width:  # a node with more GPUs than any before
@@ -840,9 +877,9 @@ class DefaultPolicy:
 
         def compute(at: np.ndarray) -> np.ndarray:
             sub, f = rows[at], fits[at]
-            opts = options(st, req, sub, f)
+            mine = sub_options(opts, at, rows.size)
             out = np.zeros((at.size, st.width))
-            out[opts] = growth(self.typ, *placements(self.typ, st, req, sub, f, opts, self._stats(st, sub)), opts)
+            out[mine] = growth(self.typ, *placements(self.typ, st, req, sub, f, mine, self._stats(st, sub)), mine)
             return out
 
         return memo.get(st, rows, compute, fit_tag(fits) if self.cache.tagged else None)

@@ -24,6 +24,8 @@ from crihook.scheduler.score import (
     Places,
     Reach,
     RowMemo,
+    States,
+    distinct,
     fixed,
     host_cpu,
     node_shapes,
@@ -610,3 +612,36 @@ def test_a_steadily_filling_cluster_drifts_early_and_near_full() -> None:
     assert at[:7] == [128, 192, 256, 320, 384, 448, 512]  # the mix: every 64 up to 8 x 64 pods
     assert max(gaps) > 600 and len(at) < 60  # against 155 every 64 pods
     assert all(gap == 64 for gap in gaps[-6:-1]) and at[-1] < 10_000 + 12_000 // 8 + 64  # near full, then full
+
+
+def test_each_distinct_node_state_is_evaluated_once_and_answers_every_node_in_it() -> None:
+    """Nodes are grouped by their state (CPU, memory, idle and model per slot, and the slots that
+    fit), kept per node version: one evaluation per group, every node answered as if alone, and
+    a node that changes leaves its group."""
+    ds = DeviceShare()
+    for i in range(90):
+        model = ("T4", "G2")[i % 2]
+        devs = tuple(Gpu(minor=g, memory=16 << 30, model=model, uuid=f"n{i}-{g}") for g in range(4))
+        ds.set_node(NodeDevices(f"n{i:02d}", devs, cpu_milli=(32_000, 64_000)[i % 3 == 0], memory=1 << 40))
+    states = States()
+    cl = ds.st
+    rows = np.flatnonzero(cl.live)
+    asked: list[int] = []
+
+    def evaluate(at: np.ndarray, fits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        asked.append(at.size)
+        state = np.concatenate((host_cpu(cl, at)[:, None], cl.hmem_free[at, None], cl.left(at), cl.model[at], fits), 1)
+        return (state * np.arange(1, state.shape[1] + 1)).sum(axis=1).astype(np.float64), at % 4
+
+    for j in range(12):
+        req = ds.pre_filter(_share(f"s{j}", 25 + 25 * (j % 3)))
+        fits = ds.gpu_fits(req, rows)
+        fits[: j * 3, 0] = False  # some nodes with a slot that does not fit, as a pin would
+        asked.clear()
+        value, _ = distinct(cl, rows, fits, evaluate, states)
+        want, _ = evaluate(rows, fits)
+        np.testing.assert_array_equal(value, want)
+        key = np.concatenate((host_cpu(cl, rows)[:, None], cl.hmem_free[rows, None], cl.left(rows), cl.model[rows]), 1)
+        key = np.concatenate((key, fits), axis=1)
+        assert asked[0] == len({tuple(r) for r in key.tolist()})
+        ds.reserve(req, f"n{(7 * j) % 90:02d}")
