@@ -159,7 +159,7 @@ def set_stats(
 ) -> tuple[Stats, Stats]:
     """Stats before and after (both (K,)) taking `pct` from the slots `cols` (K, C) of each node."""
     s = stats(typ, cpu_left, left, model) if known is None else known
-    taken = np.take_along_axis(left, cols, axis=1)
-    dn, ds = _deltas(typ, taken, None if model is None else np.take_along_axis(model, cols, axis=1), pct)
+    at = (np.arange(cols.shape[0])[:, None], cols)  # indexing, not take_along_axis: a third of the cost on few rows
+    dn, ds = _deltas(typ, left[at], None if model is None else model[at], pct)
     after = Stats(s.nfit + dn.sum(axis=1), s.small + ds.sum(axis=1), s.total - pct * cols.shape[1], cpu_left - cpu)
     return s, after

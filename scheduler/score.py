@@ -462,8 +462,8 @@ class Outlook:
             k, g = opts
             slots, slot_model = left[k, g, None], model[k, g, None]
         else:  # one option per node, in node order: the best-fitting slots
-            cols = best_fit_cols(left, fits, req.count)
-            slots, slot_model = np.take_along_axis(left, cols, axis=1), np.take_along_axis(model, cols, axis=1)
+            at = (np.arange(rows.size)[:, None], best_fit_cols(left, fits, req.count))
+            slots, slot_model = left[at], model[at]
         pct = share_pct(req)
         cpu_after, hmem_after = cpu - req.cpu_milli, hmem - req.host_memory
         room_after = self.places.lose(room if k is None else room[k], pct, slots, slot_model)
@@ -539,7 +539,8 @@ class Places:
         self.part[gpu] = [at[k] for k in keys]
         self.cpu_only = np.flatnonzero(~gpu)  # BIG places by GPU
         pcts, self.pct_at = np.unique(np.array([p for p, _, _ in parts], np.int64), return_inverse=True)
-        self.div = np.arange(101)[:, None] // np.maximum(pcts, 1)  # (101, P): percent idle // share
+        # (101, P): percent idle // share; shares are counted in floats (exact), as the room is read
+        self.div = (np.arange(101)[:, None] // np.maximum(pcts, 1)).astype(np.float64)
         self.div_part = self.div[:, self.pct_at]  # (101, U): the same per part
         self.loss: dict[int, np.ndarray] = {}  # per percent taken: (101, U) shares lost by idle percent
         cpus, self.cpu_at = np.unique(table[0], return_inverse=True)
@@ -551,7 +552,7 @@ class Places:
         self.free = np.flatnonzero(sizes <= 0)  # a size of 0 leaves BIG places
         self.acc: np.ndarray | None = None  # (model id, U): the part's shapes accept the model
         if any(m is not None for _, _, m in parts) and self.names:
-            self.acc = np.array([[m is None or n in m for _, _, m in parts] for n in self.names], np.int64)
+            self.acc = np.array([[m is None or n in m for _, _, m in parts] for n in self.names], np.float64)
 
     @classmethod
     def of(cls, shapes: Sequence[tuple[int, int, int, int, tuple[str, ...] | None]], names: Sequence[str]) -> Places:
@@ -574,9 +575,9 @@ class Places:
         In floats, several times faster than integers, and exact: the floor of a correctly rounded
         a / b is a // b for 0 <= a < 2**52 (a quotient below an integer n stays 1 / b from it)."""
         by = np.empty((self.sizes.size, cpu.size))
-        np.maximum(cpu, 0, out=by[: self.ncpu])
-        np.maximum(hmem, 0, out=by[self.ncpu :])
-        by /= self.sizes
+        # cast first: an int64 operand broadcast into float rows takes numpy's slow casting loop
+        np.divide(np.maximum(cpu, 0).astype(np.float64), self.sizes[: self.ncpu], out=by[: self.ncpu])
+        np.divide(np.maximum(hmem, 0).astype(np.float64), self.sizes[self.ncpu :], out=by[self.ncpu :])
         np.floor(by, out=by)
         by[self.free] = BIG
         small = np.minimum(by, BIG, out=by).astype(PLACE)
@@ -595,28 +596,26 @@ class Places:
 
     def _lost(self, slots: np.ndarray, model: np.ndarray | None, pct: int) -> np.ndarray:
         """(N, U) shares of each part that slots (N, C) lose when `pct` is taken from each, 0 on
-        models the part refuses."""
+        models the part refuses. Idle percent is 0..100 (`Cluster.touch` keeps it so): an index."""
         lost = self.loss.get(pct)
         if lost is None:
             lost = self.loss[pct] = self.div_part - self.div_part[np.maximum(np.arange(101) - pct, 0)]
-        per = lost[np.clip(slots, 0, 100)]
+        per = lost[slots]
         if self.acc is not None and model is not None:
             per *= self.acc[model]
-        out: np.ndarray = per.sum(axis=1)
+        out: np.ndarray = per[:, 0] if per.shape[1] == 1 else per.sum(axis=1)
         return out
 
     def room(self, left: np.ndarray, model: np.ndarray | None) -> np.ndarray:
         """(K, U) shares of each part the nodes' slots (K, G) hold together. Shares are counted
         once per distinct percent; a node of one model takes or refuses all of its slots at once,
-        only nodes that mix models are counted slot by slot."""
+        only nodes that mix models are counted slot by slot. `left`: 0..100, an index (see `_lost`)."""
         if self.acc is not None and model is not None:
             mixed = ((model != model[:, :1]) & (left > 0)).any(axis=1)
             if mixed.any():
-                by_slot: np.ndarray = (
-                    np.take(self.div[np.clip(left, 0, 100)], self.pct_at, axis=-1) * self.acc[model]
-                ).sum(axis=1)
+                by_slot: np.ndarray = (np.take(self.div[left], self.pct_at, axis=-1) * self.acc[model]).sum(axis=1)
                 return by_slot
-        room = np.take(self.div[np.clip(left, 0, 100)].sum(axis=1), self.pct_at, axis=-1)
+        room = np.take(self.div[left].sum(axis=1), self.pct_at, axis=-1)
         if self.acc is not None and model is not None:
             room = room * self.acc[model[:, 0]]
         return room
@@ -681,14 +680,17 @@ class Reach:
         at = np.ravel_multi_index((ci[w], hi[w], col[w]), shape)
         table = np.bincount(at, weight[w], minlength=math.prod(shape)).reshape(shape)
         np.cumsum(table, axis=0, out=table)
-        # [i, j, u]: the weight of the shapes of part u that need at most the i-th CPU size and the j-th memory size
-        self.table = np.cumsum(table, axis=1, out=table)
+        np.cumsum(table, axis=1, out=table)
+        # [i * (memory sizes + 1) + j, u]: the weight of the shapes of part u that need at most the
+        # i-th CPU size and the j-th memory size; one index per node, so a lookup takes whole rows
+        self.rows = table.reshape(-1, shape[2])
 
     def __call__(self, cpu: np.ndarray, hmem: np.ndarray, room: np.ndarray, k: np.ndarray | None = None) -> np.ndarray:
         """(N,): the weight with a place on option i, whose node k[i] (i when k is None) has this
         CPU and memory left (K,) and whose shares of places' parts are `room` (N, U)."""
         ci, hi = np.searchsorted(self.cpus, cpu, side="right"), np.searchsorted(self.mems, hmem, side="right")
-        w = self.table[ci, hi] if k is None else self.table[ci[k], hi[k]]
+        at = ci * (self.mems.size + 1) + hi
+        w = self.rows.take(at if k is None else at[k], axis=0)
         w[:, :-1] *= (room if self.every else room.take(self.parts, axis=1)) >= self.cnt  # take: C order, fast
         out: np.ndarray = w.sum(axis=1)
         return out
