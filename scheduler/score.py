@@ -225,9 +225,18 @@ def size_key(req: PodRequest) -> ShapeKey:
     return (req.count, req.core, req.ratio, req.memory, req.cpu_milli, req.host_memory)
 
 
+_BITS = 2.0 ** np.arange(53)  # a sum of distinct ones below 2**53 is exact in a double
+
+
 def fit_tag(fits: np.ndarray) -> np.ndarray:
-    """(K,): the fitting slots (K, G) of each node as one number, G < 63."""
-    tag: np.ndarray = fits @ (1 << np.arange(fits.shape[1], dtype=np.int64))
+    """(K,): the fitting slots (K, G) of each node as one number, G < 63. A float product where
+    it is exact (G <= 53): twice as fast as an integer one on hundreds of nodes, and Score tags
+    every node that fits at every request once pinned pods are seen."""
+    g = fits.shape[1]
+    if g > _BITS.size:
+        wide: np.ndarray = fits @ (1 << np.arange(g, dtype=np.int64))
+        return wide
+    tag: np.ndarray = (fits @ _BITS[:g]).astype(np.int64)
     return tag
 
 
@@ -679,8 +688,10 @@ class Reach:
         shape = (self.cpus.size + 1, self.mems.size + 1, self.parts.size + 1)
         at = np.ravel_multi_index((ci[w], hi[w], col[w]), shape)
         table = np.bincount(at, weight[w], minlength=math.prod(shape)).reshape(shape)
-        np.cumsum(table, axis=0, out=table)
-        np.cumsum(table, axis=1, out=table)
+        for i in range(1, shape[0]):  # row by row: np.cumsum along a leading axis is 4x slower here
+            table[i] += table[i - 1]
+        for j in range(1, shape[1]):
+            table[:, j] += table[:, j - 1]
         # [i * (memory sizes + 1) + j, u]: the weight of the shapes of part u that need at most the
         # i-th CPU size and the j-th memory size; one index per node, so a lookup takes whole rows
         self.rows = table.reshape(-1, shape[2])
@@ -862,7 +873,9 @@ class DefaultPolicy:
             tie = 1.0 / (1.0 + np.exp((s + p + 100.0 * LAM * r) / 100.0))
         raw = bucket(d + p + KAPPA * s) - MU * r + TIE * tie  # below 100 + TIE, unbounded below
         q = np.logaddexp(0.0, raw) * (100.0 / (100.0 + TIE))  # softplus: 0..100, same order
-        return per_node(q, opts, fits.shape if req.count == 1 and req.shared else (rows.size, 1))
+        if req.count == 1 and req.shared:
+            return per_node(q, opts, fits.shape)
+        return q, opts[1]  # one option per node, in node order (slot 0)
 
     def _growth(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray, opts: Options) -> np.ndarray:
         """(K, G) FGD growth of each option `opts` of the rows, by slot (slot 0 for a set of slots).

@@ -26,6 +26,7 @@ from crihook.scheduler.score import (
     RowMemo,
     States,
     distinct,
+    fit_tag,
     fixed,
     host_cpu,
     node_shapes,
@@ -157,6 +158,18 @@ def test_fixed_point_sums_do_not_depend_on_the_rows_summed_together() -> None:
 
 
 Slots = list[tuple[list[int], list[int], list[bool]]]  # per node: idle percent, model id, fits
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 62), st.integers(0, 2**62), st.integers(1, 6))
+def test_fit_tag_is_the_fitting_slots_as_bits(width: int, seed: int, nodes: int) -> None:
+    """One bit per slot, slot g worth 2**g, exact however wide the node (a float product up to
+    53 slots, an integer one beyond)."""
+    fits = np.random.default_rng(seed).random((nodes, width)) < 0.5
+    want = [sum(1 << g for g in range(width) if row[g]) for row in fits.tolist()]
+    got = fit_tag(fits)
+    assert got.dtype == np.int64
+    assert got.tolist() == want
 
 
 @settings(max_examples=80, deadline=None)
