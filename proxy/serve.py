@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import stat
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from crihook.proxy import systemd
 from crihook.proxy.intercept import Call, Interceptor
 from crihook.proxy.orphans import TaskJanitor
 from crihook.proxy.relay import Relay
-from crihook.proxy.store import ContainerRecord, PodRecord, Store, sandbox_cgroup_parent
+from crihook.proxy.store import ContainerRecord, PodRecord, Store, container_created_with, sandbox_cgroup_parent
 
 log = logging.getLogger("crihook.proxy")
 
@@ -93,7 +94,7 @@ class Daemon:
         await wait_for_backend(backend, cfg.proxy.connect_timeout_seconds)
         self.store = Store(cfg.proxy.state_dir)
         state = self.store.load()
-        stats = self.store.reconcile(*await list_runtime(backend))
+        stats = self.store.reconcile(*await list_runtime(backend, self.store.containers.keys()))
         log.info("store rebuilt", extra={"file": state, **stats})
         attach_store(chain, self.store)
         janitor = TaskJanitor(backend, cfg.proxy.runtime_namespace) if cfg.proxy.clear_orphan_tasks else None
@@ -288,31 +289,50 @@ async def wait_for_backend(path: str, patience: float) -> None:
         delay = min(delay * 2, 5.0)
 
 
-async def _sandbox_statuses(stub: Any, ids: list[str], parallel: int = 8) -> dict[str, Any]:
-    """Verbose PodSandboxStatus of each sandbox (what ListPodSandbox leaves out: the cgroup parent,
-    the runtime handler); a sandbox whose status can not be had is left out, and logged."""
+async def _statuses(call: Any, ids: list[str], make: Any, what: str, parallel: int = 8) -> dict[str, Any]:
+    """The verbose status of each object (what the runtime's lists leave out: a sandbox's cgroup
+    parent and runtime handler, a container's envs and resources); one whose status can not be had
+    is left out, and logged."""
     gate = asyncio.Semaphore(parallel)
 
-    async def one(pod_id: str) -> Any:
+    async def one(object_id: str) -> Any:
         async with gate:
             try:
-                return await stub.PodSandboxStatus(cri.PodSandboxStatusRequest(pod_sandbox_id=pod_id, verbose=True),
-                                                   timeout=10)  # fmt: skip
+                return await call(make(object_id), timeout=10)
             except grpc.aio.AioRpcError as e:
-                log.warning("sandbox status unavailable", extra={"id": pod_id[:13], "error": e.details()})
+                log.warning(f"{what} status unavailable", extra={"id": object_id[:13], "error": e.details()})
                 return None
 
     found = await asyncio.gather(*(one(i) for i in ids))
     return {i: status for i, status in zip(ids, found, strict=True) if status is not None}
 
 
-async def list_runtime(path: str) -> tuple[list[PodRecord], list[ContainerRecord]]:
+def _resources_of(status: cri.ContainerStatus) -> cri.ContainerResources | None:
+    return status.resources if status.HasField("resources") else None
+
+
+async def list_runtime(path: str, known: Collection[str] = ()) -> tuple[list[PodRecord], list[ContainerRecord]]:
+    """The runtime's sandboxes and containers as store records; `known`: the containers the store
+    has, whose envs and resources are its own (the runtime is asked only about the others)."""
     opts: list[tuple[str, Any]] = [("grpc.max_receive_message_length", 64 << 20)]
     async with grpc.aio.insecure_channel(f"unix://{path}", options=opts) as ch:
         stub = cri_grpc.RuntimeServiceStub(ch)
         sandboxes = await stub.ListPodSandbox(cri.ListPodSandboxRequest(), timeout=30)
         containers = await stub.ListContainers(cri.ListContainersRequest(), timeout=30)
-        statuses = await _sandbox_statuses(stub, [s.id for s in sandboxes.items])
+        statuses = await _statuses(
+            stub.PodSandboxStatus,
+            [s.id for s in sandboxes.items],
+            lambda i: cri.PodSandboxStatusRequest(pod_sandbox_id=i, verbose=True),
+            "sandbox",
+        )
+        # only for containers the store does not know (created while crihook was away)
+        unknown = [c.id for c in containers.containers if c.id not in known]
+        cstatuses = await _statuses(
+            stub.ContainerStatus,
+            unknown,
+            lambda i: cri.ContainerStatusRequest(container_id=i, verbose=True),
+            "container",
+        )
     pods = []
     for s in sandboxes.items:
         status = statuses.get(s.id)
@@ -331,17 +351,22 @@ async def list_runtime(path: str) -> tuple[list[PodRecord], list[ContainerRecord
                 runtime_handler=status.status.runtime_handler if status is not None else "",
             )
         )
-    ctrs = [
-        ContainerRecord(
-            id=c.id,
-            pod_id=c.pod_sandbox_id,
-            name=c.metadata.name,
-            attempt=c.metadata.attempt,
-            state=_CONTAINER_STATES.get(c.state, "unknown"),
-            labels=dict(c.labels),
-            annotations=dict(c.annotations),
-            created=c.created_at / 1e9,
+    ctrs = []
+    for c in containers.containers:
+        st = cstatuses.get(c.id)
+        envs, resources = ({}, {}) if st is None else container_created_with(st.info, _resources_of(st.status))
+        ctrs.append(
+            ContainerRecord(
+                id=c.id,
+                pod_id=c.pod_sandbox_id,
+                name=c.metadata.name,
+                attempt=c.metadata.attempt,
+                state=_CONTAINER_STATES.get(c.state, "unknown"),
+                labels=dict(c.labels),
+                annotations=dict(c.annotations),
+                created=c.created_at / 1e9,
+                envs=envs,
+                resources=resources,
+            )
         )
-        for c in containers.containers
-    ]
     return pods, ctrs

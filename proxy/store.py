@@ -33,9 +33,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from google.protobuf import json_format
+
 from crihook.base.metrics import STORE_OBJECTS
 from crihook.hooks.base import ContainerInfo, PodInfo
-from crihook.hooks.criview import resources_from_record
+from crihook.hooks.criview import resources_from_record, resources_record, resources_view
+from crihook.proto import runtime_v1_pb2 as cri
 
 log = logging.getLogger("crihook.store")
 
@@ -119,6 +122,32 @@ def sandbox_cgroup_parent(info: Mapping[str, str]) -> str:
     except (ValueError, AttributeError):
         return ""
     return parent if isinstance(parent, str) else ""
+
+
+def container_created_with(
+    info: Mapping[str, str], resources: cri.ContainerResources | None = None
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """The envs and resources of a container crihook did not see created, for its store record: the
+    JSON under "info" of its verbose ContainerStatus holds the ContainerConfig the runtime got as
+    "config" (containerd 1.6, 1.7 and 2.x alike, Go's field names), edits of any proxy included.
+    The resources as they are now come from the status's own `resources` when the runtime fills it
+    (the config keeps those it was created with, not those UpdateContainerResources set). Empty for
+    what is not there or not readable: a record as before, never an error."""
+    try:
+        config = json.loads(info.get("info") or "{}").get("config") or {}
+        envs = {str(e["key"]): str(e.get("value", "")) for e in config.get("envs") or ()}
+    except (ValueError, AttributeError, KeyError, TypeError):
+        config, envs = {}, {}
+    if resources is not None and resources.HasField("linux"):
+        return envs, resources_record(resources_view(resources.linux, True))
+    try:
+        created = (config.get("linux") or {}).get("resources")
+        if not isinstance(created, dict):
+            return envs, {}
+        linux = json_format.ParseDict(created, cri.LinuxContainerResources(), ignore_unknown_fields=True)
+    except (json_format.ParseError, AttributeError):
+        return envs, {}
+    return envs, resources_record(resources_view(linux, True))
 
 
 _POD_FIELDS = tuple(f.name for f in fields(PodRecord))

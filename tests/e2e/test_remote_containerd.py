@@ -406,3 +406,35 @@ def test_pod_cgroup_parent_survives_a_crihook_restart(servers: ServerThread, con
             assert told[1].pod_meta.uid == pod.metadata.uid
         finally:
             client.remove_all()
+
+
+@pytest.mark.runtimes("1.6", "1.7", "2")
+def test_a_container_crihook_did_not_see_created_keeps_its_envs_and_resources(
+    servers: ServerThread, confdir: Path, uncapped: Crihook
+) -> None:
+    """A container the store does not know (its file lost, or created while crihook was away) is
+    adopted with the envs it was created with and its resources as they are now (after an update),
+    from the runtime's verbose status: a hook server is told them as for any other container."""
+    s = servers.start(confdir / "a.sock")
+    configure(confdir, "a.json", s, "Fail", ["PreStartContainer"])
+    with Cri(uncapped.address) as client:
+        try:
+            pod = pod_config("adopted")
+            pod_id = client.run_pod(pod)
+            config = container_config("main", pod, envs={"GREETING": "hello", "EMPTY": ""})
+            config.linux.resources.cpu_shares = 512
+            config.linux.resources.memory_limit_in_bytes = 64 << 20
+            cid = client.create_container(pod_id, config, pod)
+            update = api.LinuxContainerResources(cpu_shares=1024, memory_limit_in_bytes=128 << 20)
+            client.runtime.UpdateContainerResources(api.UpdateContainerResourcesRequest(container_id=cid, linux=update))
+            uncapped.stop()
+            (uncapped.state_dir / "store.json").unlink()
+            uncapped.start()
+            client.start_container(cid)
+            (told,) = s.requests("PreStartContainerHook")
+            assert told.container_meta.name == "main"
+            assert told.container_envs["GREETING"] == "hello" and told.container_envs["EMPTY"] == ""
+            assert told.container_resources.cpu_shares == 1024
+            assert told.container_resources.memory_limit_in_bytes == 128 << 20
+        finally:
+            client.remove_all()

@@ -10,8 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proxy import store as storemod
-from crihook.proxy.store import ContainerRecord, PodRecord, Store, StoreFileError, read_file, sandbox_cgroup_parent
+from crihook.proxy.store import (
+    ContainerRecord,
+    PodRecord,
+    Store,
+    StoreFileError,
+    container_created_with,
+    read_file,
+    sandbox_cgroup_parent,
+)
 
 
 def pod(pid: str, **kw: object) -> PodRecord:
@@ -153,6 +162,59 @@ def test_reconcile_takes_the_cgroup_parent_from_the_runtime_else_keeps_its_own(t
 )
 def test_sandbox_cgroup_parent(info: dict[str, str], parent: str) -> None:
     assert sandbox_cgroup_parent(info) == parent
+
+
+# what containerd's verbose ContainerStatus holds under info["info"]: the CRI config as Go encodes it
+CREATED = {
+    "sandboxID": "p1",
+    "config": {
+        "metadata": {"name": "main"},
+        "envs": [{"key": "A", "value": "1"}, {"key": "EMPTY"}],
+        "linux": {
+            "resources": {
+                "cpu_shares": 512,
+                "memory_limit_in_bytes": 67108864,
+                "cpuset_cpus": "0-1",
+                "hugepage_limits": [{"page_size": "2MB", "limit": 4194304}],
+                "unified": {"memory.high": "1000000"},
+                "some_future_field": 1,
+            }
+        },
+    },
+}
+
+
+def test_container_created_with_reads_the_config_the_runtime_got() -> None:
+    envs, resources = container_created_with({"info": json.dumps(CREATED)})
+    assert envs == {"A": "1", "EMPTY": ""}
+    assert resources["cpu_shares"] == 512 and resources["memory_limit_in_bytes"] == 64 << 20
+    assert resources["cpuset_cpus"] == "0-1" and resources["unified"] == {"memory.high": "1000000"}
+    assert "hugepage_limits" not in resources  # what the store keeps of any container
+
+
+def test_container_created_with_takes_the_resources_as_they_are_now() -> None:
+    now = cri.ContainerResources(linux=cri.LinuxContainerResources(cpu_shares=1024))
+    envs, resources = container_created_with({"info": json.dumps(CREATED)}, now)
+    assert envs == {"A": "1", "EMPTY": ""} and resources["cpu_shares"] == 1024
+    assert resources["memory_limit_in_bytes"] == 0  # as the runtime reports them, not merged
+
+
+@pytest.mark.parametrize(
+    "info",
+    [
+        {},
+        {"info": ""},
+        {"info": "not json"},
+        {"info": "[]"},
+        {"info": json.dumps({"config": {"envs": "A=1"}})},
+        {"info": json.dumps({"config": {"envs": [{"value": "no key"}]}})},
+        {"info": json.dumps({"config": {"linux": {"resources": {"cpu_shares": "many"}}}})},
+        {"info": json.dumps({"config": {"linux": {"resources": [1]}}})},
+    ],
+)
+def test_container_created_with_unreadable_parts_are_left_empty(info: dict[str, str]) -> None:
+    envs, resources = container_created_with(info)
+    assert envs == {} and resources == {}
 
 
 # -- the journal -------------------------------------------------------------------------------------
