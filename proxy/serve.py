@@ -15,12 +15,13 @@ import os
 import signal
 import socket
 import stat
-from collections.abc import Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 
 from crihook.base import config as cfgmod
 from crihook.base import metrics
@@ -289,7 +290,9 @@ async def wait_for_backend(path: str, patience: float) -> None:
         delay = min(delay * 2, 5.0)
 
 
-async def _statuses(call: Any, ids: list[str], make: Any, what: str, parallel: int = 8) -> dict[str, Any]:
+async def _statuses(
+    call: Callable[..., Awaitable[Any]], ids: list[str], make: Callable[[str], Message], what: str, parallel: int = 8
+) -> dict[str, Any]:
     """The verbose status of each object (what the runtime's lists leave out: a sandbox's cgroup
     parent and runtime handler, a container's envs and resources); one whose status can not be had
     is left out, and logged."""
@@ -305,10 +308,6 @@ async def _statuses(call: Any, ids: list[str], make: Any, what: str, parallel: i
 
     found = await asyncio.gather(*(one(i) for i in ids))
     return {i: status for i, status in zip(ids, found, strict=True) if status is not None}
-
-
-def _resources_of(status: cri.ContainerStatus) -> cri.ContainerResources | None:
-    return status.resources if status.HasField("resources") else None
 
 
 async def list_runtime(path: str, known: Collection[str] = ()) -> tuple[list[PodRecord], list[ContainerRecord]]:
@@ -354,7 +353,7 @@ async def list_runtime(path: str, known: Collection[str] = ()) -> tuple[list[Pod
     ctrs = []
     for c in containers.containers:
         st = cstatuses.get(c.id)
-        envs, resources = ({}, {}) if st is None else container_created_with(st.info, _resources_of(st.status))
+        envs, resources = ({}, {}) if st is None else container_created_with(st)
         ctrs.append(
             ContainerRecord(
                 id=c.id,

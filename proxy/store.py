@@ -112,40 +112,49 @@ class ContainerRecord:
         )
 
 
-def sandbox_cgroup_parent(info: Mapping[str, str]) -> str:
-    """The cgroup parent a sandbox was created with, from its verbose PodSandboxStatus `info`: the
-    JSON under "info" holds the PodSandboxConfig as "config" (containerd 1.6, 1.7 and 2.x alike,
-    encoded with Go's field names: linux.cgroup_parent). "" when it is not there."""
+def _verbose_config(info: Mapping[str, str]) -> dict[str, Any]:
+    """The config a sandbox or container was created with, from its verbose status `info`: the JSON
+    under "info" holds it as "config" (containerd 1.6, 1.7 and 2.x alike, Go's field names, edits of
+    any proxy included). {} when it is not there or not readable."""
     try:
-        config = json.loads(info.get("info") or "{}").get("config") or {}
-        parent = (config.get("linux") or {}).get("cgroup_parent", "")
+        config = json.loads(info.get("info") or "{}").get("config")
     except (ValueError, AttributeError):
-        return ""
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _section(doc: dict[str, Any], key: str) -> dict[str, Any]:
+    value = doc.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def sandbox_cgroup_parent(info: Mapping[str, str]) -> str:
+    """The cgroup parent a sandbox was created with (linux.cgroup_parent of its verbose
+    PodSandboxStatus's config); "" when it is not there."""
+    parent = _section(_verbose_config(info), "linux").get("cgroup_parent", "")
     return parent if isinstance(parent, str) else ""
 
 
-def container_created_with(
-    info: Mapping[str, str], resources: cri.ContainerResources | None = None
-) -> tuple[dict[str, str], dict[str, Any]]:
-    """The envs and resources of a container crihook did not see created, for its store record: the
-    JSON under "info" of its verbose ContainerStatus holds the ContainerConfig the runtime got as
-    "config" (containerd 1.6, 1.7 and 2.x alike, Go's field names), edits of any proxy included.
-    The resources as they are now come from the status's own `resources` when the runtime fills it
-    (the config keeps those it was created with, not those UpdateContainerResources set). Empty for
-    what is not there or not readable: a record as before, never an error."""
+def container_created_with(status: cri.ContainerStatusResponse) -> tuple[dict[str, str], dict[str, Any]]:
+    """The envs and resources of a container crihook did not see created, for its store record,
+    from its verbose ContainerStatus: the envs from the config the runtime got, the resources as
+    they are now from the status's own `resources` when the runtime fills it (the config keeps
+    those it was created with, not those UpdateContainerResources set). Empty for what is not there
+    or not readable: a record as before, never an error."""
+    config = _verbose_config(status.info)
     try:
-        config = json.loads(info.get("info") or "{}").get("config") or {}
         envs = {str(e["key"]): str(e.get("value", "")) for e in config.get("envs") or ()}
-    except (ValueError, AttributeError, KeyError, TypeError):
-        config, envs = {}, {}
-    if resources is not None and resources.HasField("linux"):
-        return envs, resources_record(resources_view(resources.linux, True))
+    except (AttributeError, KeyError, TypeError):
+        envs = {}
+    now = status.status.resources
+    if status.status.HasField("resources") and now.HasField("linux"):
+        return envs, resources_record(resources_view(now.linux, True))
+    created = _section(config, "linux").get("resources")
+    if not isinstance(created, dict):
+        return envs, {}
     try:
-        created = (config.get("linux") or {}).get("resources")
-        if not isinstance(created, dict):
-            return envs, {}
         linux = json_format.ParseDict(created, cri.LinuxContainerResources(), ignore_unknown_fields=True)
-    except (json_format.ParseError, AttributeError):
+    except json_format.ParseError:
         return envs, {}
     return envs, resources_record(resources_view(linux, True))
 

@@ -184,8 +184,16 @@ CREATED = {
 }
 
 
+def verbose(info: dict[str, str], resources: cri.ContainerResources | None = None) -> cri.ContainerStatusResponse:
+    """A verbose ContainerStatus answer as containerd gives it."""
+    status = cri.ContainerStatus(id="c1")
+    if resources is not None:
+        status.resources.CopyFrom(resources)
+    return cri.ContainerStatusResponse(status=status, info=info)
+
+
 def test_container_created_with_reads_the_config_the_runtime_got() -> None:
-    envs, resources = container_created_with({"info": json.dumps(CREATED)})
+    envs, resources = container_created_with(verbose({"info": json.dumps(CREATED)}))
     assert envs == {"A": "1", "EMPTY": ""}
     assert resources["cpu_shares"] == 512 and resources["memory_limit_in_bytes"] == 64 << 20
     assert resources["cpuset_cpus"] == "0-1" and resources["unified"] == {"memory.high": "1000000"}
@@ -194,7 +202,7 @@ def test_container_created_with_reads_the_config_the_runtime_got() -> None:
 
 def test_container_created_with_takes_the_resources_as_they_are_now() -> None:
     now = cri.ContainerResources(linux=cri.LinuxContainerResources(cpu_shares=1024))
-    envs, resources = container_created_with({"info": json.dumps(CREATED)}, now)
+    envs, resources = container_created_with(verbose({"info": json.dumps(CREATED)}, now))
     assert envs == {"A": "1", "EMPTY": ""} and resources["cpu_shares"] == 1024
     assert resources["memory_limit_in_bytes"] == 0  # as the runtime reports them, not merged
 
@@ -206,14 +214,16 @@ def test_container_created_with_takes_the_resources_as_they_are_now() -> None:
         {"info": ""},
         {"info": "not json"},
         {"info": "[]"},
+        {"info": json.dumps({"config": "a string"})},
         {"info": json.dumps({"config": {"envs": "A=1"}})},
         {"info": json.dumps({"config": {"envs": [{"value": "no key"}]}})},
         {"info": json.dumps({"config": {"linux": {"resources": {"cpu_shares": "many"}}}})},
         {"info": json.dumps({"config": {"linux": {"resources": [1]}}})},
+        {"info": json.dumps({"config": {"linux": "x"}})},
     ],
 )
 def test_container_created_with_unreadable_parts_are_left_empty(info: dict[str, str]) -> None:
-    envs, resources = container_created_with(info)
+    envs, resources = container_created_with(verbose(info))
     assert envs == {} and resources == {}
 
 
