@@ -15,6 +15,7 @@ import numpy as np
 
 from crihook.scheduler.frag import Typical
 from crihook.scheduler.score import (
+    Nodes,
     ShapeCache,
     best_fit_cols,
     bucket,
@@ -62,8 +63,9 @@ class FGD:
         if len(st.model_names) != self.models:
             self.typ, self.models = self.typical.bind(st.model_names), len(st.model_names)
             self.cache.clear()
-        opts = options(st, req, rows, fits)
-        q = bucket(growth(self.typ, *placements(self.typ, st, req, rows, fits, opts), opts))
+        nodes = Nodes.of(st, rows)
+        opts = options(req, nodes, fits)
+        q = bucket(growth(self.typ, *placements(self.typ, req, nodes, fits, opts), opts))
         return per_node(q, opts, fits.shape if req.count == 1 and req.shared else (rows.size, 1))  # first top GPU
 
     def scores(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> np.ndarray:

@@ -95,12 +95,34 @@ def share_options(left: np.ndarray, fits: np.ndarray, model: np.ndarray) -> Opti
     return nodes, slots
 
 
-def options(st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray) -> Options:
+@dataclass(frozen=True, slots=True)
+class Nodes:
+    """The columns of the rows a pass reads, gathered from the cluster once: each step of a pass
+    (options, FGD's stats and growth, the outlook's costs) read them again, a dozen gathers a pass."""
+
+    rows: np.ndarray  # (K,) row ids
+    left: np.ndarray  # (K, G) idle percent per slot
+    model: np.ndarray  # (K, G) model id per slot
+    cpu: np.ndarray  # (K,) CPU left (`host_cpu`)
+    hmem: np.ndarray  # (K,) host memory left
+
+    @classmethod
+    def of(cls, st: Cluster, rows: np.ndarray) -> Nodes:
+        return cls(rows, st.left(rows), st.model[rows], host_cpu(st, rows), st.hmem_free[rows])
+
+    def at(self, pos: np.ndarray) -> Nodes:
+        """The rows at positions `pos` (ascending); these nodes when that is all of them."""
+        if pos.size == self.rows.size:
+            return self
+        return Nodes(self.rows[pos], self.left[pos], self.model[pos], self.cpu[pos], self.hmem[pos])
+
+
+def options(req: PodRequest, nodes: Nodes, fits: np.ndarray) -> Options:
     """A one-GPU share has one option per GPU slot that can take it (equal slots of a node once);
     anything else has one option per node: the best-fitting slots (least idle first, then lowest)."""
     if req.count == 1 and req.shared:
-        return share_options(st.left(rows), fits, st.model[rows])
-    return np.arange(rows.size), np.zeros(rows.size, np.int64)
+        return share_options(nodes.left, fits, nodes.model)
+    return np.arange(nodes.rows.size), np.zeros(nodes.rows.size, np.int64)
 
 
 def sub_options(opts: Options, at: np.ndarray, k: int) -> Options:
@@ -116,20 +138,13 @@ def sub_options(opts: Options, at: np.ndarray, k: int) -> Options:
 
 
 def placements(
-    typ: Typical,
-    st: Cluster,
-    req: PodRequest,
-    rows: np.ndarray,
-    fits: np.ndarray,
-    opts: Options,
-    known: Stats | None = None,
+    typ: Typical, req: PodRequest, nodes: Nodes, fits: np.ndarray, opts: Options, known: Stats | None = None
 ) -> tuple[Stats, Stats]:
     """Node stats before (K,) and after each option (N,) of `options`; `known`: those before, when
     the caller keeps them."""
-    left = st.left(rows)
-    cpu = host_cpu(st, rows)
+    left, cpu = nodes.left, nodes.cpu
     pct = share_pct(req)
-    model = st.model[rows] if typ.acc is not None else None
+    model = nodes.model if typ.acc is not None else None
     if req.count == 1 and req.shared:
         return option_stats(typ, cpu, left, req.cpu_milli, pct, opts, model, known)
     return set_stats(typ, cpu, left, req.cpu_milli, pct, best_fit_cols(left, fits, req.count), model, known)
@@ -197,14 +212,21 @@ class RowMemo:
         """(K, width) for the rows; compute(positions in rows) gives the stale ones. `tag` (K,):
         what else a row's value depends on; a row computed under another tag is stale too."""
         self._fit(st)
-        old = self.version[rows] != st.version[rows]
+        now = st.version[rows]
+        old = self.version[rows] != now
         if tag is not None:
             old |= self.tag[rows] != tag
+        if rows.size and old.all():  # nodes that changed (most passes on a few rows): what compute gave is the answer
+            fresh: np.ndarray = compute(np.arange(rows.size)).astype(self.dtype, copy=False)
+            self.value[rows], self.version[rows] = fresh, now
+            if tag is not None:
+                self.tag[rows] = tag
+            return fresh
         pos = np.flatnonzero(old)
         if pos.size:
             stale = rows[pos]
             self.value[stale] = compute(pos)
-            self.version[stale] = st.version[stale]
+            self.version[stale] = now[pos]
             if tag is not None:
                 self.tag[stale] = tag[pos]
         value: np.ndarray = self.value[rows]
@@ -457,30 +479,33 @@ class Outlook:
         return np.concatenate((hot, room, self.reach(cpu, hmem, room)[:, None]), axis=1, dtype=np.float64)
 
     def costs(
-        self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray, opts: Options, cpu: np.ndarray
+        self, st: Cluster, req: PodRequest, nodes: Nodes, fits: np.ndarray, opts: Options
     ) -> tuple[np.ndarray, np.ndarray]:
-        """(scarcity p, rarity r), both (N,), of each option `placements` makes; `cpu`: the rows'
-        CPU left (`host_cpu`). Both are sums of fixed-point weights, exact: an option's costs do
-        not depend on the options computed with it."""
-        hmem, left, model = st.hmem_free[rows], st.left(rows), st.model[rows]
-        known = self.before.get(st, rows, lambda at: self._count(cpu[at], hmem[at], left[at], model[at]))
+        """(scarcity p, rarity r), both (N,), of each option `placements` makes. Both are sums of
+        fixed-point weights, exact: an option's costs do not depend on the options computed with it."""
+        cpu, hmem, left, model = nodes.cpu, nodes.hmem, nodes.left, nodes.model
+
+        def count(at: np.ndarray) -> np.ndarray:
+            sub = nodes.at(at)
+            return self._count(sub.cpu, sub.hmem, sub.left, sub.model)
+
+        known = self.before.get(st, nodes.rows, count)
         hot = self.scarce.size
-        room = known[:, hot:-1]
         k: np.ndarray | None = None
         if req.count == 1 and req.shared:
             k, g = opts
             slots, slot_model = left[k, g, None], model[k, g, None]
+            known = known.take(k, axis=0)  # per option: one gather of all it needs
         else:  # one option per node, in node order: the best-fitting slots
-            at = (np.arange(rows.size)[:, None], best_fit_cols(left, fits, req.count))
+            at = (np.arange(nodes.rows.size)[:, None], best_fit_cols(left, fits, req.count))
             slots, slot_model = left[at], model[at]
         pct = share_pct(req)
         cpu_after, hmem_after = cpu - req.cpu_milli, hmem - req.host_memory
-        room_after = self.places.lose(room if k is None else room[k], pct, slots, slot_model)
+        room_after = self.places.lose(known[:, hot:-1], pct, slots, slot_model)
         # the weight of the shapes whose last place goes: taking a pod's resources never adds a place
-        r = known[:, -1] if k is None else known[k, -1]
-        r = r - self.reach(cpu_after, hmem_after, room_after, k)
+        r = known[:, -1] - self.reach(cpu_after, hmem_after, room_after, k)
         if hot:
-            before = known[:, :hot] if k is None else known[k, :hot]
+            before = known[:, :hot]
             after = self.hot.after(cpu_after, hmem_after, room_after.take(self.hot_parts, axis=1), k)
             p = (before - after) @ self.scarce
         else:
@@ -860,15 +885,18 @@ class DefaultPolicy:
         self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """(score (K,), chosen slot (K,)): the best option's score, the first option that has it."""
-        opts = options(st, req, rows, fits)
-        d = self._growth(st, req, rows, fits, opts)[opts]
-        cpu = host_cpu(st, rows)
-        p, r = self.outlook.costs(st, req, rows, fits, opts, cpu)
-        cpu = cpu.astype(np.float64)
-        gpu = st.left(rows).sum(axis=1).astype(np.float64)
-        rho = self.outlook.rho
-        s = soft_deficit(cpu - req.cpu_milli, gpu - req.count * share_pct(req), rho)
-        s = (s - soft_deficit(cpu, gpu, rho))[opts[0]]
+        nodes = Nodes.of(st, rows)
+        opts = options(req, nodes, fits)
+        d = self._growth(st, req, nodes, fits, opts)[opts]
+        p, r = self.outlook.costs(st, req, nodes, fits, opts)
+        # the soft deficit after (row 0) and before (row 1) in one call: elementwise, the same values
+        cpu = np.empty((2, rows.size))
+        gpu = np.empty((2, rows.size))
+        cpu[1], gpu[1] = nodes.cpu, nodes.left.sum(axis=1)
+        np.subtract(cpu[1], req.cpu_milli, out=cpu[0])
+        np.subtract(gpu[1], req.count * share_pct(req), out=gpu[0])
+        both = soft_deficit(cpu, gpu, self.outlook.rho)
+        s = (both[0] - both[1])[opts[0]]
         with np.errstate(over="ignore"):  # an overflow is a tie-break of 0, as it should be
             tie = 1.0 / (1.0 + np.exp((s + p + 100.0 * LAM * r) / 100.0))
         raw = bucket(d + p + KAPPA * s) - MU * r + TIE * tie  # below 100 + TIE, unbounded below
@@ -877,8 +905,8 @@ class DefaultPolicy:
             return per_node(q, opts, fits.shape)
         return q, opts[1]  # one option per node, in node order (slot 0)
 
-    def _growth(self, st: Cluster, req: PodRequest, rows: np.ndarray, fits: np.ndarray, opts: Options) -> np.ndarray:
-        """(K, G) FGD growth of each option `opts` of the rows, by slot (slot 0 for a set of slots).
+    def _growth(self, st: Cluster, req: PodRequest, nodes: Nodes, fits: np.ndarray, opts: Options) -> np.ndarray:
+        """(K, G) FGD growth of each option `opts` of the nodes, by slot (slot 0 for a set of slots).
         It depends on the typical shapes only, which change far less often than the outlook: kept
         per node."""
         key = size_key(req)
@@ -891,15 +919,15 @@ class DefaultPolicy:
         self.growths[key] = memo
 
         def compute(at: np.ndarray) -> np.ndarray:
-            sub, f = rows[at], fits[at]
-            mine = sub_options(opts, at, rows.size)
+            sub = nodes.at(at)
+            mine = sub_options(opts, at, nodes.rows.size)
             out = np.zeros((at.size, st.width))
-            out[mine] = growth(self.typ, *placements(self.typ, st, req, sub, f, mine, self._stats(st, sub)), mine)
+            out[mine] = growth(self.typ, *placements(self.typ, req, sub, fits[at], mine, self._stats(st, sub)), mine)
             return out
 
-        return memo.get(st, rows, compute, fit_tag(fits) if self.cache.tagged else None)
+        return memo.get(st, nodes.rows, compute, fit_tag(fits) if self.cache.tagged else None)
 
-    def _stats(self, st: Cluster, rows: np.ndarray) -> Stats | None:
+    def _stats(self, st: Cluster, nodes: Nodes) -> Stats | None:
         """FGD's stats of the nodes as they are (GPUs with room and idle too small, per typical
         shape): they do not depend on the request, so all request shapes share them. Exact
         integers, kept as floats as `frag_of` reads them (the counts compare the same); None when
@@ -909,14 +937,14 @@ class DefaultPolicy:
             return None
         if self.stats.width != 2 * m:
             self.stats = RowMemo(2 * m)
-        cpu, left = host_cpu(st, rows), st.left(rows)
-        model = st.model[rows] if self.typ.acc is not None else None
+        cpu, left = nodes.cpu, nodes.left
 
         def compute(at: np.ndarray) -> np.ndarray:
-            s = stats(self.typ, cpu[at], left[at], None if model is None else model[at])
+            sub = nodes.at(at)
+            s = stats(self.typ, sub.cpu, sub.left, sub.model if self.typ.acc is not None else None)
             return np.concatenate((s.nfit, s.small), axis=1)
 
-        both = self.stats.get(st, rows, compute)
+        both = self.stats.get(st, nodes.rows, compute)
         return Stats(both[:, :m], both[:, m:], left.sum(axis=1).astype(np.float64), cpu)
 
     def _fresh(self, st: Cluster, req: PodRequest) -> None:

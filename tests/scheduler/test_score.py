@@ -21,6 +21,7 @@ from crihook.scheduler.score import (
     BIG,
     DefaultPolicy,
     Drift,
+    Nodes,
     Places,
     Reach,
     RowMemo,
@@ -489,7 +490,7 @@ def test_kept_node_stats_and_places_are_what_a_fresh_count_gives() -> None:
     assert isinstance(pol, DefaultPolicy)
     rows = np.flatnonzero(cl.live)
     cpu, left, model = host_cpu(cl, rows), cl.left(rows), cl.model[rows]
-    kept = pol._stats(cl, rows)
+    kept = pol._stats(cl, Nodes.of(cl, rows))
     fresh = stats(pol.typ, cpu, left, model if pol.typ.acc is not None else None)
     assert kept is not None and pol.typ.weight.size
     for field in ("nfit", "small", "total", "cpu"):
