@@ -207,10 +207,17 @@ class RowMemo:
         self.version[rows] = st.version[rows]
 
     def get(
-        self, st: Cluster, rows: np.ndarray, compute: Callable[[np.ndarray], np.ndarray], tag: np.ndarray | None = None
+        self,
+        st: Cluster,
+        rows: np.ndarray,
+        compute: Callable[[np.ndarray], np.ndarray],
+        tag: np.ndarray | None = None,
+        pick: np.ndarray | None = None,
     ) -> np.ndarray:
         """(K, width) for the rows; compute(positions in rows) gives the stale ones. `tag` (K,):
-        what else a row's value depends on; a row computed under another tag is stale too."""
+        what else a row's value depends on; a row computed under another tag is stale too.
+        `pick`: the rows' positions (N,) to answer for instead, one gather where the caller would
+        gather again (wide rows, several options per node)."""
         self._fit(st)
         now = st.version[rows]
         old = self.version[rows] != now
@@ -221,7 +228,7 @@ class RowMemo:
             self.value[rows], self.version[rows] = fresh, now
             if tag is not None:
                 self.tag[rows] = tag
-            return fresh
+            return fresh if pick is None else fresh.take(pick, axis=0)
         pos = np.flatnonzero(old)
         if pos.size:
             stale = rows[pos]
@@ -229,7 +236,7 @@ class RowMemo:
             self.version[stale] = now[pos]
             if tag is not None:
                 self.tag[stale] = tag[pos]
-        value: np.ndarray = self.value[rows]
+        value: np.ndarray = self.value.take(rows if pick is None else rows[pick], axis=0)
         return value
 
 
@@ -489,16 +496,15 @@ class Outlook:
             sub = nodes.at(at)
             return self._count(sub.cpu, sub.hmem, sub.left, sub.model)
 
-        known = self.before.get(st, nodes.rows, count)
         hot = self.scarce.size
         k: np.ndarray | None = None
         if req.count == 1 and req.shared:
             k, g = opts
             slots, slot_model = left[k, g, None], model[k, g, None]
-            known = known.take(k, axis=0)  # per option: one gather of all it needs
         else:  # one option per node, in node order: the best-fitting slots
             at = (np.arange(nodes.rows.size)[:, None], best_fit_cols(left, fits, req.count))
             slots, slot_model = left[at], model[at]
+        known = self.before.get(st, nodes.rows, count, pick=k)  # the row of each option's node
         pct = share_pct(req)
         cpu_after, hmem_after = cpu - req.cpu_milli, hmem - req.host_memory
         room_after = self.places.lose(known[:, hot:-1], pct, slots, slot_model)
