@@ -1,7 +1,7 @@
 """Where crihook's event loop spends its CPU on a CreateContainer, phase by phase: which part of it
 kubelet waits for, and which comes after the answer.
 
-    python bench/loop_phases.py [--runtime 1.6|1.7|2] [--calls 200] [--gap 0.02]
+    python bench/loop_phases.py [--runtime 1.6|1.7|2] [--calls 200] [--gap 0.02] [--floor]
 
 Needs root (it starts the test suite's containerd, like bench/proxy_bench.py, on the same simulated
 8-GPU node). CreateContainers for a pod given all 8 GPUs go through crihook alone, `--gap` seconds
@@ -15,7 +15,9 @@ On the critical path (kubelet waits for it): the request's frames read (`down_da
 claimed and the DATA held), `request_complete` (decode, the hooks, write-back, encode, the
 rewritten DATA written), and the answer's frames written (`up_data` without `learn`). After the
 answer: `learn` (its header blocks read, the call's metrics), `post` (the store's records) and
-the store's encode.
+the store's encode. `--floor`: crihook with bench/proxy_bench.py's floor loaded too (a pod's
+CreateContainers past its first only merge in the answer its first got: no hook, no check), so the
+phases show what the relay itself costs an intercepted call.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from proxy_bench import Alone, crihook_alone
+from proxy_bench import FLOOR_PROBE, Alone, crihook_alone
 
 from tests.support.containerd import RUNTIMES
 
@@ -108,11 +110,13 @@ def main() -> None:
     ap.add_argument("--runtime", choices=RUNTIMES, default="1.6")
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--gap", type=float, default=0.02, help="seconds between calls (default %(default)s)")
+    ap.add_argument("--floor", action="store_true", help="CreateContainer answered as at the least (see above)")
     args = ap.parse_args()
 
     def probed(work: Path) -> dict[str, str]:
         (work / "probe").mkdir()
-        (work / "probe" / "sitecustomize.py").write_text(PROBE)
+        # the floor first: the probe then times its pre as it would crihook's
+        (work / "probe" / "sitecustomize.py").write_text(FLOOR_PROBE + PROBE if args.floor else PROBE)
         return {
             "PYTHONPATH": str(work / "probe"),
             "LOOP_PHASES": json.dumps(PHASES),
@@ -123,7 +127,7 @@ def main() -> None:
         rt = alone.runtime
         print(
             f"containerd {rt.name} ({rt.package_version()}): {args.calls} CreateContainers "
-            f"{args.gap * 1e3:.0f} ms apart through crihook",
+            f"{args.gap * 1e3:.0f} ms apart through crihook" + (" with the floor's pre" if args.floor else ""),
             flush=True,
         )
         run(alone, args, alone.work / "phases.json")

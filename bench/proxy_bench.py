@@ -4,7 +4,7 @@ byte relay that parses nothing, the floor of any Python proxy), with targets int
 machine noise hits all of them alike.
 
     python bench/proxy_bench.py [--runtime 1.6|1.7|2] [--rounds 2000] [--creates 400] [--seconds 2]
-                                [--pods 20] [--profile crihook.pstats] [--socat]
+                                [--pods 20] [--profile crihook.pstats] [--socat] [--floor]
 
 Needs root, containerd and runc (the test suite's private containerd is started and stopped here);
 `--runtime 1.7` or `2` runs Debian trixie's or sid's containerd as fetched by tests/runtimes.sh.
@@ -18,6 +18,12 @@ p50 of a hundred calls moves by a fraction of a millisecond from run to run, a p
 start latency, throughput at 1/16/64 concurrent callers as a ratio of direct, crihook's and the byte
 relay's CPU per call, and crihook's resident
 memory. `--profile` runs crihook under cProfile and writes its stats there on exit.
+
+`--floor` adds a second crihook whose CreateContainer, past a pod's first, does only what any
+interception in Python must: decode the request, merge in the answer its pod's first call got,
+encode (the least `pre` of bench/intercept_instructions.py, in the daemon). No hook runs and nothing
+is checked, so it is not something crihook could ship: it is the least an intercepted call can cost
+kubelet through this relay, end to end, beside crihook's real cost in the same run.
 """
 
 from __future__ import annotations
@@ -74,9 +80,46 @@ def wait_socket(path: str, proc: subprocess.Popen[bytes], timeout: float = 30) -
 TOPOLOGY = "dgx-h100"  # 8 GPUs on NVSwitch
 
 
-def crihook_config(work: Path, node: SimNode) -> str:
-    """What `crihook serve` is given: the bench's state dir and the simulated node's [node] and [hooks]."""
-    proxy = f'[proxy]\nstate_dir = "{work}/state"\nmetrics_listen = ""\nlog_level = "warning"\n'
+# Loaded into the floor target at start-up (a `sitecustomize` module): a pod's first CreateContainer
+# runs crihook's own pre, and what that added to the config (appended to its repeated fields, keys new
+# to its annotations) is that pod's answer; the pod's later CreateContainers only merge it in.
+FLOOR_PROBE = """
+from crihook.proto import runtime_v1_pb2 as api
+from crihook.proxy import intercept
+
+_pre = intercept.Interceptor.pre
+_answers = {}
+
+def _added(before, after):
+    grant = api.ContainerConfig()
+    for name in ("envs", "mounts", "devices", "CDI_devices"):
+        getattr(grant, name).extend(getattr(after, name)[len(getattr(before, name)):])
+    for k, v in after.annotations.items():
+        if k not in before.annotations:
+            grant.annotations[k] = v
+    return grant.SerializeToString()
+
+def pre(self, call, request, deadline=None):
+    if call.handler.name != "CreateContainer":
+        return _pre(self, call, request, deadline)
+    msg = api.CreateContainerRequest.FromString(request)
+    answer = _answers.get(msg.pod_sandbox_id)
+    if answer is None:
+        out = _pre(self, call, request, deadline)
+        if isinstance(out, bytes):
+            _answers[msg.pod_sandbox_id] = _added(msg.config, api.CreateContainerRequest.FromString(out).config)
+        return out
+    msg.config.MergeFromString(answer)
+    return msg.SerializeToString()
+
+intercept.Interceptor.pre = pre
+"""
+
+
+def crihook_config(work: Path, node: SimNode, state: str = "state") -> str:
+    """What `crihook serve` is given: a state dir in the bench's work dir and the simulated node's
+    [node] and [hooks]."""
+    proxy = f'[proxy]\nstate_dir = "{work}/{state}"\nmetrics_listen = ""\nlog_level = "warning"\n'
     return proxy + node.proxy_config(fakenvml.build())
 
 
@@ -108,62 +151,79 @@ class Rewriter:
         self.loop.close()
 
 
+def serve(
+    config: Path, sock: str, backend: str, env: dict[str, str], profile: str | None = None
+) -> subprocess.Popen[bytes]:
+    """`crihook serve` with this config in front of `backend`."""
+    profiler = ["-m", "cProfile", "-o", profile] if profile else []
+    return subprocess.Popen(
+        [
+            sys.executable,
+            *profiler,
+            "-m",
+            "crihook.cli",
+            "serve",
+            "--config",
+            str(config),
+            "--listen",
+            f"unix://{sock}",
+            "--runtime-endpoint",
+            f"unix://{backend}",
+        ],
+        env={**os.environ, **env},
+    )
+
+
 @contextlib.contextmanager
 def daemons(
-    work: Path, backend: str, config_text: str, env: dict[str, str], profile: str | None, socat: bool = False
+    work: Path,
+    backend: str,
+    config_text: str,
+    env: dict[str, str],
+    profile: str | None,
+    socat: bool = False,
+    floor_config: str | None = None,
 ) -> Iterator[dict[str, tuple[str, int | None]]]:
     """crihook, the aio forwarder and the byte relay in front of `backend`, and with `socat` Debian's
     socat relaying the same socket (a hop through a process in C: what any proxy costs, in whatever
-    language); yields target -> (socket, pid)."""
+    language); with `floor_config` (a state dir of its own), crihook with FLOOR_PROBE loaded. Yields
+    target -> (socket, pid)."""
     cfg = work / "crihook.toml"
     cfg.write_text(config_text)
-    crihook_sock = str(work / "crihook.sock")
-    aio_sock = str(work / "aio.sock")
-    relay_sock = str(work / "relay.sock")
-    socat_sock = str(work / "socat.sock")
-    profiler = ["-m", "cProfile", "-o", profile] if profile else []
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                *profiler,
-                "-m",
-                "crihook.cli",
-                "serve",
-                "--config",
-                str(cfg),
-                "--listen",
-                f"unix://{crihook_sock}",
-                "--runtime-endpoint",
-                f"unix://{backend}",
-            ],
-            env={**os.environ, **env},
+    socks = {name: str(work / f"{name}.sock") for name in ("crihook", "aio-forwarder", "byte-relay", "socat", "floor")}
+    procs = {
+        "crihook": serve(cfg, socks["crihook"], backend, env, profile),
+        "aio-forwarder": subprocess.Popen(
+            [sys.executable, str(ROOT / "bench" / "aio_forwarder.py"), socks["aio-forwarder"], backend],
+            stdout=subprocess.DEVNULL,
         ),
-        subprocess.Popen(
-            [sys.executable, str(ROOT / "bench" / "aio_forwarder.py"), aio_sock, backend], stdout=subprocess.DEVNULL
+        "byte-relay": subprocess.Popen(
+            [sys.executable, str(ROOT / "bench" / "byte_relay.py"), socks["byte-relay"], backend],
+            stdout=subprocess.DEVNULL,
         ),
-        subprocess.Popen(
-            [sys.executable, str(ROOT / "bench" / "byte_relay.py"), relay_sock, backend], stdout=subprocess.DEVNULL
-        ),
-    ]
+    }
     if socat:
         # one process per connection (fork); the bench keeps one connection per target
-        procs.append(subprocess.Popen(["socat", f"UNIX-LISTEN:{socat_sock},fork", f"UNIX-CONNECT:{backend}"]))
+        procs["socat"] = subprocess.Popen(["socat", f"UNIX-LISTEN:{socks['socat']},fork", f"UNIX-CONNECT:{backend}"])
+    if floor_config is not None:
+        (work / "floor.toml").write_text(floor_config)
+        (work / "floor-probe").mkdir(exist_ok=True)
+        (work / "floor-probe" / "sitecustomize.py").write_text(FLOOR_PROBE)
+        probe = {"PYTHONPATH": os.pathsep.join(filter(None, (str(work / "floor-probe"), env.get("PYTHONPATH"))))}
+        procs["floor"] = serve(work / "floor.toml", socks["floor"], backend, {**env, **probe})
     try:
-        for sock, proc in zip((crihook_sock, aio_sock, relay_sock, socat_sock)[: len(procs)], procs, strict=True):
-            wait_socket(sock, proc)
-        yield {
-            "direct": (backend, None),
-            "crihook": (crihook_sock, procs[0].pid),
-            "aio-forwarder": (aio_sock, procs[1].pid),
-            "byte-relay": (relay_sock, procs[2].pid),
-            **({"socat": (socat_sock, None)} if socat else {}),
+        for name, proc in procs.items():
+            wait_socket(socks[name], proc)
+        yield {"direct": (backend, None)} | {
+            name: (socks[name], None if name == "socat" else proc.pid) for name, proc in procs.items()
         }
     finally:
-        procs[0].send_signal(signal.SIGINT)  # crihook stops as on SIGTERM, and cProfile writes its stats
-        for p in procs[1:]:
-            p.terminate()
-        for p in procs:
+        for name, p in procs.items():
+            if name in ("crihook", "floor"):
+                p.send_signal(signal.SIGINT)  # crihook stops as on SIGTERM, and cProfile writes its stats
+            else:
+                p.terminate()
+        for p in procs.values():
             p.wait(30)
 
 
@@ -346,6 +406,9 @@ def main() -> None:
     ap.add_argument(
         "--socat", action="store_true", help="also measure Debian's socat relaying the socket (apt-get install socat)"
     )
+    ap.add_argument(
+        "--floor", action="store_true", help="also measure crihook with its CreateContainer answered as at the least"
+    )
     args = ap.parse_args()
     if args.socat and shutil.which("socat") is None:
         raise SystemExit("--socat: socat is not installed (apt-get install socat)")
@@ -363,14 +426,16 @@ def main() -> None:
     atexit.register(rewrite.close)
     gpu_pod = all_gpus(node)
     profile = str(Path(args.profile).resolve()) if args.profile else None
+    floor_config = crihook_config(Path(tmp), node, "floor-state") if args.floor else None
+    kubelets = ("crihook", "floor")  # the targets sent kubelet's own CreateContainer
     with (
         running_containerd(runtime=rt) as ctrd,
-        daemons(Path(tmp), str(ctrd.socket), config_text, env, profile, args.socat) as t,
+        daemons(Path(tmp), str(ctrd.socket), config_text, env, profile, args.socat, floor_config) as t,
     ):
         chans = {name: grpc.insecure_channel(f"unix://{sock}", options=LIMITS) for name, (sock, _) in t.items()}
         crihook_pid = t["crihook"][1]
         assert crihook_pid is not None
-        measured = {name: pid for name, (_, pid) in t.items() if name in ("crihook", "byte-relay") and pid}
+        measured = {name: pid for name, (_, pid) in t.items() if name in ("crihook", "floor", "byte-relay") and pid}
 
         def caller(service: str, method: str, request: object) -> dict[str, Callable[[], object]]:
             body = request.SerializeToString()  # type: ignore[attr-defined]
@@ -417,14 +482,17 @@ def main() -> None:
         report_latency("ListContainers (200 containers)", interleaved(fns, max(200, args.rounds // 4)))
 
         # CreateContainer in a pod given all 8 GPUs: each target creates a container, removed untimed after the
-        # round. The pod is started through crihook, as kubelet starts every pod: crihook knows it, as on a node.
-        gpu_cfg = pod_config("bench-gpu", annotations=gpu_pod)
-        run_through = chans["crihook"].unary_unary(
-            RUNTIME + "RunPodSandbox", request_serializer=ident, response_deserializer=ident
-        )
-        gpu_pod_id = api.RunPodSandboxResponse.FromString(
-            run_through(api.RunPodSandboxRequest(config=gpu_cfg).SerializeToString(), timeout=60)
-        ).pod_sandbox_id
+        # round. The pod is started through crihook, as kubelet starts every pod: crihook knows it, as on a node
+        # (the floor's, for its containers, through the floor: it knows its pod as crihook does).
+        def run_gpu_pod(through: str) -> tuple[str, api.PodSandboxConfig]:
+            cfg = pod_config("bench-gpu" if through == "crihook" else f"bench-gpu-{through}", annotations=gpu_pod)
+            run = chans[through].unary_unary(
+                RUNTIME + "RunPodSandbox", request_serializer=ident, response_deserializer=ident
+            )
+            raw = run(api.RunPodSandboxRequest(config=cfg).SerializeToString(), timeout=60)
+            return api.RunPodSandboxResponse.FromString(raw).pod_sandbox_id, cfg
+
+        gpu_pods = {name: run_gpu_pod(name) for name in kubelets if name in chans}
         created: list[bytes] = []
         counter = iter(range(10**9))
 
@@ -433,11 +501,13 @@ def main() -> None:
             req = api.CreateContainerRequest(
                 pod_sandbox_id=pod_id, config=container_config(container, cfg), sandbox_config=cfg
             ).SerializeToString()
-            return req if name == "crihook" else rewrite(req)
+            return req if name in kubelets else rewrite(req)
 
         def create_one(name: str) -> Callable[[], object]:
+            pod_id, cfg = gpu_pods.get(name, gpu_pods["crihook"])
+
             def fn() -> None:
-                body = create_request(name, gpu_pod_id, gpu_cfg, f"{name}-{next(counter)}")
+                body = create_request(name, pod_id, cfg, f"{name}-{next(counter)}")
                 start = time.perf_counter()
                 created.append(create[name](body, timeout=60))
                 return time.perf_counter() - start
@@ -455,6 +525,12 @@ def main() -> None:
         cpu = cpu_now(measured)
         samples = interleaved({name: create_one(name) for name in chans}, args.creates, remove_created)
         report_latency("CreateContainer", samples, cpu, measured)
+        if "floor" in samples:  # what the hooks' work adds, the relay's own cost set aside
+            lo, hi = added_interval(samples["crihook"], samples["floor"], 0.5)
+            over = pct(samples["crihook"], 0.5) - pct(samples["floor"], 0.5)
+            print(
+                f"CreateContainer p50, crihook over the floor: {over * 1e3:+.3f} ms [{lo * 1e3:+.3f}, {hi * 1e3:+.3f}]"
+            )
 
         # pod start: RunPodSandbox -> CreateContainer -> StartContainer, torn down untimed
         def pod_start(name: str) -> Callable[[], object]:
@@ -485,7 +561,7 @@ def main() -> None:
             ch = chans[name]
             stop = ch.unary_unary(RUNTIME + "StopPodSandbox", request_serializer=ident, response_deserializer=ident)
             rm = ch.unary_unary(RUNTIME + "RemovePodSandbox", request_serializer=ident, response_deserializer=ident)
-            for pid in [*started, pod_id, gpu_pod_id]:
+            for pid in [*started, pod_id, *(p for p, _ in gpu_pods.values())]:
                 stop(api.StopPodSandboxRequest(pod_sandbox_id=pid).SerializeToString(), timeout=60)
                 rm(api.RemovePodSandboxRequest(pod_sandbox_id=pid).SerializeToString(), timeout=60)
         d50 = statistics.median(samples["direct"])
