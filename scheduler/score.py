@@ -28,7 +28,7 @@ the first node in the scheduler's order.
 
 Results are cached per request shape and node version: a pod changes one node, so the next pod of
 the same shape recomputes one row, not the cluster. The typical shapes are re-derived at 1, 2, 4 …
-pods, then every REFRESH; the outlook (rho, scarcity, rarity) at 1, 2, 4 … OUTLOOK pods, then when
+pods (and at least every REFRESH); the outlook (rho, scarcity, rarity) at 1, 2, 4 … OUTLOOK pods, then when
 the pods seen since have moved the cluster or the mix enough (`Drift`); each time every row is
 rescored.
 """
@@ -62,7 +62,10 @@ POOL = 1.0  # weight of the pinned pools' shortfall in scarcity
 MIN_SCARCE = 0.1  # GPU percent per place: scarcer shapes are weighed
 MIN_RARE = 0.001  # rarer shapes are weighed
 MAX_SHAPES = 512  # the most frequent shapes the outlook looks at (a real cluster's requests vary without end)
-REFRESH = 1024  # pods between updates of the typical shapes, once past the first REFRESH
+# the most pods between two derivations of the typical shapes. They are counted over every pod seen
+# and derived as that count doubles (each derivation adds as many pods as it had, and drops every FGD
+# growth kept); this bounds how far a long-lived scheduler's shapes lag its workload
+REFRESH = 1 << 16
 OUTLOOK = 64  # the least pods between outlook updates, once past the first OUTLOOK
 FILL = 0.125  # then an update once a pool's idle GPU moved by more than this share of it (`Drift`)
 GROW = 0.125  # or once the pods since the last one are this share of the pods seen before it
@@ -844,12 +847,13 @@ class DefaultPolicy:
         self.stats = RowMemo(0)  # FGD's stats of each node, while `typ` holds: see `_stats`
 
     def observe(self, req: PodRequest) -> None:
-        """Learn the workload: the typical shapes at 1, 2, 4 … pods, then every `refresh`; the
-        outlook at 1, 2, 4 … `outlook` pods, then as the workload drifts (`Drift`)."""
+        """Learn the workload: the typical shapes at 1, 2, 4 … pods, and at least every `refresh`
+        (each one drops every FGD growth kept, so not more often than they move); the outlook at 1,
+        2, 4 … `outlook` pods, then as the workload drifts (`Drift`)."""
         self.outlook.observe(req)
         n = self.outlook.seen
         early = (n & (n - 1)) == 0
-        if (early and n < self.refresh) or n % self.refresh == 0:
+        if early or n % self.refresh == 0:
             self.retype = self.due = True
         if early and n <= self.drift.every:
             self.due = True
