@@ -38,6 +38,8 @@ from tests.support.containerd import RUNTIMES
 # (module, class, method, label, parent label or ""): what the probe wraps, outermost first
 PHASES = [
     ("crihook.proxy.relay", "Link", "down_data", "down_data: kubelet's frames", ""),
+    ("crihook.proxy.intercept", "Interceptor", "classify", "Interceptor.classify", "down_data: kubelet's frames"),
+    ("crihook.proxy.relay", "Link", "claim", "Link.claim", "down_data: kubelet's frames"),
     ("crihook.proxy.relay", "Link", "request_complete", "request_complete", "down_data: kubelet's frames"),
     ("crihook.proxy.intercept", "Interceptor", "pre", "Interceptor.pre", "request_complete"),
     ("crihook.hooks.chain", "HookChain", "run_express", "HookChain.run_express (the express lane)", "Interceptor.pre"),
@@ -50,6 +52,7 @@ PHASES = [
     ("crihook.proxy.relay", "Link", "learn", "learn (after the write)", "up_data: containerd's frames"),
     ("crihook.proxy.intercept", "Interceptor", "post", "Interceptor.post", ""),
     ("crihook.proxy.store", "Store", "_next_write", "store encode", ""),
+    ("crihook.proxy.relay", "HeaderBlocks", "feed", "HeaderBlocks.feed (HPACK, either side)", ""),
 ]
 
 PROBE = """
