@@ -28,9 +28,9 @@ the first node in the scheduler's order.
 
 Results are cached per request shape and node version: a pod changes one node, so the next pod of
 the same shape recomputes one row, not the cluster. The typical shapes are re-derived at 1, 2, 4 …
-pods (and at least every REFRESH); the outlook (rho, scarcity, rarity) at 1, 2, 4 … OUTLOOK pods, then when
-the pods seen since have moved the cluster or the mix enough (`Drift`); each time every row is
-rescored.
+pods (and at least every REFRESH); the outlook (rho, scarcity, rarity) at 1, 2, 4 … OUTLOOK pods,
+then when the pods seen since have moved the cluster or the mix enough (`Drift`); each time every
+row is rescored.
 """
 
 from __future__ import annotations

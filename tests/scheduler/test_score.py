@@ -659,3 +659,53 @@ def test_each_distinct_node_state_is_evaluated_once_and_answers_every_node_in_it
         key = np.concatenate((key, fits), axis=1)
         assert asked[0] == len({tuple(r) for r in key.tolist()})
         ds.reserve(req, f"n{(7 * j) % 90:02d}")
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 12), st.data())
+def test_a_row_memo_answers_what_computing_afresh_gives_and_computes_only_stale_rows(
+    nodes: int, data: st.DataObject
+) -> None:
+    """Over calls on any rows (in any order, picking positions or not) and nodes changing between
+    them, the memo answers each row with its value for the node's version and tag now, and asks
+    `compute` only for the rows changed since, or under another tag. A memo is tagged by all its
+    callers or by none (the default policy drops its growths when it starts tagging)."""
+    from types import SimpleNamespace
+
+    cluster = SimpleNamespace(epoch=0, version=np.zeros(nodes, np.int64))
+    memo = RowMemo(2)
+    seen: dict[int, tuple[int, int]] = {}  # row -> (version, tag) the memo last computed it under
+    tagged = data.draw(st.booleans())
+
+    def value(rows: np.ndarray, tags: np.ndarray) -> np.ndarray:
+        v = cluster.version[rows]
+        return np.stack((rows * 1000.0 + v, tags * 1.0), axis=1)
+
+    for _ in range(data.draw(st.integers(1, 8))):
+        changed = data.draw(st.lists(st.integers(0, nodes - 1), max_size=nodes))
+        cluster.version[changed] += 1
+        rows = np.array(data.draw(st.permutations(range(nodes)))[: data.draw(st.integers(1, nodes))], np.int64)
+        tags = np.array(data.draw(st.lists(st.integers(0, 3), min_size=rows.size, max_size=rows.size)), np.int64)
+        use = tags if tagged else np.zeros(rows.size, np.int64)
+        pick = np.array(data.draw(st.lists(st.integers(0, rows.size - 1), max_size=6)), np.int64)
+        asked: list[int] = []
+
+        def compute(
+            at: np.ndarray, rows: np.ndarray = rows, use: np.ndarray = use, asked: list[int] = asked
+        ) -> np.ndarray:
+            asked.extend(rows[at].tolist())
+            return value(rows[at], use[at])
+
+        chosen = data.draw(st.booleans())
+        got = memo.get(cluster, rows, compute, tags if tagged else None, pick if chosen else None)  # type: ignore[arg-type]
+        want = value(rows, use)
+        np.testing.assert_array_equal(got, want[pick] if chosen else want)
+        stale = {
+            int(r)
+            for r, t in zip(rows.tolist(), use.tolist(), strict=True)
+            if seen.get(r, (-1, -1))[0] != cluster.version[r] or (tagged and seen[r][1] != t)
+        }
+        assert sorted(asked) == sorted(stale)
+        for r, t in zip(rows.tolist(), use.tolist(), strict=True):
+            if r in stale:
+                seen[r] = (int(cluster.version[r]), t)
