@@ -6,7 +6,8 @@ machine noise hits all of them alike.
     python bench/proxy_bench.py [--runtime 1.6|1.7|2] [--rounds 2000] [--creates 400] [--seconds 2]
                                 [--pods 20] [--profile crihook.pstats] [--socat] [--floor]
 
-Needs root, containerd and runc (the test suite's private containerd is started and stopped here);
+Needs root, containerd and runc (the test suite's private containerd is started and stopped here,
+its root in TMPDIR like everything the bench writes);
 `--runtime 1.7` or `2` runs Debian trixie's or sid's containerd as fetched by tests/runtimes.sh.
 crihook runs on a simulated 8-GPU node (the fake NVML library with the dgx-h100 topology, device
 nodes made with mknod): every CreateContainer, alone or in a pod start, is for a pod the scheduler
@@ -19,11 +20,18 @@ start latency, throughput at 1/16/64 concurrent callers as a ratio of direct, cr
 relay's CPU per call, and crihook's resident
 memory. `--profile` runs crihook under cProfile and writes its stats there on exit.
 
+containerd keeps its metadata in a database it syncs to disk on every change, so on a disk its
+CreateContainer varies by milliseconds and a p50 of 1,000 calls by ±0.3 ms; with TMPDIR on a tmpfs
+(`TMPDIR=/dev/shm`) the same run resolves ±0.03 ms. The proxies' work is the same either way: the
+tmpfs run is the one to compare them by, the disk run the one closer to a node's.
+
 `--floor` adds a second crihook whose CreateContainer, past a pod's first, does only what any
 interception in Python must: decode the request, merge in the answer its pod's first call got,
 encode (the least `pre` of bench/intercept_instructions.py, in the daemon). No hook runs and nothing
 is checked, so it is not something crihook could ship: it is the least an intercepted call can cost
-kubelet through this relay, end to end, beside crihook's real cost in the same run.
+kubelet through this relay, end to end, beside crihook's real cost in the same run. With it runs
+bench/least_intercept.py ("least"): the same answer merged by the least interception written from
+nothing, none of crihook's relay around it.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import argparse
 import asyncio
 import atexit
 import contextlib
+import inspect
 import os
 import shutil
 import signal
@@ -78,27 +87,35 @@ def wait_socket(path: str, proc: subprocess.Popen[bytes], timeout: float = 30) -
 
 
 TOPOLOGY = "dgx-h100"  # 8 GPUs on NVSwitch
+LEAST = "least-answer.pb"  # in the work dir: what bench/least_intercept.py merges into each CreateContainer
 
 
-# Loaded into the floor target at start-up (a `sitecustomize` module): a pod's first CreateContainer
-# runs crihook's own pre, and what that added to the config (appended to its repeated fields, keys new
-# to its annotations) is that pod's answer; the pod's later CreateContainers only merge it in.
-FLOOR_PROBE = """
-from crihook.proto import runtime_v1_pb2 as api
-from crihook.proxy import intercept
-
-_pre = intercept.Interceptor.pre
-_answers = {}
-
-def _added(before, after):
+def added_config(before: api.ContainerConfig, after: api.ContainerConfig) -> bytes:
+    """What a rewrite added to a container's config (appended to its repeated fields, keys new to its
+    annotations), as a ContainerConfig to merge into the next one: the floor's and the least
+    interception's answer."""
     grant = api.ContainerConfig()
     for name in ("envs", "mounts", "devices", "CDI_devices"):
-        getattr(grant, name).extend(getattr(after, name)[len(getattr(before, name)):])
+        getattr(grant, name).extend(getattr(after, name)[len(getattr(before, name)) :])
     for k, v in after.annotations.items():
         if k not in before.annotations:
             grant.annotations[k] = v
     return grant.SerializeToString()
 
+
+# Loaded into the floor target at start-up (a `sitecustomize` module): a pod's first CreateContainer
+# runs crihook's own pre, and what that added to the config is that pod's answer; the pod's later
+# CreateContainers only merge it in.
+FLOOR_PROBE = (
+    """
+from crihook.proto import runtime_v1_pb2 as api
+from crihook.proxy import intercept
+
+_pre = intercept.Interceptor.pre
+_answers = {}
+"""
+    + inspect.getsource(added_config)
+    + """
 def pre(self, call, request, deadline=None):
     if call.handler.name != "CreateContainer":
         return _pre(self, call, request, deadline)
@@ -107,13 +124,14 @@ def pre(self, call, request, deadline=None):
     if answer is None:
         out = _pre(self, call, request, deadline)
         if isinstance(out, bytes):
-            _answers[msg.pod_sandbox_id] = _added(msg.config, api.CreateContainerRequest.FromString(out).config)
+            _answers[msg.pod_sandbox_id] = added_config(msg.config, api.CreateContainerRequest.FromString(out).config)
         return out
     msg.config.MergeFromString(answer)
     return msg.SerializeToString()
 
 intercept.Interceptor.pre = pre
 """
+)
 
 
 def crihook_config(work: Path, node: SimNode, state: str = "state") -> str:
@@ -186,11 +204,13 @@ def daemons(
 ) -> Iterator[dict[str, tuple[str, int | None]]]:
     """crihook, the aio forwarder and the byte relay in front of `backend`, and with `socat` Debian's
     socat relaying the same socket (a hop through a process in C: what any proxy costs, in whatever
-    language); with `floor_config` (a state dir of its own), crihook with FLOOR_PROBE loaded. Yields
-    target -> (socket, pid)."""
+    language); with `floor_config` (a state dir of its own), crihook with FLOOR_PROBE loaded and
+    bench/least_intercept.py, whose answer the caller writes to work/LEAST. Yields target -> (socket,
+    pid)."""
     cfg = work / "crihook.toml"
     cfg.write_text(config_text)
-    socks = {name: str(work / f"{name}.sock") for name in ("crihook", "aio-forwarder", "byte-relay", "socat", "floor")}
+    names = ("crihook", "aio-forwarder", "byte-relay", "socat", "floor", "least")
+    socks = {name: str(work / f"{name}.sock") for name in names}
     procs = {
         "crihook": serve(cfg, socks["crihook"], backend, env, profile),
         "aio-forwarder": subprocess.Popen(
@@ -211,6 +231,10 @@ def daemons(
         (work / "floor-probe" / "sitecustomize.py").write_text(FLOOR_PROBE)
         probe = {"PYTHONPATH": os.pathsep.join(filter(None, (str(work / "floor-probe"), env.get("PYTHONPATH"))))}
         procs["floor"] = serve(work / "floor.toml", socks["floor"], backend, {**env, **probe})
+        procs["least"] = subprocess.Popen(
+            [sys.executable, str(ROOT / "bench" / "least_intercept.py"), socks["least"], backend, str(work / LEAST)],
+            stdout=subprocess.DEVNULL,
+        )
     try:
         for name, proc in procs.items():
             wait_socket(socks[name], proc)
@@ -390,6 +414,16 @@ async def throughput(sock: str, concurrency: int, seconds: float) -> float:
         return done / (time.perf_counter() - start)
 
 
+def fs_type(path: str) -> str:
+    """The file system `path` is on (the longest mount point that holds it), from /proc/mounts."""
+    best, kind = "", "?"
+    for line in Path("/proc/mounts").read_text().splitlines():
+        _, point, fstype, *_ = line.split()
+        if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) > len(best):
+            best, kind = point, fstype
+    return f"{kind} ({best})"
+
+
 def rss_mib(pid: int) -> tuple[float, float]:
     fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
@@ -415,8 +449,8 @@ def main() -> None:
     rt = runtime(args.runtime)
     if (why := rt.unavailable()) is not None:
         raise SystemExit(why)
-    print(f"containerd {rt.name}: {rt.package_version()} (Debian {rt.suite})", flush=True)
     tmp = tempfile.mkdtemp(prefix="proxy-bench-")
+    print(f"containerd {rt.name}: {rt.package_version()} (Debian {rt.suite}), in {fs_type(tmp)}", flush=True)
     atexit.register(shutil.rmtree, tmp, True)
     node = make_sim_node(Path(tmp) / "node", TOPOLOGY, char_devices=True)
     config_text = crihook_config(Path(tmp), node)
@@ -427,7 +461,7 @@ def main() -> None:
     gpu_pod = all_gpus(node)
     profile = str(Path(args.profile).resolve()) if args.profile else None
     floor_config = crihook_config(Path(tmp), node, "floor-state") if args.floor else None
-    kubelets = ("crihook", "floor")  # the targets sent kubelet's own CreateContainer
+    kubelets = ("crihook", "floor", "least")  # the targets sent kubelet's own CreateContainer
     with (
         running_containerd(runtime=rt) as ctrd,
         daemons(Path(tmp), str(ctrd.socket), config_text, env, profile, args.socat, floor_config) as t,
@@ -435,7 +469,8 @@ def main() -> None:
         chans = {name: grpc.insecure_channel(f"unix://{sock}", options=LIMITS) for name, (sock, _) in t.items()}
         crihook_pid = t["crihook"][1]
         assert crihook_pid is not None
-        measured = {name: pid for name, (_, pid) in t.items() if name in ("crihook", "floor", "byte-relay") and pid}
+        profiled = ("crihook", "floor", "least", "byte-relay")
+        measured = {name: pid for name, (_, pid) in t.items() if name in profiled and pid}
 
         def caller(service: str, method: str, request: object) -> dict[str, Callable[[], object]]:
             body = request.SerializeToString()  # type: ignore[attr-defined]
@@ -493,6 +528,13 @@ def main() -> None:
             return api.RunPodSandboxResponse.FromString(raw).pod_sandbox_id, cfg
 
         gpu_pods = {name: run_gpu_pod(name) for name in kubelets if name in chans}
+        if "least" in chans:  # its answer: what crihook adds to a container of a pod given every GPU
+            least_pod, least_cfg = gpu_pods["least"]
+            sent = api.CreateContainerRequest(
+                pod_sandbox_id=least_pod, config=container_config("least", least_cfg), sandbox_config=least_cfg
+            )
+            rewritten = api.CreateContainerRequest.FromString(rewrite(sent.SerializeToString()))
+            (Path(tmp) / LEAST).write_bytes(added_config(sent.config, rewritten.config))
         created: list[bytes] = []
         counter = iter(range(10**9))
 
