@@ -19,9 +19,9 @@ one request, set against what crihook's `--floor` target does for the same answe
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import struct
-import sys
 from pathlib import Path
 
 import uvloop
@@ -167,4 +167,9 @@ async def main(listen: str, backend: str, answer: str) -> None:
 
 
 if __name__ == "__main__":
-    uvloop.run(main(sys.argv[1], sys.argv[2], sys.argv[3]))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("listen", help="the socket kubelet's side connects to")
+    ap.add_argument("backend", help="containerd's socket")
+    ap.add_argument("answer", help="a serialized ContainerConfig, merged into every CreateContainer")
+    args = ap.parse_args()
+    uvloop.run(main(args.listen, args.backend, args.answer))

@@ -4,7 +4,7 @@ byte relay that parses nothing, the floor of any Python proxy), with targets int
 machine noise hits all of them alike.
 
     python bench/proxy_bench.py [--runtime 1.6|1.7|2] [--rounds 2000] [--creates 400] [--seconds 2]
-                                [--pods 20] [--profile crihook.pstats] [--socat] [--floor]
+                                [--pods 20] [--gap 0.005] [--profile crihook.pstats] [--socat] [--floor]
 
 Needs root, containerd and runc (the test suite's private containerd is started and stopped here,
 its root in TMPDIR like everything the bench writes);
@@ -42,6 +42,7 @@ import atexit
 import contextlib
 import inspect
 import os
+import random
 import shutil
 import signal
 import statistics
@@ -312,17 +313,25 @@ def pct(samples: list[float], q: float) -> float:
 
 
 def interleaved(
-    targets: dict[str, Callable[[], object]], rounds: int, between: Callable[[], None] | None = None
+    targets: dict[str, Callable[[], object]],
+    rounds: int,
+    between: Callable[[], None] | None = None,
+    gap: float = 0.0,
 ) -> dict[str, list[float]]:
     """Seconds per call; a target that times itself (preparing its request untimed) returns them.
-    Each round calls every target once, starting one further along each time, so no target always
-    follows the same one (containerd's state and the CPU caches left by the call before differ).
-    `between`: run after each round, untimed."""
+    Each round calls every target once, in an order drawn afresh (seeded): a target's work after it
+    answers (crihook's records) runs while the next call is timed, and no target may always be the
+    one that pays for it, as it would in a fixed order, rotated or not. `gap`: seconds of idle before
+    each call, which that work fits in, so no call pays for another's. `between`: run after each
+    round, untimed."""
     out: dict[str, list[float]] = {name: [] for name in targets}
     order = list(targets.items())
-    for r in range(rounds):
-        k = r % len(order)
-        for name, fn in order[k:] + order[:k]:
+    draw = random.Random(0)
+    for _ in range(rounds):
+        draw.shuffle(order)
+        for name, fn in order:
+            if gap:
+                time.sleep(gap)
             start = time.perf_counter()
             took = fn()
             out[name].append(took if isinstance(took, float) else time.perf_counter() - start)
@@ -435,6 +444,13 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=2.0, help="per throughput slice")
     ap.add_argument("--creates", type=int, default=400, help="CreateContainers per target (default %(default)s)")
     ap.add_argument("--pods", type=int, default=20, help="pod starts per target")
+    ap.add_argument(
+        "--gap",
+        type=float,
+        default=0.005,
+        help="idle seconds before each CreateContainer and pod start, for the previous call's afterwork"
+        " (default %(default)s)",
+    )
     ap.add_argument("--runtime", choices=RUNTIMES, default="1.6", help="containerd release (default %(default)s)")
     ap.add_argument("--profile", help="run crihook under cProfile, stats to this file")
     ap.add_argument(
@@ -565,7 +581,7 @@ def main() -> None:
             created.clear()
 
         cpu = cpu_now(measured)
-        samples = interleaved({name: create_one(name) for name in chans}, args.creates, remove_created)
+        samples = interleaved({name: create_one(name) for name in chans}, args.creates, remove_created, args.gap)
         report_latency("CreateContainer", samples, cpu, measured)
         if "floor" in samples:  # what the hooks' work adds, the relay's own cost set aside
             lo, hi = added_interval(samples["crihook"], samples["floor"], 0.5)
@@ -597,7 +613,7 @@ def main() -> None:
 
         started: list[str] = []
         cpu = cpu_now(measured)
-        samples = interleaved({name: pod_start(name) for name in chans}, args.pods)
+        samples = interleaved({name: pod_start(name) for name in chans}, args.pods, gap=args.gap)
         report_latency("pod start (run+create+start)", samples, cpu, measured)
         for name in ("direct",):
             ch = chans[name]

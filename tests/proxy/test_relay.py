@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crihook.base.metrics import CRI_CALLS
+from crihook.proxy import relay as relay_module
 from crihook.proxy.hpack import encode_literal
 from crihook.proxy.relay import (
     CONTINUATION,
@@ -65,6 +66,7 @@ class ScriptedInterceptor:
     messages: list[bytes | None] = field(default_factory=list)
     delay: float = 0.0
     deadlines: list[float | None] = field(default_factory=list)
+    posts_seen: list[int] = field(default_factory=list)  # how many posts had run when each pre began
     # with no delay, answer at once (as Interceptor.pre does when no hook waits), not as a coroutine
     eager: bool = False
 
@@ -77,6 +79,7 @@ class ScriptedInterceptor:
 
     def pre(self, spec: Spec, request: bytes, deadline: float | None) -> bytes | Awaitable[bytes]:
         self.deadlines.append(deadline)
+        self.posts_seen.append(len(self.posts))
         if self.eager and not self.delay:
             return self._answer(request)
         return self._later(request)
@@ -235,6 +238,48 @@ async def test_observed_calls_are_copied_not_held(setup) -> None:
     assert await unary(channel, "/t.S/Observe")(b"watch me") == b"echo:watch me"
     await asyncio.sleep(0.01)
     assert interceptor.posts == [(b"watch me", b"echo:watch me", grpc.StatusCode.OK)]
+
+
+async def test_post_waits_for_the_caller_but_never_for_a_later_pre_or_the_drain(
+    setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A finished call's bookkeeping runs after AFTERWORK, so kubelet takes its answer first; a later
+    claimed call's `pre` finds every earlier call recorded, and a drain leaves none unrecorded."""
+    channel, interceptor, relay, _ = setup
+    monkeypatch.setattr(relay_module, "AFTERWORK", 3600.0)
+    assert await unary(channel, "/t.S/Observe")(b"one") == b"echo:one"
+    assert await unary(channel, "/t.S/Observe")(b"two") == b"echo:two"
+    await asyncio.sleep(0.01)
+    assert interceptor.posts == []  # waiting for the timer
+    assert await unary(channel, "/t.S/Modify")(b"three") == b"echo:three"
+    assert interceptor.posts_seen == [2]  # both recorded before the hooks ran, in order
+    assert [p[0] for p in interceptor.posts] == [b"one", b"two"]
+    await relay.drain(1)
+    assert [p[0] for p in interceptor.posts] == [b"one", b"two", b"three"]
+
+
+async def test_post_runs_by_itself_soon_after_the_answer(setup) -> None:
+    channel, interceptor, _, _ = setup
+    assert await unary(channel, "/t.S/Observe")(b"one") == b"echo:one"
+    await asyncio.sleep(relay_module.AFTERWORK + 0.05)
+    assert [p[0] for p in interceptor.posts] == [b"one"]
+
+
+async def test_a_failing_post_costs_no_other_call_its_bookkeeping() -> None:
+    interceptor = ScriptedInterceptor()
+    posted = interceptor.post
+
+    def post(spec: Spec, request: bytes, *rest: object) -> None:
+        if request == b"bad":
+            raise RuntimeError("bookkeeping broke")
+        posted(spec, request, *rest)  # type: ignore[arg-type]
+
+    interceptor.post = post  # type: ignore[method-assign]
+    relay: Relay[Spec] = Relay("unused", interceptor)
+    for body in (b"first", b"bad", b"last"):
+        relay.after(Spec(False), body, b"", grpc.StatusCode.OK, None)
+    relay.settle()
+    assert [p[0] for p in interceptor.posts] == [b"first", b"last"] and not relay.posts
 
 
 async def test_observed_failures_reach_post_with_status_and_message(setup) -> None:
