@@ -4,7 +4,7 @@ byte relay that parses nothing, the floor of any Python proxy), with targets int
 machine noise hits all of them alike.
 
     python bench/proxy_bench.py [--runtime 1.6|1.7|2] [--rounds 2000] [--creates 400] [--seconds 2]
-                                [--pods 20] [--gap 0.005] [--profile crihook.pstats] [--socat] [--floor]
+                                [--pods 20] [--gap 0] [--profile crihook.pstats] [--socat] [--floor]
 
 Needs root, containerd and runc (the test suite's private containerd is started and stopped here,
 its root in TMPDIR like everything the bench writes);
@@ -447,9 +447,9 @@ def main() -> None:
     ap.add_argument(
         "--gap",
         type=float,
-        default=0.005,
+        default=0.0,
         help="idle seconds before each CreateContainer and pod start, for the previous call's afterwork"
-        " (default %(default)s)",
+        " (default %(default)s: the calls back to back, their afterwork spread over the targets)",
     )
     ap.add_argument("--runtime", choices=RUNTIMES, default="1.6", help="containerd release (default %(default)s)")
     ap.add_argument("--profile", help="run crihook under cProfile, stats to this file")
