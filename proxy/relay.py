@@ -590,10 +590,6 @@ class Link(Generic[C]):
             return
         buf = self.ubuf + data if self.ubuf else data
         n = len(buf)
-        # the common batch (an answer: header blocks and DATA) goes to kubelet before any of it is read
-        sent = _plain_frames(buf, self.down_max_frame)
-        if sent:
-            self.down.write(buf if sent == n else buf[:sent])
         pos = 0
         out: list[bytes] = []
         run = 0
@@ -647,11 +643,10 @@ class Link(Generic[C]):
                 self.up_settings(buf, pos + 9, end)
             pos = end
         self.ubuf = buf[pos:]
-        if not sent:
-            if run < pos:
-                out.append(buf if run == 0 and pos == n else buf[run:pos])
-            if out:
-                self.down.write(out[0] if len(out) == 1 else b"".join(out))
+        if run < pos:
+            out.append(buf if run == 0 and pos == n else buf[run:pos])
+        if out:
+            self.down.write(out[0] if len(out) == 1 else b"".join(out))
         if learn:
             self.learn(buf, learn)
 
@@ -701,23 +696,6 @@ class Link(Generic[C]):
                 self.relay.after(stream.call, req or b"", _grpc_message(stream.response), code, message)
         if not self.active:
             self.relay.check_idle()
-
-
-def _plain_frames(buf: bytes, max_frame: int) -> int:
-    """Where the whole frames at the start of a batch from the runtime end, when the frame loop would
-    pass every one of them on as it is: no WINDOW_UPDATE (one may be changed or kept back) and no
-    frame its framing checks must look into. 0 otherwise: the loop decides what goes to kubelet."""
-    n = len(buf)
-    pos = 0
-    while n - pos >= 9:
-        length = int.from_bytes(buf[pos : pos + 3], "big")
-        if length > max_frame or buf[pos + 3] == WINDOW_UPDATE or buf[pos + 4] & (PADDED | PRIORITY_FLAG):
-            return 0
-        end = pos + 9 + length
-        if end > n:
-            break
-        pos = end
-    return pos
 
 
 def deadline_of(timeout: bytes | None) -> float | None:

@@ -11,12 +11,9 @@ import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
-from unittest.mock import patch
 
 import grpc
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from crihook.base.metrics import CRI_CALLS
 from crihook.proxy import relay as relay_module
@@ -29,11 +26,9 @@ from crihook.proxy.relay import (
     HEADERS,
     MAX_HEADER_BLOCK,
     PADDED,
-    PING,
     PREFACE,
     PRIORITY_FLAG,
     RST_STREAM,
-    SETTINGS,
     WINDOW_UPDATE,
     HeaderBlocks,
     Link,
@@ -399,9 +394,6 @@ class _Sink:
     def write(self, data: bytes) -> None:
         self.frames.append(data)
 
-    def close(self) -> None:
-        self.frames.append(b"<closed>")
-
 
 def _stream(out: bytes, window: int) -> _Stream[Spec]:
     return _Stream(Spec(True), b"/t.S/Modify", True, bytearray(), bytearray(), out=memoryview(out), send_window=window)
@@ -468,66 +460,3 @@ async def test_an_answer_before_the_upload_ends_stops_the_upload_in_the_same_bat
         frame(HEADERS, END_STREAM | END_HEADERS, 1, trailers) + frame(WINDOW_UPDATE, 0, 0, (100).to_bytes(4, "big"))
     )
     assert 1 not in link.streams and up.frames == []  # nothing more of it went to containerd
-
-
-def _h(sid: int, headers: list[tuple[bytes, bytes]], flags: int = END_HEADERS) -> bytes:
-    return frame(HEADERS, flags, sid, encode_literal(headers))
-
-
-# what containerd may send in one read: an answer's parts, and the frames the relay rewrites, checks or
-# learns from
-_RUNTIME_FRAMES = {
-    "headers": _h(1, [(b":status", b"200"), (b"content-type", b"application/grpc")]),
-    "data": frame(DATA, 0, 1, b"\x00\x00\x00\x00\x02ok"),
-    "padded-data": frame(DATA, PADDED, 1, b"\x02\x00\x00\x00\x00\x01k\x00\x00"),
-    "trailers": _h(1, [(b"grpc-status", b"0")], END_STREAM | END_HEADERS),
-    "other-trailers": _h(3, [(b":status", b"200"), (b"grpc-status", b"5")], END_STREAM | END_HEADERS),
-    "reset": frame(RST_STREAM, 0, 3, (8).to_bytes(4, "big")),
-    "ping": frame(PING, 0, 0, b"12345678"),
-    "settings": frame(SETTINGS, 0, 0, (4).to_bytes(2, "big") + (1 << 20).to_bytes(4, "big")),
-    "connection-update": frame(WINDOW_UPDATE, 0, 0, (40).to_bytes(4, "big")),
-    "stream-update": frame(WINDOW_UPDATE, 0, 1, (40).to_bytes(4, "big")),
-    "oversized": frame(DATA, 0, 1, b"z" * 16385),
-}
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    st.lists(st.sampled_from(sorted(_RUNTIME_FRAMES)), max_size=8),
-    st.lists(st.integers(1, 60), max_size=3),
-    st.booleans(),
-)
-def test_what_kubelet_gets_from_the_runtime_is_the_same_when_copied_before_it_is_read(
-    kinds: list[str], cuts: list[int], skewed: bool
-) -> None:
-    """A read from containerd that the frame loop would pass on as it is goes to kubelet before the
-    loop reads it (`_plain_frames`); kubelet must get the same bytes, and the relay learn the same, as
-    when the loop decides frame by frame: over reads cut anywhere, with a held rewrite and skew."""
-    data = b"".join(_RUNTIME_FRAMES[k] for k in kinds)
-    pieces, at = [], 0
-    for cut in cuts:
-        pieces.append(data[at : at + cut])
-        at += cut
-    pieces.append(data[at:])
-
-    async def relayed() -> tuple[bytes, bytes, bytes, list[tuple[bytes, bytes | None, grpc.StatusCode]], bool]:
-        interceptor = ScriptedInterceptor()
-        down = _Down()
-        link: Link[Spec] = Link(Relay("unused", interceptor), down)  # type: ignore[arg-type]
-        up = _Sink()
-        link.up = link.flow.up = up  # type: ignore[assignment]
-        stream = link.streams[1] = _stream(b"x" * 50, window=20)
-        stream.request, stream.request_done = b"sent", True
-        link.active[1] = (b"/t.S/Modify", time.perf_counter())
-        link.active[3] = (b"/t.S/Other", time.perf_counter())
-        if skewed:
-            link.flow.window, link.flow.skew = 0, 30
-        for piece in pieces:
-            link.up_data(piece)
-        await asyncio.sleep(0)  # the posts, called soon after the answer
-        return b"".join(down.frames), b"".join(up.frames), bytes(stream.response), interceptor.posts, link.closed
-
-    copied_first = asyncio.run(relayed())
-    with patch("crihook.proxy.relay._plain_frames", return_value=0):
-        frame_by_frame = asyncio.run(relayed())
-    assert copied_first == frame_by_frame
