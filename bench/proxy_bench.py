@@ -5,6 +5,7 @@ machine noise hits all of them alike.
 
     python bench/proxy_bench.py [--runtime 1.6|1.7|2] [--rounds 2000] [--creates 400] [--seconds 2]
                                 [--pods 20] [--gap 0] [--profile crihook.pstats] [--socat] [--floor]
+                                [--targets floor,least]
 
 Needs root, containerd and runc (the test suite's private containerd is started and stopped here,
 its root in TMPDIR like everything the bench writes);
@@ -88,6 +89,7 @@ def wait_socket(path: str, proc: subprocess.Popen[bytes], timeout: float = 30) -
 
 
 TOPOLOGY = "dgx-h100"  # 8 GPUs on NVSwitch
+OPTIONAL = ("aio-forwarder", "byte-relay", "socat", "floor", "least")  # targets beside direct and crihook
 LEAST = "least-answer.pb"  # in the work dir: what bench/least_intercept.py merges into each CreateContainer
 
 
@@ -451,6 +453,11 @@ def main() -> None:
         help="idle seconds before each CreateContainer and pod start, for the previous call's afterwork"
         " (default %(default)s: the calls back to back, their afterwork spread over the targets)",
     )
+    ap.add_argument(
+        "--targets",
+        help=f"which of {', '.join(OPTIONAL)} to measure beside direct and crihook, comma-separated"
+        " (default: every one started)",
+    )
     ap.add_argument("--runtime", choices=RUNTIMES, default="1.6", help="containerd release (default %(default)s)")
     ap.add_argument("--profile", help="run crihook under cProfile, stats to this file")
     ap.add_argument(
@@ -460,6 +467,13 @@ def main() -> None:
         "--floor", action="store_true", help="also measure crihook with its CreateContainer answered as at the least"
     )
     args = ap.parse_args()
+    measure = set(args.targets.split(",")) if args.targets else set(OPTIONAL)
+    if unknown := measure - set(OPTIONAL):
+        raise SystemExit(f"--targets: no target {', '.join(sorted(unknown))} (one of {', '.join(OPTIONAL)})")
+    if args.targets and not args.floor and measure & {"floor", "least"}:
+        raise SystemExit("--targets: floor and least run with --floor")
+    if args.targets and not args.socat and "socat" in measure:
+        raise SystemExit("--targets: socat runs with --socat")
     if args.socat and shutil.which("socat") is None:
         raise SystemExit("--socat: socat is not installed (apt-get install socat)")
     rt = runtime(args.runtime)
@@ -480,8 +494,9 @@ def main() -> None:
     kubelets = ("crihook", "floor", "least")  # the targets sent kubelet's own CreateContainer
     with (
         running_containerd(runtime=rt) as ctrd,
-        daemons(Path(tmp), str(ctrd.socket), config_text, env, profile, args.socat, floor_config) as t,
+        daemons(Path(tmp), str(ctrd.socket), config_text, env, profile, args.socat, floor_config) as started_all,
     ):
+        t = {name: v for name, v in started_all.items() if name in ("direct", "crihook") or name in measure}
         chans = {name: grpc.insecure_channel(f"unix://{sock}", options=LIMITS) for name, (sock, _) in t.items()}
         crihook_pid = t["crihook"][1]
         assert crihook_pid is not None
