@@ -28,7 +28,16 @@ from crihook.devices.checkpoint import Checkpoint, CheckpointError, CheckpointRe
 from crihook.hooks.base import Edit, HookContext, HookError, PodInfo, PodRecordView, RecordStore, Stage
 from crihook.hooks.cdi import GENERATE_FIX, CdiIndex
 from crihook.hooks.fscache import FsMemo, NotCached
-from crihook.hooks.gpu_edit import GpuLookup, GpuOptions, NodeView, Placements, SeenPod, gpu_edit, place
+from crihook.hooks.gpu_edit import (
+    GpuLookup,
+    GpuOptions,
+    NodeView,
+    Placements,
+    SeenPod,
+    gpu_edit,
+    place,
+    plain_grant,
+)
 from crihook.hooks.scheduled import prime
 
 log = logging.getLogger("crihook.hooks.gpu")
@@ -260,7 +269,37 @@ class GpuHook:
         if self.memo is None:
             raise NotCached("no memo")
         self.memo.sync()
+        if ctx.partial:
+            edit = self._plain(ctx)
+            if edit is not None:
+                return edit
         return self._handle(ctx, self._recalls)
+
+    def _plain(self, ctx: HookContext) -> Edit | None:
+        """The express lane's common case (gpu_edit.plain_grant), the claim recorded as _handle
+        records it; None: not that case, _handle decides. It skips the node view of pods and
+        claims, which only a node with device-plugin entries needs: a tenth of a cold `pre`
+        (docs/benchmarks.md, "Issue 27, tenth pass")."""
+        assert ctx.container is not None
+        stamp = self.stamp()  # before any fact is read
+        try:
+            cp = self._recalls.checkpoint()
+        except CheckpointError:
+            return None  # _handle says what is wrong with it
+        edit = plain_grant(ctx.pod, ctx.container, cp, self.placements, stamp)
+        if edit is None or (edit.add_cdi_devices and self.cdi is not None):
+            return None  # CDI specs are read on every check: _handle sends the call to a worker
+        if self.store is None:
+            return edit
+        if not self._lock.acquire(blocking=False):
+            return None  # a decision is running on a worker thread
+        try:
+            now = self.clock()
+            self._expire_claims(now)
+            self._claim(ctx, now)
+        finally:
+            self._lock.release()
+        return edit
 
     def _handle(self, ctx: HookContext, facts: _Facts) -> Edit | None:
         assert ctx.container is not None
@@ -287,13 +326,18 @@ class GpuHook:
             pods = StorePods(self.store, self._claims.values())
             node = NodeView(cp, facts.exists, facts.pod_live, pods, self.dev_root, self.placements, stamp)
             edit = self._decide(ctx, node, facts)
-            allocated, minors = StorePods._allocation(ctx.pod.annotations.get(al.DEVICE_ALLOCATED))
-            key = (ctx.pod.uid, ctx.container.name)
-            self._claims.pop(key, None)  # re-inserted last: the dict stays in the order of `at`
-            self._claims[key] = Claim(now, *key, allocated, minors)
+            self._claim(ctx, now)
         finally:
             self._lock.release()
         return edit
+
+    def _claim(self, ctx: HookContext, now: float) -> None:
+        """Remember the container let through until the store shows it (under _lock)."""
+        assert ctx.container is not None
+        allocated, minors = StorePods._allocation(ctx.pod.annotations.get(al.DEVICE_ALLOCATED))
+        key = (ctx.pod.uid, ctx.container.name)
+        self._claims.pop(key, None)  # re-inserted last: the dict stays in the order of `at`
+        self._claims[key] = Claim(now, *key, allocated, minors)
 
     def _expire_claims(self, now: float) -> None:
         """Drop claims older than CLAIM_SECONDS: the oldest come first, so this stops at the first

@@ -242,6 +242,20 @@ def gpu_edit(pod: PodInfo, container: ContainerInfo, gpus: GpuLookup, node: Node
     return _granted(stripped, placed.grant)
 
 
+def plain_grant(
+    pod: PodInfo, container: ContainerInfo, checkpoint: Checkpoint, placements: Placements, stamp: object
+) -> Edit | None:
+    """gpu_edit's answer for the common case, without a NodeView: a container that brings nothing
+    of its own (the express lane's), on a node where no device plugin has handed anything out (no
+    holder to check, nothing to strip), of an allocation placed before under `stamp` that shares no
+    GPU (no HAMi-core isolation to add). None: not that case, ask gpu_edit. Raises HookError."""
+    if checkpoint.entries or container.devices or container.cdi_devices or container.annotations:
+        return None
+    allocs = scheduled(pod, container, al.GPU)
+    placed = placements.get(allocs, stamp) if allocs else None
+    return None if placed is None or placed.shared else placed.grant
+
+
 def _granted(stripped: Edit | None, grant: Edit) -> Edit:
     """The grant alone (the same object every time) when nothing was stripped, else both in a new
     Edit: removals happen before additions."""

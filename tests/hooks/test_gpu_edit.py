@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -18,7 +19,16 @@ from crihook.base.spec import Device, Mount
 from crihook.devices.checkpoint import Checkpoint, parse_checkpoint
 from crihook.hooks.base import ContainerInfo, Edit, HookContext, HookError, PodInfo, Stage
 from crihook.hooks.chain import apply_edit
-from crihook.hooks.gpu_edit import GpuOptions, HamiCore, NodeView, SeenPod, gpu_edit
+from crihook.hooks.gpu_edit import (
+    ISOLATION_LABEL,
+    GpuOptions,
+    HamiCore,
+    NodeView,
+    Placements,
+    SeenPod,
+    gpu_edit,
+    plain_grant,
+)
 from tests.support.gpu_fixtures import Entry, Gpu, Inventory, alloc_resp, checkpoint_doc, gpus, nvidia_plugin_resp
 
 POD_UID = "11111111-2222-3333-4444-555555555555"
@@ -671,3 +681,46 @@ def test_a_plugin_container_may_not_start_on_a_gpu_the_scheduler_gave_away(devic
     ):
         assert run(pod(), n=seen_node(mine, free)) is None
     assert run(pod(), n=seen_node(mine, {OTHER_UID: user}, live=[POD_UID])) is None
+
+
+@st.composite
+def plain_cases(draw: st.DrawFn) -> tuple[PodInfo, ContainerInfo, NodeView, bool]:
+    """A pod (allocation whole, split, shared or malformed), a container that brings nothing or
+    something, a node with or without device-plugin entries, and whether the placement's stamp
+    still holds."""
+    minors = draw(st.lists(st.sampled_from([g.minor for g in BOX] + [9]), max_size=3, unique=True))
+    ann = allocated(*minors, **draw(st.sampled_from([{}, {}, {}, {"gpu_core": 50}])))
+    if draw(st.booleans()):
+        ann[al.CONTAINER_DEVICES] = json.dumps({"cuda": {"gpu": minors[:1]}})
+    if draw(st.sampled_from([False] * 9 + [True])):
+        ann[al.DEVICE_ALLOCATED] = "{"
+    brings = draw(
+        st.sampled_from([{}, {}, {"devices": (Device("/dev/nvidia2", "/dev/nvidia2"),)}, {"annotations": {"x": "y"}}])
+    )
+    c = container(draw(st.sampled_from(["cuda", "sidecar"])), **brings)
+    holders = [Entry(OTHER_UID, "cuda", [g.uuid]) for g in draw(st.sampled_from([(), (), BOX[1:2]]))]
+    n = replace(node(holders), placements=Placements(), stamp=(1, 1))
+    labels = draw(st.sampled_from([{}, {ISOLATION_LABEL: "HAMi-core"}]))
+    return pod(ann, labels), c, n, draw(st.sampled_from([True, True, False]))
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(plain_cases())
+def test_the_plain_grant_is_what_gpu_edit_answers(case: tuple[PodInfo, ContainerInfo, NodeView, bool]) -> None:
+    """plain_grant answers only where nothing but the placement decides, and then as gpu_edit does."""
+    p, c, n, same_stamp = case
+    with contextlib.suppress(HookError):
+        run(p, c, n)  # places the allocation, as the hook's prepare_pod or first call does
+    assert n.placements is not None
+    stamp = n.stamp if same_stamp else (2, 1)
+    try:
+        plain = plain_grant(p, c, n.checkpoint, n.placements, stamp)
+    except HookError as e:
+        with pytest.raises(HookError) as info:
+            run(p, c, n)
+        assert (info.value.code, info.value.reason) == (e.code, e.reason)
+        return
+    if plain is None:
+        return
+    assert same_stamp and not n.checkpoint.entries and not (c.devices or c.annotations)
+    assert run(p, c, n) is plain  # the placement's own grant
