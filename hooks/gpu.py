@@ -269,37 +269,7 @@ class GpuHook:
         if self.memo is None:
             raise NotCached("no memo")
         self.memo.sync()
-        if ctx.partial:
-            edit = self._plain(ctx)
-            if edit is not None:
-                return edit
         return self._handle(ctx, self._recalls)
-
-    def _plain(self, ctx: HookContext) -> Edit | None:
-        """The express lane's common case (gpu_edit.plain_grant), the claim recorded as _handle
-        records it; None: not that case, _handle decides. It skips the node view of pods and
-        claims, which only a node with device-plugin entries needs: a tenth of a cold `pre`
-        (docs/benchmarks.md, "Issue 27, tenth pass")."""
-        assert ctx.container is not None
-        stamp = self.stamp()  # before any fact is read
-        try:
-            cp = self._recalls.checkpoint()
-        except CheckpointError:
-            return None  # _handle says what is wrong with it
-        edit = plain_grant(ctx.pod, ctx.container, cp, self.placements, stamp)
-        if edit is None or (edit.add_cdi_devices and self.cdi is not None):
-            return None  # CDI specs are read on every check: _handle sends the call to a worker
-        if self.store is None:
-            return edit
-        if not self._lock.acquire(blocking=False):
-            return None  # a decision is running on a worker thread
-        try:
-            now = self.clock()
-            self._expire_claims(now)
-            self._claim(ctx, now)
-        finally:
-            self._lock.release()
-        return edit
 
     def _handle(self, ctx: HookContext, facts: _Facts) -> Edit | None:
         assert ctx.container is not None
@@ -312,7 +282,14 @@ class GpuHook:
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"{e} ({self.checkpoint.path}); can not tell which GPUs the device plugin handed out",
             ) from None
+        # the common case needs no view of the node's pods: a tenth of a cold CreateContainer `pre`
+        # (docs/benchmarks.md, "Issue 27, tenth pass"); a CDI grant still goes to _decide's check
+        plain = plain_grant(ctx.pod, ctx.container, cp, self.placements, stamp)
+        if plain is not None and plain.add_cdi_devices and self.cdi is not None:
+            plain = None
         if self.store is None:
+            if plain is not None:
+                return plain
             node = NodeView(cp, facts.exists, facts.pod_live, None, self.dev_root, self.placements, stamp)
             return self._decide(ctx, node, facts)
         # One decision at a time, each seeing the containers the ones before it let through: two
@@ -323,21 +300,18 @@ class GpuHook:
         try:
             now = self.clock()
             self._expire_claims(now)
-            pods = StorePods(self.store, self._claims.values())
-            node = NodeView(cp, facts.exists, facts.pod_live, pods, self.dev_root, self.placements, stamp)
-            edit = self._decide(ctx, node, facts)
-            self._claim(ctx, now)
+            edit = plain
+            if edit is None:
+                pods = StorePods(self.store, self._claims.values())
+                node = NodeView(cp, facts.exists, facts.pod_live, pods, self.dev_root, self.placements, stamp)
+                edit = self._decide(ctx, node, facts)
+            allocated, minors = StorePods._allocation(ctx.pod.annotations.get(al.DEVICE_ALLOCATED))
+            key = (ctx.pod.uid, ctx.container.name)
+            self._claims.pop(key, None)  # re-inserted last: the dict stays in the order of `at`
+            self._claims[key] = Claim(now, *key, allocated, minors)
         finally:
             self._lock.release()
         return edit
-
-    def _claim(self, ctx: HookContext, now: float) -> None:
-        """Remember the container let through until the store shows it (under _lock)."""
-        assert ctx.container is not None
-        allocated, minors = StorePods._allocation(ctx.pod.annotations.get(al.DEVICE_ALLOCATED))
-        key = (ctx.pod.uid, ctx.container.name)
-        self._claims.pop(key, None)  # re-inserted last: the dict stays in the order of `at`
-        self._claims[key] = Claim(now, *key, allocated, minors)
 
     def _expire_claims(self, now: float) -> None:
         """Drop claims older than CLAIM_SECONDS: the oldest come first, so this stops at the first

@@ -468,6 +468,7 @@ def test_partial_views_get_the_placements_grant_unless_the_plugin_allocated(node
 def test_the_express_grant_made_without_the_node_view_claims_its_gpus(node: Node, tmp_path: Path) -> None:
     """The plain grant (no device-plugin entry on the node) records its claim as the general
     decision does: a plugin pod handed the same GPU a moment later is refused."""
+    from crihook.hooks import gpu as gpu_module
     from crihook.hooks.fscache import FsMemo
     from crihook.proxy.store import Store
 
@@ -481,10 +482,9 @@ def test_the_express_grant_made_without_the_node_view_claims_its_gpus(node: Node
     for _ in range(2):  # the memo filled, then the placement made under the stamp it allows
         assert handle(hook, pod(allocated(2), uid="someone-else")) is not None
     hook._claims.clear()
-    general = hook._handle
-    hook._handle = lambda *a: pytest.fail("the plain grant needs no node view")  # type: ignore[method-assign]
-    edit = hook.handle_cached(HookContext(Stage.PRE_CREATE_CONTAINER, p, ContainerInfo("cuda"), partial=True))
-    hook._handle = general  # type: ignore[method-assign]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gpu_module, "NodeView", lambda *a: pytest.fail("the plain grant needs no node view"))
+        edit = hook.handle_cached(HookContext(Stage.PRE_CREATE_CONTAINER, p, ContainerInfo("cuda"), partial=True))
     assert edit is not None and edit.env["NVIDIA_VISIBLE_DEVICES"] == BOX[0].uuid
     assert list(hook._claims) == [(POD_UID, "cuda")]
     write_checkpoint(node.checkpoint, [Entry(OTHER_UID, "cuda", [BOX[0].uuid], resp=nvidia_plugin_resp(BOX[:1]))])
