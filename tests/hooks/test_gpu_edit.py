@@ -29,6 +29,7 @@ from crihook.hooks.gpu_edit import (
     gpu_edit,
     plain_grant,
 )
+from crihook.hooks.scheduled import scheduled
 from tests.support.gpu_fixtures import Entry, Gpu, Inventory, alloc_resp, checkpoint_doc, gpus, nvidia_plugin_resp
 
 POD_UID = "11111111-2222-3333-4444-555555555555"
@@ -707,7 +708,7 @@ def plain_cases(draw: st.DrawFn) -> tuple[PodInfo, ContainerInfo, NodeView, bool
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(plain_cases())
 def test_the_plain_grant_is_what_gpu_edit_answers(case: tuple[PodInfo, ContainerInfo, NodeView, bool]) -> None:
-    """plain_grant answers only where nothing but the placement decides, and then as gpu_edit does."""
+    """plain_grant answers exactly where nothing but the placement decides, and then as gpu_edit does."""
     p, c, n, same_stamp = case
     with contextlib.suppress(HookError):
         run(p, c, n)  # places the allocation, as the hook's prepare_pod or first call does
@@ -720,7 +721,12 @@ def test_the_plain_grant_is_what_gpu_edit_answers(case: tuple[PodInfo, Container
             run(p, c, n)
         assert (info.value.code, info.value.reason) == (e.code, e.reason)
         return
-    if plain is None:
+    brings_nothing = not (c.devices or c.cdi_devices or c.annotations)
+    if plain is None:  # declined: it must not be the case plain_grant is for
+        if same_stamp and not n.checkpoint.entries and brings_nothing:
+            allocs = scheduled(p, c, al.GPU)
+            placed = n.placements.get(allocs, n.stamp) if allocs else None
+            assert placed is None or placed.shared
         return
-    assert same_stamp and not n.checkpoint.entries and not (c.devices or c.annotations)
+    assert same_stamp and not n.checkpoint.entries and brings_nothing
     assert run(p, c, n) is plain  # the placement's own grant
