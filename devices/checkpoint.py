@@ -21,7 +21,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -74,6 +74,13 @@ class PodDeviceEntry:
 def base_device_id(device_id: str) -> str:
     """The device a plugin id names: time-sliced replicas are `<id>::<n>` (NVIDIA's plugin and others)."""
     return _REPLICA.sub("", device_id)
+
+
+def gpu_device_ids(index: int, uuid: str, mig_devices: Iterable[tuple[int, str]] = ()) -> tuple[str, ...]:
+    """Every id a device plugin gives out for one GPU (replicas aside), as NVIDIA's plugin names
+    them under its uuid and index strategies: the GPU's UUID and NVML index, and for each of its MIG
+    devices (NVML's index under the GPU, UUID) the MIG UUID and `<GPU index>:<MIG index>`."""
+    return (uuid, str(index), *(i for j, mig in mig_devices for i in (mig, f"{index}:{j}")))
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,9 @@ class GpuInfo:
     healthy: bool = True
     health_reason: str = ""  # why not healthy
     mig_enabled: bool = False
+    # with MIG enabled, the MIG devices configured now: (NVML's MIG device index under this GPU, the
+    # MIG device's UUID), which is how NVIDIA's device plugin names them (index and uuid strategies)
+    mig_devices: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +269,8 @@ class Nvml:
         if remapped and remapped[3]:
             problems.append("row remapping failed")
         mig = _ask(pynvml.nvmlDeviceGetMigMode, handle, problems, "MIG mode")
+        mig_enabled = bool(mig and mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE)
+        mig_devices = _mig_devices(handle, problems) if mig_enabled else ()
         numa = sysfs.numa_node(self.sys_root, pci)
         return GpuInfo(
             index=index,
@@ -279,7 +284,8 @@ class Nvml:
             pcie_root=sysfs.root_port(self.sys_root, pci),
             healthy=not problems,
             health_reason="; ".join(problems),
-            mig_enabled=bool(mig and mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE),
+            mig_enabled=mig_enabled,
+            mig_devices=mig_devices,
         )
 
     def _links(self, handle: object) -> list[LinkEnd]:
@@ -333,6 +339,25 @@ def _ask(query: Callable[[object], Any], handle: object, problems: list[str], wh
         if e.value not in _NOT_THERE:
             problems.append(f"{what}: {_error_text(e)}")
         return None
+
+
+def _mig_devices(handle: object, problems: list[str]) -> tuple[tuple[int, str], ...]:
+    """The MIG devices of a GPU in MIG mode, by index. NVML numbers the slots up to the GPU's
+    maximum and answers NOT_FOUND for an empty one, as the device plugin's own enumeration expects."""
+    found = []
+    try:
+        for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            try:
+                mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
+            except pynvml.NVMLError as e:
+                if e.value == pynvml.NVML_ERROR_NOT_FOUND:
+                    continue
+                raise
+            found.append((j, pynvml.nvmlDeviceGetUUID(mig)))
+    except pynvml.NVMLError as e:
+        # the pods holding its MIG devices through the plugin could not be told apart
+        problems.append(f"MIG devices: {_error_text(e)}")
+    return tuple(found)
 
 
 class GpuIndex:

@@ -20,7 +20,7 @@ from typing import Any
 from crihook.base import allocation as al
 from crihook.base import quantity
 from crihook.devices import partitions
-from crihook.devices.checkpoint import PodDeviceEntry
+from crihook.devices.checkpoint import PodDeviceEntry, base_device_id, gpu_device_ids
 from crihook.devices.nvml import NodeGpus
 from crihook.devices.rdma import RdmaNic
 
@@ -43,7 +43,6 @@ FULL = 100  # a whole device, in the percent units of gpu-core, gpu-memory-ratio
 GPU_PLUGIN_RESOURCES = re.compile(r"nvidia\.com/(gpu|gpu\.shared|mig-.+)\Z")
 
 _LABEL_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
-_REPLICA = re.compile(r"::[0-9]+\Z")  # time-sliced plugin replicas: "GPU-<uuid>::3"
 
 
 @dataclass(frozen=True)
@@ -90,15 +89,15 @@ def _topology(socket: int, node: int, pcie: str, bus: str) -> dict[str, Any]:
 
 def plugin_entries_json(entries: Iterable[PodDeviceEntry], gpus: NodeGpus) -> list[dict[str, Any]]:
     """Koordinator's PodDevicesEntry list for GPUs held through the device plugin, plus `minors`:
-    the entry's device ids (UUIDs, or NVML indices for plugins using the index strategy) resolved
-    against this node's GPUs, so the scheduler needs no id mapping of its own."""
-    by_id = {g.uuid: g.minor for g in gpus.gpus} | {str(g.index): g.minor for g in gpus.gpus}
+    the entry's device ids (GPU or MIG device, by UUID or by index) resolved to the GPUs they are or
+    are part of, so the scheduler needs no id mapping of its own."""
+    by_id = {i: g.minor for g in gpus.gpus for i in gpu_device_ids(g.index, g.uuid, g.mig_devices)}
     out = []
     for e in entries:
         if not GPU_PLUGIN_RESOURCES.match(e.resource_name):
             continue
         ids = list(e.device_ids)
-        minors = sorted({by_id[d] for d in (_REPLICA.sub("", i) for i in ids) if d in by_id})
+        minors = sorted({by_id[d] for d in map(base_device_id, ids) if d in by_id})
         out.append(
             {
                 "podUID": e.pod_uid,
@@ -118,7 +117,7 @@ def desired(obs: Observed) -> Desired:
             "type": al.GPU,
             "id": g.uuid,
             "minor": g.minor,
-            "health": g.healthy,
+            "health": g.healthy and not g.mig_enabled,
             "resources": {
                 al.GPU_CORE: str(FULL),
                 al.GPU_MEMORY: quantity.format_bytes(g.memory_total),
@@ -141,8 +140,15 @@ def desired(obs: Observed) -> Desired:
             entry["vfGroups"] = [{"vfs": [{"minor": vf.index, "busID": vf.pci_address} for vf in nic.vfs]}]
         devices.append(entry)
 
-    healthy = [g for g in gpus if g.healthy]
-    problems: list[str] = []
+    # A GPU in MIG mode runs CUDA only through its MIG devices, which NVIDIA's device plugin gives
+    # out (nvidia.com/mig-*): it can not be given whole, so it is published as not healthy.
+    healthy = [g for g in gpus if g.healthy and not g.mig_enabled]
+    problems: list[str] = [
+        f"GPU minor {g.minor} ({g.uuid}) is in MIG mode: published as not healthy, its MIG devices are the"
+        " device plugin's to give"
+        for g in gpus
+        if g.mig_enabled
+    ]
     models = Counter(g.name for g in obs.gpus.gpus)
     model = models.most_common(1)[0][0] if models else ""
     if len(models) > 1:
@@ -177,6 +183,7 @@ def desired(obs: Observed) -> Desired:
     status: dict[str, Any] = {
         "gpuCount": len(gpus),
         "healthyGPUCount": len(healthy),
+        "migGPUCount": sum(1 for g in gpus if g.mig_enabled),
         "gpuModel": model,
         "rdmaCount": len(obs.nics),
     }

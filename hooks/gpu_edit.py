@@ -20,7 +20,7 @@ import grpc
 from crihook.base import allocation as al
 from crihook.base.config import absolute_path, absolute_path_or_empty, not_empty
 from crihook.base.spec import Device, Mount
-from crihook.devices.checkpoint import Checkpoint, PodDeviceEntry, base_device_id
+from crihook.devices.checkpoint import Checkpoint, PodDeviceEntry, base_device_id, gpu_device_ids
 from crihook.hooks.base import ContainerInfo, Edit, HookError, PodInfo
 from crihook.hooks.cdi import ANNOTATION_PREFIX, DEFAULT_SPEC_DIRS
 from crihook.hooks.scheduled import refuse, scheduled
@@ -58,6 +58,10 @@ class GpuLike(Protocol):
     def pci_bus_id(self) -> str: ...
     @property
     def memory_total(self) -> int: ...
+    @property
+    def mig_enabled(self) -> bool: ...
+    @property
+    def mig_devices(self) -> Sequence[tuple[int, str]]: ...
 
 
 class GpuLookup(Protocol):
@@ -281,18 +285,23 @@ def _resolve(allocs: Iterable[al.DeviceAllocation], gpus: GpuLookup) -> list[tup
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"gpu minor {a.minor} is {g.uuid} on this node, not {a.id} (that is minor {other.minor})",
             )
+        if g.mig_enabled:  # CUDA would find no device in it: only its MIG devices run work
+            raise refuse(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"gpu minor {a.minor} ({g.uuid}) is in MIG mode on this node: it can not be given whole,"
+                " its MIG devices are the device plugin's (nvidia.com/mig-*)",
+            )
         out.append((a, g))
     return out
 
 
 def _check_conflicts(pod_uid: str, chosen: Sequence[GpuLike], node: NodeView) -> None:
     """Fail when the checkpoint shows a chosen GPU in use through the device plugin by another pod.
-    Device ids are compared as text (UUID, or NVML index for plugins run with the index id
-    strategy), so this costs no NVML call."""
+    Device ids are compared as text (`gpu_device_ids`), so this costs no NVML call."""
     if not node.checkpoint.entries:  # no device plugin has handed anything out
         return
-    for g in chosen:
-        for e in (*node.checkpoint.holders(g.uuid), *node.checkpoint.holders(str(g.index))):
+    for g in chosen:  # never in MIG mode (`_resolve`): the GPU's own ids are all there is to look for
+        for e in (e for i in gpu_device_ids(g.index, g.uuid) for e in node.checkpoint.holders(i)):
             if e.pod_uid != pod_uid and _plugin_uses(e, node):
                 raise refuse(
                     grpc.StatusCode.FAILED_PRECONDITION,
@@ -341,10 +350,10 @@ def _check_taken(pod_uid: str, plugin: Sequence[PodDeviceEntry], gpus: GpuLookup
 
 
 def _plugin_gpu(dev_id: str, gpus: GpuLookup) -> GpuLike | None:
-    """The GPU a device-plugin id names: a UUID, or an NVML index (the plugin's index strategy)."""
-    if dev_id.isdigit():
-        return next((g for g in gpus.all() if g.index == int(dev_id)), None)
-    return gpus.by_uuid(dev_id) if dev_id.startswith("GPU-") else None
+    """The GPU a device-plugin id names, or whose MIG device it names (`gpu_device_ids`)."""
+    if dev_id.startswith("GPU-"):
+        return gpus.by_uuid(dev_id)  # a miss refreshes the index
+    return next((g for g in gpus.all() if dev_id in gpu_device_ids(g.index, g.uuid, g.mig_devices)), None)
 
 
 def _strip(container: ContainerInfo, plugin: Sequence[PodDeviceEntry], names: frozenset[str]) -> Edit | None:

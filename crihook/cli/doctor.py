@@ -326,6 +326,9 @@ def check_nvml(node: NodeConfig, gpus: NodeGpus | None = None) -> Finding:
             "crihook hands these nodes to containers: create them with nvidia-modprobe -c <minor> "
             "(or nvidia-smi once as root), or set node.dev_root",
         )
+    mig = [str(g.minor) for g in gpus.gpus if g.mig_enabled]
+    if mig:  # a mixed node is normal: said, not warned about
+        found += f"; in MIG mode, for the device plugin's nvidia.com/mig-* only: minors {', '.join(mig)}"
     sick = [f"minor {g.minor} ({g.health_reason or 'unhealthy'})" for g in gpus.gpus if not g.healthy]
     if sick:
         return Finding(

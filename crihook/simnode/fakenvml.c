@@ -32,6 +32,7 @@ enum {
 
 #define MAX_GPUS 32
 #define MAX_LINKS 36 /* NVML_NVLINK_MAX_LINKS */
+#define MAX_MIG 7    /* MIG device slots of an A100/H100: nvmlDeviceGetMaxMigDeviceCount in MIG mode */
 #define NVLINK_DEVICE_TYPE_GPU 0
 #define NVLINK_DEVICE_TYPE_SWITCH 2
 #define ABSENT -1 /* a query the modelled GPU does not support: NVML_ERROR_NOT_SUPPORTED */
@@ -76,6 +77,13 @@ struct gpu {
     int lost;
     int nlinks; /* links the GPU has; 0 = no NVLink at all */
     struct link links[MAX_LINKS];
+    char mig[MAX_MIG][96]; /* MIG device UUIDs by slot, "" for an empty slot */
+};
+
+/* A MIG device handle: NVML hands these out as device handles of their own. */
+struct mig {
+    struct gpu *parent;
+    unsigned int slot;
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -83,6 +91,7 @@ static int refcount;
 static char driver_version[80];
 static int gpu_count;
 static struct gpu gpus[MAX_GPUS]; /* fixed storage: handles stay valid across reloads */
+static struct mig migs[MAX_GPUS][MAX_MIG];
 static int pcie_level[MAX_GPUS][MAX_GPUS];
 static unsigned long calls;
 
@@ -291,6 +300,13 @@ static int load_gpu(struct gpu *g, unsigned int index, const jv *o) {
     g->row_remap_failure = tri(jget(o, "row_remap_failure"));
     jv *lost = jget(o, "lost");
     g->lost = lost ? (int)lost->num : 0;
+    /* MIG devices by slot, null for an empty one: NVML answers NOT_FOUND for it */
+    jv *mig = jget(o, "mig_devices");
+    if (mig) {
+        if (mig->t != J_ARR || mig->n > MAX_MIG) return -1;
+        for (int j = 0; j < mig->n; j++)
+            if (mig->items[j]->t != J_NULL && copy_str(g->mig[j], sizeof g->mig[j], mig->items[j])) return -1;
+    }
     jv *version = jget(o, "nvlink_version"), *links = jget(o, "nvlinks");
     if (!links) return 0;
     if (links->t != J_ARR || !version) return -1;
@@ -473,8 +489,18 @@ nvmlReturn_t nvmlDeviceGetMinorNumber(void *device, unsigned int *minor) {
     LEAVE(NVML_SUCCESS);
 }
 
+static struct mig *as_mig(void *handle) {
+    struct mig *m = handle;
+    if (m < &migs[0][0] || m >= &migs[0][0] + MAX_GPUS * MAX_MIG || !as_gpu(m->parent)) return NULL;
+    return m->parent->mig[m->slot][0] ? m : NULL;
+}
+
 nvmlReturn_t nvmlDeviceGetUUID(void *device, char *uuid, unsigned int length) {
-    DEVICE(device, uuid);
+    ENTER();
+    struct mig *m = as_mig(device);
+    if (m) LEAVE(put_string(uuid, length, m->parent->mig[m->slot]));
+    struct gpu *g = as_gpu(device);
+    if (!g) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
     LEAVE(put_string(uuid, length, g->uuid));
 }
 
@@ -515,6 +541,24 @@ nvmlReturn_t nvmlDeviceGetMigMode(void *device, unsigned int *current, unsigned 
     if (!pending) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
     if (g->mig_mode == ABSENT) LEAVE(NVML_ERROR_NOT_SUPPORTED);
     *current = *pending = (unsigned int)g->mig_mode;
+    LEAVE(NVML_SUCCESS);
+}
+
+/* Zero when MIG is not supported or not enabled, as NVML documents. */
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(void *device, unsigned int *count) {
+    LIVE_DEVICE(device, count);
+    *count = g->mig_mode == 1 ? MAX_MIG : 0;
+    LEAVE(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(void *device, unsigned int index, void **mig) {
+    LIVE_DEVICE(device, mig);
+    if (index >= MAX_MIG) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    if (g->mig_mode != 1 || !g->mig[index][0]) LEAVE(NVML_ERROR_NOT_FOUND);
+    struct mig *m = &migs[g->index][index];
+    m->parent = g;
+    m->slot = index;
+    *mig = m;
     LEAVE(NVML_SUCCESS);
 }
 

@@ -15,6 +15,7 @@ Topology file (see the three shipped ones):
                "pci_bus_id": "0000:1b:00.0", "pci_device_id": 590352606, "pci_subsystem_id": 381751518,
                "numa_node": 0,              # not NVML: written to the sysfs tree by make_sys_tree
                "mig_mode": 0,               # optional, absent = NOT_SUPPORTED (same for the two below)
+               "mig_devices": ["MIG-…", null],  # optional: MIG device UUIDs by slot (up to 7), null = empty
                "retired_pages_pending": false, "row_remap_failure": false,
                "lost": false,               # optional: live queries answer GPU_IS_LOST
                "nvlink_version": 4,         # needed when nvlinks is given

@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from concurrent import futures
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -312,6 +313,14 @@ def test_nvml_healthy_and_broken(tmp_path: Path) -> None:
     assert f.level is Level.WARN and "sees no GPU" in f.found
     f = doctor.check_nvml(node, node_gpus([0, 3], sick=3))
     assert (f.level, f.found.endswith("unhealthy: minor 3 (XID 79)")) == (Level.WARN, True)
+    mixed = node_gpus([0, 3])
+    mixed = replace(mixed, gpus=(mixed.gpus[0], replace(mixed.gpus[1], mig_enabled=True)))
+    f = doctor.check_nvml(node, mixed)
+    assert (f.level, f.found) == (
+        Level.OK,
+        "driver 550.54.15, 2 GPU(s), minors 0, 3; in MIG mode, for the device plugin's nvidia.com/mig-* only:"
+        " minors 3; device nodes present",
+    )
     f = doctor.check_nvml(node, NodeGpus(reason="NVML does not start: Driver Not Loaded"))
     assert (f.level, f.found) == (Level.FAIL, "NVML does not start: Driver Not Loaded") and "nvidia-smi" in f.fix
 

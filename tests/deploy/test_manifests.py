@@ -128,7 +128,7 @@ def test_example_devices_are_what_the_reporter_publishes(
     monkeypatch.setenv(CONFIG_ENV, "")
     assert (DEVICE_EXAMPLES / f"{topology}.yaml").read_text() == example_text(
         topology, reported_device(topology, tmp_path)
-    ), "deploy/examples/devices is stale: .venv/bin/python tests/deploy/test_manifests.py"
+    ), "deploy/examples/devices is stale: .venv/bin/python -m tests.deploy.test_manifests"
 
 
 # -- deploy/ against the running scheduler ----------------------------------------------------------

@@ -132,6 +132,33 @@ def test_row_remap_failure_and_mig(node) -> None:
     snap = nvml.snapshot()
     assert not snap.gpus[0].healthy and "row remapping" in snap.gpus[0].health_reason
     assert snap.gpus[7].mig_enabled and snap.gpus[7].healthy
+    assert snap.gpus[7].mig_devices == () and snap.gpus[6].mig_devices == ()
+
+
+def test_mig_devices_by_slot_as_the_device_plugin_names_them(node) -> None:
+    """Empty slots are skipped, not renumbered: the plugin's index strategy names a MIG device
+    `<GPU index>:<slot>`. A GPU not in MIG mode is not asked, whatever slots it had."""
+    fake, nvml = node("dgx-h100")
+    a, b = "MIG-0d3c9a5e-1111-5b1c-9c1e-000000000001", "MIG-0d3c9a5e-2222-5b1c-9c1e-000000000002"
+    fake.doc["gpus"][5] |= {"mig_mode": 1, "mig_devices": [a, None, None, b]}
+    fake.doc["gpus"][6] |= {"mig_mode": 0, "mig_devices": [a]}
+    fake.write()
+    snap = nvml.snapshot()
+    assert snap.gpus[5].mig_devices == ((0, a), (3, b)) and snap.gpus[5].healthy
+    assert snap.gpus[6].mig_devices == () and not snap.gpus[6].mig_enabled
+
+
+def test_mig_devices_unreadable_is_said(node, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake, nvml = node("pcie-l40s")
+    fake.doc["gpus"][1] |= {"mig_mode": 1, "mig_devices": ["MIG-x"]}
+    fake.write()
+
+    def fails(handle: object, index: int) -> object:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMigDeviceHandleByIndex", fails)
+    g = nvml.snapshot().gpus[1]
+    assert g.mig_devices == () and not g.healthy and g.health_reason.startswith("MIG devices: ")
 
 
 def test_health_change_seen_by_a_running_library(node) -> None:

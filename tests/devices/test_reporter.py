@@ -143,7 +143,13 @@ def test_first_round_publishes_device_labels_and_resources(setup, kube: FakeKube
     assert topo["nvlinks"][0] == [0] + [18] * 7
     assert topo["pcie"] == doc["pcie_levels"]
     assert report.CHECKPOINT_ANNOTATION not in meta["annotations"]
-    assert dev["status"] == {"gpuCount": 8, "healthyGPUCount": 8, "gpuModel": "NVIDIA H100 80GB HBM3", "rdmaCount": 0}
+    assert dev["status"] == {
+        "gpuCount": 8,
+        "healthyGPUCount": 8,
+        "migGPUCount": 0,
+        "gpuModel": "NVIDIA H100 80GB HBM3",
+        "rdmaCount": 0,
+    }
     memory = sum(g["memory_total"] for g in doc["gpus"])
     for section in ("capacity", "allocatable"):
         res = node["status"][section]
@@ -321,6 +327,48 @@ def test_plugin_pods_are_reported_with_minors(setup, kube: FakeKube, tmp_path: P
     write_checkpoint(Path(r.config.node.kubelet_checkpoint), [], registered={"nvidia.com/gpu": ["0", "1", "2", "3"]})
     assert r.run_once().writes == ["Device"]
     assert report.CHECKPOINT_ANNOTATION not in kube.get("devices", NODE)["metadata"]["annotations"]
+
+
+def test_mig_gpus_are_not_given_whole_and_their_holders_are_counted(
+    setup, kube: FakeKube, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A GPU in MIG mode is published as not healthy (CUDA runs only in its MIG devices, which are
+    the device plugin's), and pods holding its MIG devices, named by MIG UUID or by `<GPU>:<slot>`,
+    are listed against its minor."""
+    fake, r = setup("pcie-l40s")
+    gpus = fake.doc["gpus"]
+    mig = "MIG-5d2f0c3e-7a41-5b6e-9f0a-3c1d2e4f5a6b"
+    gpus[2] |= {"mig_mode": 1, "mig_devices": [None, mig]}
+    fake.write()
+    write_checkpoint(
+        Path(r.config.node.kubelet_checkpoint),
+        [
+            Entry("pod-m", "main", [mig], resource="nvidia.com/mig-1g.10gb"),
+            Entry("pod-i", "main", ["2:1::3"], resource="nvidia.com/mig-1g.10gb"),  # index strategy, a replica
+            Entry("pod-x", "main", ["MIG-not-on-this-node"], resource="nvidia.com/mig-1g.10gb"),
+        ],
+    )
+    with caplog.at_level("WARNING", logger="crihook.devices.reporter"):
+        r.run_once()
+        r.run_once()
+    dev = kube.get("devices", NODE)
+    check_against_crd(dev)
+    assert [d["minor"] for d in dev["spec"]["devices"] if not d["health"]] == [gpus[2]["minor"]]
+    assert (dev["status"]["healthyGPUCount"], dev["status"]["migGPUCount"]) == (3, 1)
+    res = kube.get("nodes", NODE)["status"]["allocatable"]
+    assert (res[GPU_CORE], res["nvidia.com/gpu"]) == ("300", "3")
+    held = json.loads(dev["metadata"]["annotations"][report.CHECKPOINT_ANNOTATION])
+    minor = gpus[2]["minor"]
+    assert [(h["podUID"], h["minors"]) for h in held] == [("pod-i", [minor]), ("pod-m", [minor]), ("pod-x", [])]
+    said = [m.getMessage() for m in caplog.records if "MIG mode" in m.getMessage()]
+    assert len(said) == 1 and gpus[2]["uuid"] in said[0]
+    # MIG mode off again (the MIG devices go with it): the GPU is whole again
+    gpus[2] |= {"mig_mode": 0}
+    fake.write()
+    fake.reload()
+    r.run_once()
+    dev = kube.get("devices", NODE)
+    assert all(d["health"] for d in dev["spec"]["devices"]) and dev["status"]["migGPUCount"] == 0
 
 
 def test_unreadable_checkpoint_keeps_the_published_entries(setup, kube: FakeKube) -> None:

@@ -371,6 +371,22 @@ def test_missing_device_node() -> None:
     )
 
 
+MIG_UUID = "MIG-5d2f0c3e-7a41-5b6e-9f0a-3c1d2e4f5a6b"
+# BOX with minor 2 in MIG mode, one MIG device in slot 1
+MIG_BOX = [replace(BOX[0], mig_enabled=True, mig_devices=((1, MIG_UUID),)), *BOX[1:]]
+
+
+def test_a_gpu_in_mig_mode_is_not_given_whole() -> None:
+    refused(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        rf"gpu minor 2 \({BOX[0].uuid}\) is in MIG mode on this node: it can not be given whole, its MIG devices"
+        r" are the device plugin's \(nvidia.com/mig-\*\)$",
+        pod(allocated(3, 2)),
+        inventory=MIG_BOX,
+    )
+    assert run(pod(allocated(3)), inventory=MIG_BOX) is not None
+
+
 @pytest.mark.parametrize("device_id", [BOX[1].uuid, BOX[1].uuid + "::3", str(BOX[1].index)])
 def test_gpu_held_by_another_live_pod(device_id: str) -> None:
     n = node([Entry(OTHER_UID, "trainer", [device_id])])
@@ -665,7 +681,18 @@ def test_a_holder_counts_only_when_it_is_a_running_plugin_pod(other: SeenPod | N
         assert edit is not None and edit.env["NVIDIA_VISIBLE_DEVICES"] == BOX[1].uuid
 
 
-@pytest.mark.parametrize("device_id", [BOX[0].uuid, BOX[0].uuid + "::2", str(BOX[0].index)])
+@pytest.mark.parametrize(
+    "device_id",
+    [
+        BOX[0].uuid,
+        BOX[0].uuid + "::2",
+        str(BOX[0].index),
+        # a MIG device of the GPU, by UUID or as `<GPU index>:<slot>` (the plugin's index strategy): the
+        # scheduler's pod was placed before the GPU went into MIG mode
+        MIG_UUID,
+        f"{BOX[0].index}:1::2",
+    ],
+)
 def test_a_plugin_container_may_not_start_on_a_gpu_the_scheduler_gave_away(device_id: str) -> None:
     mine = [Entry(POD_UID, "cuda", [device_id], resp=nvidia_plugin_resp(BOX[:1]))]
     user = SeenPod(True, frozenset({2}), frozenset({"trainer"}))
@@ -674,14 +701,19 @@ def test_a_plugin_container_may_not_start_on_a_gpu_the_scheduler_gave_away(devic
         rf"the device plugin gave this container GPU minor 2 \({BOX[0].uuid}\), which live pod {OTHER_UID} uses",
         pod(),
         n=seen_node(mine, {OTHER_UID: user}),
+        inventory=MIG_BOX,
     )
     for free in (
         {OTHER_UID: replace(user, containers=frozenset())},  # placed, no container yet: first come
         {OTHER_UID: replace(user, minors=frozenset({4}))},
         {},
     ):
-        assert run(pod(), n=seen_node(mine, free)) is None
-    assert run(pod(), n=seen_node(mine, {OTHER_UID: user}, live=[POD_UID])) is None
+        assert run(pod(), n=seen_node(mine, free), inventory=MIG_BOX) is None
+    assert run(pod(), n=seen_node(mine, {OTHER_UID: user}, live=[POD_UID]), inventory=MIG_BOX) is None
+    # a MIG device of another GPU, or of none on this node
+    for other in (f"{BOX[1].index}:1", "MIG-not-on-this-node"):
+        theirs = [Entry(POD_UID, "cuda", [other], resp=nvidia_plugin_resp(BOX[:1]))]
+        assert run(pod(), n=seen_node(theirs, {OTHER_UID: user}), inventory=MIG_BOX) is None
 
 
 @st.composite

@@ -27,6 +27,7 @@ class Gpu:
     numa_node: int = 0
     healthy: bool = True
     mig_enabled: bool = False
+    mig_devices: tuple[tuple[int, str], ...] = ()
 
 
 def gpus(count: int, *, minor_offset: int = 0) -> list[Gpu]:
