@@ -41,7 +41,7 @@ def one_run(how: str, timing: Timing, seed: int) -> tuple[float, str]:
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory() as tmp, cluster(NODES) as kube, replicas(kube, Path(tmp), 2, timing) as procs:
         leader = wait_leader(procs)
-        service = Service(procs)
+        service = Service(procs, kube)
         pods = [make_pods(kube, 1, dict(rng.choice(SHAPES)), prefix=f"b{i:03d}-")[0] for i in range(200)]
         nodes = [f"gpu-node-{i:02d}" for i in range(NODES)]
         done: list[Any] = []

@@ -2,10 +2,13 @@
 
 The replica holding the Lease (scheduler/leader.py) serves: each time it becomes leader it starts
 a term with a fresh allocator and cluster cache, listed from the API server, and answers /readyz
-ready only once those lists are in. The others answer /readyz not ready, so the Service sends
-kube-scheduler to the leader alone, and their verbs refuse (filter and bind answer an Error,
-kube-scheduler retries the pod). A leader that loses the Lease ends its term and forgets its
-reservations; if it leads again it rebuilds from the API server like any new leader.
+ready only once those lists are in. Then it labels its own pod (`LEADER_LABEL`) and takes the label
+off any other: the Service selects on it, so kube-scheduler and the API server's webhook calls go
+to the leader alone while every replica that serves is Ready. (Readiness tied to leadership left
+one Ready pod, and a PodDisruptionBudget that can never let the leader's node drain.) The others'
+verbs refuse (filter and bind answer an Error, kube-scheduler retries the pod). A leader that loses
+the Lease ends its term, takes its label off and forgets its reservations; if it leads again it
+rebuilds from the API server like any new leader.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from kubernetes import client
+
 from crihook.base import metrics
-from crihook.scheduler.cache import ClusterCache
+from crihook.scheduler.cache import ClusterCache, json_body
 from crihook.scheduler.extender import Extender
 from crihook.scheduler.leader import Elector, KubeLeaseApi, LeaseTiming
 from crihook.scheduler.plugin import DeviceShare
@@ -29,6 +34,49 @@ from crihook.scheduler.plugin import DeviceShare
 log = logging.getLogger("crihook.scheduler")
 
 DEFAULT_LEASE = "crihook-scheduler"
+LEADER_LABEL = "scheduler.crihook.io/leader"  # on the leader's pod; deploy/scheduler/service.yaml selects it
+
+
+class LeaderLabel:
+    """The label on the pod of the replica in charge (the way Patroni marks its primary). The
+    scheduler already patches pods (its claims), so this asks for no new permission. Failures are
+    logged, not raised: a leader whose label did not stick gets no calls, and the next leader's
+    `claim` takes a stale label off."""
+
+    def __init__(self, api_client: Any, namespace: str, name: str) -> None:
+        self.core = client.CoreV1Api(api_client)
+        self.namespace = namespace
+        self.name = name
+
+    def claim(self) -> None:
+        """Label this pod, then take the label off every other pod that still has it (a leader that
+        died or lost the API server before it could)."""
+        if not self._set(self.name, "true"):
+            return
+        log.info("leader label on this pod", extra={"pod": f"{self.namespace}/{self.name}"})
+        try:
+            answer = self.core.list_namespaced_pod(self.namespace, label_selector=LEADER_LABEL, _preload_content=False)
+            others = [p["metadata"]["name"] for p in json_body(answer).get("items") or []]
+        except Exception as e:
+            log.warning("could not list the pods labelled leader", extra={"error": str(e)})
+            return
+        for name in others:
+            if name != self.name:
+                self._set(name, None)
+
+    def drop(self) -> None:
+        self._set(self.name, None)
+
+    def _set(self, pod: str, value: str | None) -> bool:
+        try:
+            body = {"metadata": {"labels": {LEADER_LABEL: value}}}
+            self.core.patch_namespaced_pod(pod, self.namespace, body, _preload_content=False)
+        except Exception as e:
+            log.warning(
+                "leader label not written", extra={"pod": f"{self.namespace}/{pod}", "value": value, "error": str(e)}
+            )
+            return False
+        return True
 
 
 class Replica:
@@ -47,13 +95,16 @@ class Replica:
         new_plugin: Callable[[], DeviceShare],
         elector: Elector | None = None,
         freeze_heap: bool = False,
+        label: LeaderLabel | None = None,
     ) -> None:
         self.api_client = api_client
         self.extender = extender
         self.new_plugin = new_plugin
         self.elector = elector
         self.freeze_heap = freeze_heap
+        self.label = label
         self.cache: ClusterCache | None = None
+        self._labelled: ClusterCache | None = None  # the term whose label is on the pod
         self._guard = threading.Lock()
         extender.ready = self.ready
         extender.may_write = self.may_write
@@ -81,7 +132,8 @@ class Replica:
 
     def _begin(self) -> None:
         plugin = self.new_plugin()
-        cache = ClusterCache(self.api_client, plugin, self.extender.lock, self._settled if self.freeze_heap else None)
+        cache = ClusterCache(self.api_client, plugin, self.extender.lock)
+        cache.settled = lambda: self._settled(cache)
         with self.extender.lock:
             self.extender.plugin = plugin
             self.extender.priorities = cache.priorities
@@ -98,17 +150,25 @@ class Replica:
         if cache is not None:
             cache.stop()
             log.info("term ended")
+        if self.label is not None and self._labelled is not None:
+            self._labelled = None
+            self.label.drop()
         if self.freeze_heap:
             gc.unfreeze()
 
-    @staticmethod
-    def _settled() -> None:
-        gc.collect()  # what is garbage now is not kept frozen
-        gc.freeze()
-        log.info(
-            "cluster state listed: its objects frozen out of garbage collection",
-            extra={"objects": gc.get_freeze_count()},
-        )
+    def _settled(self, cache: ClusterCache) -> None:
+        """The term's lists are in (called again after each relist): ready to serve, so the pod is
+        labelled once per term, while the term is still on and the Lease still held."""
+        if self.freeze_heap:
+            gc.collect()  # what is garbage now is not kept frozen
+            gc.freeze()
+            log.info(
+                "cluster state listed: its objects frozen out of garbage collection",
+                extra={"objects": gc.get_freeze_count()},
+            )
+        if self.label is not None and self._labelled is not cache and self.cache is cache and self.may_write():
+            self._labelled = cache
+            self.label.claim()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -126,6 +186,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="namespace of the Lease (default $POD_NAMESPACE, else kube-system)",
     )
     parser.add_argument("--lease-identity", default="", help="holder identity (default: hostname and a random suffix)")
+    parser.add_argument(
+        "--pod-name",
+        default=os.environ.get("POD_NAME", ""),
+        help=f"this replica's pod, labelled {LEADER_LABEL} while it leads, in the Lease's namespace"
+        " (default $POD_NAME; empty: no label)",
+    )
     parser.add_argument("--lease-duration", type=int, default=d.duration, help="seconds (default %(default)s)")
     parser.add_argument("--renew-deadline", type=float, default=d.renew_deadline, help="seconds (default %(default)s)")
     parser.add_argument("--retry-period", type=float, default=d.retry_period, help="seconds (default %(default)s)")
@@ -139,11 +205,14 @@ def build(
     freeze_heap: bool = False,
 ) -> Replica:
     """The replica the command line asks for; raises ValueError on inconsistent lease timing."""
+    label = LeaderLabel(api_client, args.lease_namespace, args.pod_name) if args.pod_name else None
+    if label is None:
+        log.warning(f"no pod name (--pod-name, $POD_NAME): this replica does not label its pod {LEADER_LABEL}")
     if not args.leader_elect:
-        return Replica(api_client, extender, new_plugin, freeze_heap=freeze_heap)
+        return Replica(api_client, extender, new_plugin, freeze_heap=freeze_heap, label=label)
     timing = LeaseTiming(args.lease_duration, args.renew_deadline, args.retry_period)
     identity = args.lease_identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
     api = KubeLeaseApi(api_client, args.lease_name, args.lease_namespace)
     elector = Elector(api, identity, timing, args.lease_name, args.lease_namespace)
     log.info("leader election", extra={"identity": identity, "lease": f"{args.lease_namespace}/{args.lease_name}"})
-    return Replica(api_client, extender, new_plugin, elector, freeze_heap)
+    return Replica(api_client, extender, new_plugin, elector, freeze_heap, label)

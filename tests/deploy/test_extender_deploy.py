@@ -214,19 +214,24 @@ def test_deployment_service_and_server_agree() -> None:
     dep, svc = one("Deployment"), one("Service")
     labels = dep["spec"]["template"]["metadata"]["labels"]
     assert dep["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    assert svc["spec"]["selector"].items() <= labels.items()
-    # replicas with leader election (docs/scheduler.md, "Leadership"): only the leader is Ready, so the
-    # rollout must be free to take the old pods down before new ones are Ready
+    # replicas with leader election (docs/scheduler.md, "Leadership"): the Service selects the label
+    # the leader puts on its own pod, and learns the pod's name from the downward API
+    assert svc["spec"]["selector"] == {**labels, ha.LEADER_LABEL: "true"}
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert "--pod-name" not in " ".join(c["args"])  # ha.add_arguments reads $POD_NAME
+    # every replica that serves is Ready, so the rollout and the PDB may take one at a time, and no
+    # surge: the anti-affinity wants a node per replica
     strategy = dep["spec"]["strategy"]
     assert dep["spec"]["replicas"] == 2 and strategy["type"] == "RollingUpdate"
-    assert strategy["rollingUpdate"]["maxUnavailable"] >= dep["spec"]["replicas"]
+    assert strategy["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
     anti = dep["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]
     assert anti[0]["labelSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
     pdb = one("PodDisruptionBudget")
     assert pdb["spec"]["selector"] == dep["spec"]["selector"] and pdb["spec"]["maxUnavailable"] == 1
-    (c,) = dep["spec"]["template"]["spec"]["containers"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert svc["spec"]["ports"][0]["targetPort"] in ports
     args = dict(a.split("=", 1) for a in c["args"][1:])
@@ -241,7 +246,8 @@ def test_deployment_service_and_server_agree() -> None:
     assert args["--scheduler-user"] == server.DEFAULT_SCHEDULER_USER
     for probe in ("readinessProbe", "livenessProbe"):
         assert c[probe]["httpGet"]["scheme"] == "HTTPS"
-    assert {c["readinessProbe"]["httpGet"]["path"], c["livenessProbe"]["httpGet"]["path"]} == {"/readyz", "/healthz"}
+    # Ready while serving, standby too: with readiness tied to leadership the PDB never let the leader go
+    assert c["readinessProbe"]["httpGet"]["path"] == c["livenessProbe"]["httpGet"]["path"] == "/healthz"
 
 
 def test_rbac_is_exactly_what_the_scheduler_uses() -> None:

@@ -35,6 +35,7 @@ import pytest
 import yaml
 
 from crihook.cli import demo
+from crihook.scheduler import ha
 from crihook.simnode.fakenvml import CONFIG_ENV, TOPOLOGIES, build, compiler
 from crihook.simnode.node import make_sim_node
 from tests.devices.test_reporter import check_against_crd
@@ -241,7 +242,8 @@ def test_deploy_agrees_with_what_the_scheduler_serves(running: tuple[int, ssl.SS
     dep, c = scheduler_container()
     assert c["image"] == offline.ref(), "the Deployment runs the image deploy/image/build-offline.py tags"
     listen = int(flag(c["args"], "--listen").rsplit(":", 1)[1])
-    labels = dep["spec"]["template"]["metadata"]["labels"]
+    # the leader's pod: the template's labels and the one the leader adds (scheduler/ha.py)
+    labels = {**dep["spec"]["template"]["metadata"]["labels"], ha.LEADER_LABEL: "true"}
 
     for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
         if kind in c:

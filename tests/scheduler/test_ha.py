@@ -30,6 +30,7 @@ from tests.support.harun import (
     Timing,
     burst,
     get,
+    labelled,
     make_pods,
     replicas,
     schedule,
@@ -308,7 +309,7 @@ def test_sigkill_of_the_leader_in_a_burst_of_binds_hands_no_gpu_out_twice(tmp_pa
     rng = random.Random(25)
     with cluster(6) as kube, replicas(kube, tmp_path, 2, FAST) as procs:
         leader = wait_leader(procs)
-        service = Service(procs)
+        service = Service(procs, kube)
         pods = []
         for i in range(160):
             pods += make_pods(kube, 1, dict(rng.choice(SHAPES)), prefix=f"b{i:03d}-")
@@ -322,6 +323,11 @@ def test_sigkill_of_the_leader_in_a_burst_of_binds_hands_no_gpu_out_twice(tmp_pa
         killed = time.monotonic()
         survivors = [p for p in procs if p is not leader]
         failover = time_to_ready(survivors, killed, 30)
+        # the new leader labels its pod and takes the dead one's label off: the Service follows
+        deadline = time.monotonic() + 10
+        while labelled(kube) != {survivors[0].name} and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert labelled(kube) == {survivors[0].name}
         t.join()
         service.close()
         r = result[0]
@@ -334,6 +340,43 @@ def test_sigkill_of_the_leader_in_a_burst_of_binds_hands_no_gpu_out_twice(tmp_pa
         assert a.gpus_checked == 6 * 8
         assert a.over_committed == [] and a.shared_whole == [] and a.unannotated_bound == []
         assert len(a.held) == r.bound
+
+
+def serves(rep: Replica, timeout: float = 20.0) -> bool:
+    """Whether the replica's readinessProbe (/healthz) passes within `timeout`: the process may
+    still be starting."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if get(rep.port, "/healthz", 1)[0] == 200:
+                return True
+        except OSError:
+            pass
+        time.sleep(0.05)
+    return False
+
+
+def test_the_leader_label_follows_the_lease_and_every_serving_replica_is_ready(tmp_path: Path) -> None:
+    """Why the label: the PodDisruptionBudget counts Ready pods, so both replicas must be Ready (their
+    readinessProbe is /healthz) for the leader's node to drain, and the Service must still reach the
+    leader alone. A leader evicted by a drain gets SIGTERM: it takes its label off and hands the Lease
+    back, and the standby labels itself once it has rebuilt the state."""
+    with cluster(1) as kube, replicas(kube, tmp_path, 2, FAST) as procs:
+        leader = wait_leader(procs)
+        standby = next(p for p in procs if p is not leader)
+        deadline = time.monotonic() + 10
+        while labelled(kube) != {leader.name} and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert labelled(kube) == {leader.name}
+        assert all(serves(p) for p in procs)  # both Ready
+        assert not standby.ready()  # /readyz still says who leads
+        leader.stop()  # SIGTERM, as an eviction sends
+        assert leader.name not in labelled(kube)  # off before the process exits
+        assert wait_leader(procs, 30, among=[standby]) is standby
+        deadline = time.monotonic() + 10
+        while labelled(kube) != {standby.name} and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert labelled(kube) == {standby.name}
 
 
 def test_a_leader_paused_past_its_lease_is_refused_when_it_wakes_to_a_bind(tmp_path: Path) -> None:
@@ -410,8 +453,9 @@ def test_without_leader_election_one_replica_serves_from_the_start() -> None:
     parser = argparse.ArgumentParser()
     command.add_arguments(parser)
     with cluster(1) as kube:
+        kube.create("pods", {"metadata": {"name": "sched-0", "namespace": NS}, "spec": {"containers": [{"name": "s"}]}})
         for argv, elects in ((["--no-leader-elect"], False), ([], True)):
-            args = parser.parse_args(argv)
+            args = parser.parse_args([*argv, "--pod-name=sched-0"])
             ext = Extender(DeviceShare())
             replica = ha.build(args, kube.api_client(), ext, DeviceShare)
             assert (replica.elector is not None) == elects
@@ -421,9 +465,12 @@ def test_without_leader_election_one_replica_serves_from_the_start() -> None:
                 while not replica.ready() and time.monotonic() < deadline:
                     time.sleep(0.02)
                 assert replica.ready() and "gpu-node-00" in ext.plugin.st.rows
+                while not labelled(kube) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                assert labelled(kube) == {"sched-0"}  # the Service selects this replica alone
             finally:
                 replica.stop()
-            assert not replica.ready()
+            assert not replica.ready() and labelled(kube) == set()
         assert kube.get("leases", LEASE, NS)["spec"]["holderIdentity"] == ""  # released on stop
     with pytest.raises(ValueError, match="duration > renew deadline"):
         ha.build(parser.parse_args(["--renew-deadline", "9"]), None, Extender(DeviceShare()), DeviceShare)

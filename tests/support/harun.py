@@ -1,7 +1,10 @@
 """Two or more `crihook scheduler` processes against the fake API server, and kube-scheduler's side
-of the conversation over HTTP: the Service sends each call to a replica whose /readyz answers 200
-(as the endpoints controller and kube-proxy do, polled here every 20 ms instead of a probe period),
-and a pod whose filter or bind answered an Error is tried again, as kube-scheduler requeues it.
+of the conversation over HTTP. Each replica has a pod object of its own in the fake (kube-system,
+named after the replica), which it labels while it leads. The Service sends each call to a live
+replica whose pod carries the leader label, as the endpoints controller and kube-proxy do for a
+selector with that label (deploy/scheduler/service.yaml; kubelet's readiness is the process being
+alive here, and the fake is read every 20 ms), and a pod whose filter or bind answered an Error is
+tried again, as kube-scheduler requeues it.
 
 Used by tests/scheduler/test_ha.py and bench/failover_bench.py.
 """
@@ -24,9 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from crihook.scheduler.ha import LEADER_LABEL
 from tests.support.fakekube import FakeKube
 
 REPO = Path(__file__).resolve().parents[2]
+NAMESPACE = "kube-system"
+POD_LABELS = {"app.kubernetes.io/name": "crihook-scheduler"}
 
 
 def free_port() -> int:
@@ -61,8 +67,9 @@ class Replica:
             "scheduler",
             f"--listen=127.0.0.1:{self.port}",
             f"--kubeconfig={self.kubeconfig}",
-            "--lease-namespace=kube-system",
+            f"--lease-namespace={NAMESPACE}",
             f"--lease-identity={self.name}",
+            f"--pod-name={self.name}",
             f"--lease-duration={self.timing.duration}",
             f"--renew-deadline={self.timing.renew_deadline}",
             f"--retry-period={self.timing.retry_period}",
@@ -121,6 +128,9 @@ def get(port: int, path: str, timeout: float) -> tuple[int, bytes]:
 def replicas(kube: FakeKube, work: Path, n: int = 2, timing: Timing = Timing()) -> Iterator[list[Replica]]:
     config = kube.write_kubeconfig(work / "kubeconfig")
     procs = [Replica(f"replica-{i}", config, timing, work / f"replica-{i}.log") for i in range(n)]
+    for p in procs:
+        meta = {"name": p.name, "namespace": NAMESPACE, "labels": POD_LABELS}
+        kube.create("pods", {"metadata": meta, "spec": {"containers": [{"name": "scheduler", "image": "crihook"}]}})
     try:
         for p in procs:
             p.start()
@@ -140,11 +150,23 @@ def wait_leader(procs: list[Replica], timeout: float = 30.0, among: list[Replica
     raise AssertionError("no replica became ready")
 
 
-class Service:
-    """Sends each call to a ready replica, like a ClusterIP Service with a readinessProbe."""
+def labelled(kube: FakeKube) -> set[str]:
+    """The replicas whose pod carries the leader label."""
+    return {
+        p["metadata"]["name"]
+        for p in kube.list("pods")
+        if p["metadata"].get("namespace") == NAMESPACE
+        and (p["metadata"].get("labels") or {}).get(LEADER_LABEL) == "true"
+    }
 
-    def __init__(self, procs: list[Replica]) -> None:
+
+class Service:
+    """Sends each call to a live replica whose pod has the leader label, like the ClusterIP Service
+    of deploy/scheduler/service.yaml."""
+
+    def __init__(self, procs: list[Replica], kube: FakeKube) -> None:
         self.procs = procs
+        self.kube = kube
         self._ready: list[Replica] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
@@ -152,7 +174,8 @@ class Service:
 
     def _poll(self) -> None:
         while not self._stop.is_set():
-            self._ready = [p for p in self.procs if p.alive and p.ready(0.2)]
+            leaders = labelled(self.kube)
+            self._ready = [p for p in self.procs if p.alive and p.name in leaders]
             self._stop.wait(0.02)
 
     def pick(self) -> Replica | None:
