@@ -35,34 +35,39 @@ log = logging.getLogger("crihook.scheduler")
 
 DEFAULT_LEASE = "crihook-scheduler"
 LEADER_LABEL = "scheduler.crihook.io/leader"  # on the leader's pod; deploy/scheduler/service.yaml selects it
+LABEL_TIMEOUT = 5.0  # seconds for each label call: a term's end, SIGTERM's among them, waits on it
+LABEL_RETRY = 1.0  # seconds before a leader tries again to label its pod
 
 
 class LeaderLabel:
     """The label on the pod of the replica in charge (the way Patroni marks its primary). The
     scheduler already patches pods (its claims), so this asks for no new permission. Failures are
-    logged, not raised: a leader whose label did not stick gets no calls, and the next leader's
-    `claim` takes a stale label off."""
+    logged, not raised: a leader whose label did not stick tries again (`Replica`), and the next
+    leader's `claim` takes a stale label off."""
 
     def __init__(self, api_client: Any, namespace: str, name: str) -> None:
         self.core = client.CoreV1Api(api_client)
         self.namespace = namespace
         self.name = name
 
-    def claim(self) -> None:
+    def claim(self) -> bool:
         """Label this pod, then take the label off every other pod that still has it (a leader that
-        died or lost the API server before it could)."""
+        died or lost the API server before it could). False: this pod's label was not written."""
         if not self._set(self.name, "true"):
-            return
+            return False
         log.info("leader label on this pod", extra={"pod": f"{self.namespace}/{self.name}"})
         try:
-            answer = self.core.list_namespaced_pod(self.namespace, label_selector=LEADER_LABEL, _preload_content=False)
+            answer = self.core.list_namespaced_pod(
+                self.namespace, label_selector=LEADER_LABEL, _preload_content=False, _request_timeout=LABEL_TIMEOUT
+            )
             others = [p["metadata"]["name"] for p in json_body(answer).get("items") or []]
         except Exception as e:
             log.warning("could not list the pods labelled leader", extra={"error": str(e)})
-            return
+            return True
         for name in others:
             if name != self.name:
                 self._set(name, None)
+        return True
 
     def drop(self) -> None:
         self._set(self.name, None)
@@ -70,7 +75,9 @@ class LeaderLabel:
     def _set(self, pod: str, value: str | None) -> bool:
         try:
             body = {"metadata": {"labels": {LEADER_LABEL: value}}}
-            self.core.patch_namespaced_pod(pod, self.namespace, body, _preload_content=False)
+            self.core.patch_namespaced_pod(
+                pod, self.namespace, body, _preload_content=False, _request_timeout=LABEL_TIMEOUT
+            )
         except Exception as e:
             log.warning(
                 "leader label not written", extra={"pod": f"{self.namespace}/{pod}", "value": value, "error": str(e)}
@@ -150,15 +157,14 @@ class Replica:
         if cache is not None:
             cache.stop()
             log.info("term ended")
-        if self.label is not None and self._labelled is not None:
+        if self.label is not None and cache is not None:  # also after a claim that failed late
             self._labelled = None
             self.label.drop()
         if self.freeze_heap:
             gc.unfreeze()
 
     def _settled(self, cache: ClusterCache) -> None:
-        """The term's lists are in (called again after each relist): ready to serve, so the pod is
-        labelled once per term, while the term is still on and the Lease still held."""
+        """The term's lists are in (called again after each relist): ready to serve."""
         if self.freeze_heap:
             gc.collect()  # what is garbage now is not kept frozen
             gc.freeze()
@@ -166,9 +172,19 @@ class Replica:
                 "cluster state listed: its objects frozen out of garbage collection",
                 extra={"objects": gc.get_freeze_count()},
             )
-        if self.label is not None and self._labelled is not cache and self.cache is cache and self.may_write():
-            self._labelled = cache
-            self.label.claim()
+        self._label(cache)
+
+    def _label(self, cache: ClusterCache) -> None:
+        """Label the pod once per term, while the term is still on and the Lease still held; tried
+        again every LABEL_RETRY until it is written (the Service reaches no one until then)."""
+        if self.label is None or self._labelled is cache or self.cache is not cache or not self.may_write():
+            return
+        self._labelled = cache
+        if not self.label.claim():
+            self._labelled = None
+            retry = threading.Timer(LABEL_RETRY, self._label, (cache,))
+            retry.daemon = True
+            retry.start()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

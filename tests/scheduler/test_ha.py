@@ -476,6 +476,39 @@ def test_without_leader_election_one_replica_serves_from_the_start() -> None:
         ha.build(parser.parse_args(["--renew-deadline", "9"]), None, Extender(DeviceShare()), DeviceShare)
 
 
+def test_a_leader_whose_label_was_refused_tries_again() -> None:
+    """Until the label is on, the Service reaches no replica: a failed write is tried again."""
+    import argparse
+
+    from crihook.cli import scheduler as command
+    from crihook.scheduler import ha
+    from crihook.scheduler.extender import Extender
+    from crihook.scheduler.plugin import DeviceShare
+
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    with cluster(1) as kube:
+        kube.create("pods", {"metadata": {"name": "sched-0", "namespace": NS}, "spec": {"containers": [{"name": "s"}]}})
+        kube.fail_next(2, 503, method="PATCH", path="/pods/sched-0")
+        replica = ha.build(
+            parser.parse_args(["--no-leader-elect", "--pod-name=sched-0"]),
+            kube.api_client(),
+            Extender(DeviceShare()),
+            DeviceShare,
+        )
+        replica.start()
+        try:
+            deadline = time.monotonic() + 20
+            while not labelled(kube) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert labelled(kube) == {"sched-0"}
+            patches = [r for r in kube.requests if r.method == "PATCH" and r.path.endswith("/pods/sched-0")]
+            assert len(patches) == 3  # two refused, then written
+        finally:
+            replica.stop()
+        assert labelled(kube) == set()
+
+
 def test_a_term_freezes_what_it_listed_and_its_end_thaws_it() -> None:
     """`crihook scheduler` keeps the listed cluster out of full collections (ha.Replica docstring):
     frozen once the lists are in, back with the collector when the term ends."""
