@@ -21,7 +21,7 @@ from crihook.base import allocation as al
 from crihook.base import quantity
 from crihook.devices import partitions
 from crihook.devices.checkpoint import PodDeviceEntry, base_device_id, gpu_device_ids
-from crihook.devices.nvml import NodeGpus
+from crihook.devices.nvml import GpuInfo, NodeGpus
 from crihook.devices.rdma import RdmaNic
 
 GROUP = "scheduling.koordinator.sh"
@@ -87,6 +87,12 @@ def _topology(socket: int, node: int, pcie: str, bus: str) -> dict[str, Any]:
     return {"socketID": socket, "nodeID": node, "pcieID": pcie, "busID": bus}
 
 
+def _whole(g: GpuInfo) -> bool:
+    """Published as healthy: the scheduler may give it whole. A GPU in MIG mode runs CUDA only in its
+    MIG devices, which NVIDIA's device plugin gives out (nvidia.com/mig-*), so it is not."""
+    return g.healthy and not g.mig_enabled
+
+
 def plugin_entries_json(entries: Iterable[PodDeviceEntry], gpus: NodeGpus) -> list[dict[str, Any]]:
     """Koordinator's PodDevicesEntry list for GPUs held through the device plugin, plus `minors`:
     the entry's device ids (GPU or MIG device, by UUID or by index) resolved to the GPUs they are or
@@ -117,7 +123,7 @@ def desired(obs: Observed) -> Desired:
             "type": al.GPU,
             "id": g.uuid,
             "minor": g.minor,
-            "health": g.healthy and not g.mig_enabled,
+            "health": _whole(g),
             "resources": {
                 al.GPU_CORE: str(FULL),
                 al.GPU_MEMORY: quantity.format_bytes(g.memory_total),
@@ -140,9 +146,7 @@ def desired(obs: Observed) -> Desired:
             entry["vfGroups"] = [{"vfs": [{"minor": vf.index, "busID": vf.pci_address} for vf in nic.vfs]}]
         devices.append(entry)
 
-    # A GPU in MIG mode runs CUDA only through its MIG devices, which NVIDIA's device plugin gives
-    # out (nvidia.com/mig-*): it can not be given whole, so it is published as not healthy.
-    healthy = [g for g in gpus if g.healthy and not g.mig_enabled]
+    healthy = [g for g in gpus if _whole(g)]
     problems: list[str] = [
         f"GPU minor {g.minor} ({g.uuid}) is in MIG mode: published as not healthy, its MIG devices are the"
         " device plugin's to give"

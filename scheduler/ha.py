@@ -223,7 +223,9 @@ def build(
     """The replica the command line asks for; raises ValueError on inconsistent lease timing."""
     label = LeaderLabel(api_client, args.lease_namespace, args.pod_name) if args.pod_name else None
     if label is None:
-        log.warning(f"no pod name (--pod-name, $POD_NAME): this replica does not label its pod {LEADER_LABEL}")
+        log.warning(
+            "no pod name (--pod-name, $POD_NAME): this replica does not label its pod", extra={"label": LEADER_LABEL}
+        )
     if not args.leader_elect:
         return Replica(api_client, extender, new_plugin, freeze_heap=freeze_heap, label=label)
     timing = LeaseTiming(args.lease_duration, args.renew_deadline, args.retry_period)
