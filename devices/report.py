@@ -34,6 +34,9 @@ LABEL_VENDOR = "node.koordinator.sh/gpu-vendor"
 LABEL_MODEL = "node.koordinator.sh/gpu-model"
 LABEL_DRIVER = "node.koordinator.sh/gpu-driver-version"
 GPU_LABELS = (LABEL_VENDOR, LABEL_MODEL, LABEL_DRIVER)
+# the fields of a device entry the reporter writes (those it leaves out are absent), and its labels
+OUR_ENTRY_FIELDS = frozenset({"type", "id", "minor", "health", "resources", "topology", "vfGroups", "labels"})
+OUR_DEVICE_LABELS = (al.MIG_MODE_LABEL,)
 VENDOR = "nvidia"
 TOPOLOGY_ANNOTATION = "gpu.crihook.io/topology"
 CHECKPOINT_ANNOTATION = "node.koordinator.sh/devices-checkpoints"
@@ -118,8 +121,9 @@ def plugin_entries_json(entries: Iterable[PodDeviceEntry], gpus: NodeGpus) -> li
 
 def desired(obs: Observed) -> Desired:
     gpus = sorted(obs.gpus.gpus, key=lambda g: g.minor)
-    devices: list[dict[str, Any]] = [
-        {
+    devices: list[dict[str, Any]] = []
+    for g in gpus:
+        entry: dict[str, Any] = {
             "type": al.GPU,
             "id": g.uuid,
             "minor": g.minor,
@@ -131,10 +135,11 @@ def desired(obs: Observed) -> Desired:
             },
             "topology": _topology(g.socket, g.numa_node, g.pcie_root, g.pci_bus_id),
         }
-        for g in gpus
-    ]
+        if g.mig_enabled:  # why it is not healthy, for the extender's message
+            entry["labels"] = {al.MIG_MODE_LABEL: al.MIG_ENABLED}
+        devices.append(entry)
     for minor, nic in enumerate(obs.nics):
-        entry: dict[str, Any] = {
+        entry = {
             "type": al.RDMA_TYPE,
             "id": nic.pci_address,
             "minor": minor,
@@ -255,13 +260,42 @@ def device_object(
         r for r in meta.get("ownerReferences") or [] if not (r.get("kind") == "Node" and r.get("apiVersion") == "v1")
     ]
     meta["ownerReferences"] = [owner_reference(node_name, node_uid), *refs]
-    obj["spec"] = copy.deepcopy(want.spec)
+    obj["spec"] = _keep_others(want.spec, current)
     if current is not None:
         before = {k: v for k, v in current.items() if k != "status"}
         before.setdefault("metadata", {})
         if before == obj:
             return None
     return obj
+
+
+def _keep_others(spec: Mapping[str, Any], current: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`spec` with what others wrote into its device entries kept: the fields we do not write
+    (Koordinator's `conditions`, say) and the labels that are not ours, of the entry with the same
+    type, minor and id (a GPU swapped in at the same minor starts bare). The rest of the current spec
+    is replaced."""
+    out = copy.deepcopy(dict(spec))
+    entries = ((current or {}).get("spec") or {}).get("devices")
+    if not isinstance(entries, list):
+        return out
+    found = {
+        (e["type"], e["minor"], e["id"]): e
+        for e in entries
+        if isinstance(e, dict) and all(isinstance(e.get(k), str | int) for k in ("type", "minor", "id"))
+    }
+    for entry in out.get("devices", ()):
+        before = found.get((entry["type"], entry["minor"], entry["id"]))
+        if before is None:
+            continue
+        for key, value in before.items():
+            if key not in OUR_ENTRY_FIELDS:
+                entry[key] = copy.deepcopy(value)
+        theirs = before.get("labels")
+        if isinstance(theirs, dict):
+            labels = {k: v for k, v in theirs.items() if k not in OUR_DEVICE_LABELS} | entry.get("labels", {})
+            if labels:
+                entry["labels"] = labels
+    return out
 
 
 def status_changed(current: Mapping[str, Any] | None, want: Desired) -> bool:

@@ -15,7 +15,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crihook.base import quantity
-from crihook.base.allocation import GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, PCI_ADDRESS, RDMA, RDMA_TYPE
+from crihook.base.allocation import (
+    GPU,
+    GPU_CORE,
+    GPU_MEMORY,
+    GPU_MEMORY_RATIO,
+    MIG_ENABLED,
+    MIG_MODE_LABEL,
+    PCI_ADDRESS,
+    RDMA,
+    RDMA_TYPE,
+)
 from crihook.base.errors import InputError
 
 TOPOLOGY = "gpu.crihook.io/topology"
@@ -50,6 +60,7 @@ class Gpu:
     healthy: bool = True
     numa: int = -1
     pcie: str = ""  # PCIe switch id: GPUs and NICs sharing it can do GPUDirect RDMA
+    mig: bool = False  # in MIG mode (never healthy): CUDA runs only in its MIG devices, the device plugin's
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,8 +189,12 @@ def node_from_device(
             for key in (GPU_CORE, GPU_MEMORY_RATIO):
                 if key in res and _quantity(res[key], name, f"{at}.resources[{key!r}]") != 100:
                     raise DeviceError(name, f"{at}.resources[{key!r}]", "a GPU reports 100")
-            healthy = health and mem > 0
-            gpus[minor] = Gpu(minor, dev_id, model, mem, healthy, numa, pcie)
+            dev_labels = d.get("labels") or {}
+            if not isinstance(dev_labels, dict):
+                raise DeviceError(name, f"{at}.labels", "expected an object")
+            mig = dev_labels.get(MIG_MODE_LABEL) == MIG_ENABLED
+            healthy = health and mem > 0 and not mig
+            gpus[minor] = Gpu(minor, dev_id, model, mem, healthy, numa, pcie, mig)
         else:
             if minor in nics:
                 raise DeviceError(name, f"{at}.minor", f"RDMA minor {minor} is listed twice")

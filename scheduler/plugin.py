@@ -36,7 +36,7 @@ from crihook.scheduler.request import STRATEGIES, PodRequest, RequestError, Sele
 
 LEARNED_MAX = 1 << 16  # pod uids remembered as observed; far more than wait for a place at once
 CPU_SHORT, MEM_SHORT, NO_GPUS, TOO_FEW, NO_NICS, NO_PARTITION, NO_CHOICE = range(7)  # why a node fails, as checked
-TailKey = tuple[int, int, int, int, int, tuple[tuple[str, int], ...]]  # GPU counts and refusals of a failing node
+TailKey = tuple[int, int, int, int, int, int, tuple[tuple[str, int], ...]]  # GPU counts and refusals of a failing node
 
 
 class Unschedulable(Exception):
@@ -108,6 +108,7 @@ class Cluster:
         self.version = np.zeros(0, np.int64)  # bumped on every change of a row
         self.idle = np.zeros((0, 0), np.int64)  # left() of every slot, kept current by touch()
         self.ngpus = np.zeros(0, np.int64)  # GPU slots present per row
+        self.nmig = np.zeros(0, np.int64)  # of which in MIG mode (not usable), for Filter's reasons
         self.model = np.zeros((0, 0), np.int64)  # per slot: index into model_names (0 for absent slots)
         self.model_names: list[str] = []  # every GPU model seen, in order of appearance
         self.model_ids: dict[str, int] = {}
@@ -140,7 +141,7 @@ class Cluster:
         self.host_known, self.live = grow1(self.host_known, False), grow1(self.live, False)
         self.version = grow1(self.version, 0)
         self.idle, self.special, self.ngpus = grow2(self.idle, 0), grow1(self.special, False), grow1(self.ngpus, 0)
-        self.model = grow2(self.model, 0)
+        self.model, self.nmig = grow2(self.model, 0), grow1(self.nmig, 0)
         self.width = w1
         self.epoch += 1
 
@@ -227,6 +228,7 @@ class DeviceShare:
         st.live[row] = True
         st.special[row] = bool(node.partitions)
         st.ngpus[row] = len(node.gpus)
+        st.nmig[row] = sum(1 for g in node.gpus if g.mig)
         st.touch(row)
         for uid in self.by_node.get(node.name, ()):
             self._charge(self.held[uid], +1)
@@ -252,7 +254,7 @@ class DeviceShare:
         st.live[row] = False
         st.usable[row] = False
         st.special[row] = False
-        st.ngpus[row] = 0
+        st.ngpus[row] = st.nmig[row] = 0
         st.touch(row)
         st.free_rows.append(row)
 
@@ -681,13 +683,16 @@ class DeviceShare:
             NO_CHOICE,
         )
         few = np.flatnonzero(cause == TOO_FEW)
-        counts = np.stack(  # too few GPUs: fitting, all, unhealthy, short of core, of memory, refused per model
+        # too few GPUs: fitting, all, unhealthy, short of core, of memory, in MIG mode, refused per model
+        mig = st.nmig[rows]
+        counts = np.stack(
             [
                 n_fit,
                 st.ngpus[rows],
-                (present & ~st.usable[rows]).sum(axis=1),
+                (present & ~st.usable[rows]).sum(axis=1) - mig,  # a GPU in MIG mode is never usable
                 core_short.sum(axis=1),
                 (rest & ~core_short).sum(axis=1),
+                mig,
                 *(per for _, per in by_model),
             ],
             axis=1,
@@ -697,12 +702,17 @@ class DeviceShare:
 
         def tail(c: list[int], text: dict[str, int]) -> tuple[TailKey, str]:
             whys = dict(text)
-            for (why, _), n in zip(by_model, c[5:], strict=True):
+            for (why, _), n in zip(by_model, c[6:], strict=True):
                 if n:
                     whys[why] = whys.get(why, 0) + n
-            key = (c[0], c[1], c[2], c[3], c[4], tuple(sorted(whys.items())))
-            causes = {"unhealthy": c[2], "not enough free GPU core": c[3], "not enough free GPU memory": c[4]}
-            causes.update(key[5])
+            key = (c[0], c[1], c[2], c[3], c[4], c[5], tuple(sorted(whys.items())))
+            causes = {
+                "unhealthy": c[2],
+                "not enough free GPU core": c[3],
+                "not enough free GPU memory": c[4],
+                "in MIG mode (given as nvidia.com/mig-*)": c[5],
+            }
+            causes.update(key[6])
             detail = "; ".join(f"{n} {r}" for r, n in sorted(causes.items()) if n)
             return key, f"{c[0]} of {c[1]} GPUs can take a {share}, {req.count} needed ({detail})"
 

@@ -30,6 +30,10 @@ RDMA = "koordinator.sh/rdma"
 
 GPU = "gpu"  # device types, as keys of the annotation
 RDMA_TYPE = "rdma"
+# A label of a GPU entry of the Device resource (Koordinator's DeviceInfo.labels), "enabled" on a GPU
+# in MIG mode: the reporter writes it, the extender reads it to say why the GPU can not be given
+MIG_MODE_LABEL = "gpu.crihook.io/mig-mode"
+MIG_ENABLED = "enabled"
 
 MAX_DEVICES = 1024  # per type in one annotation; more is not a real allocation
 MAX_ANNOTATION_BYTES = 256 * 1024  # the API server caps all annotations of an object at 256 KiB

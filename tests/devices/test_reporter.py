@@ -15,6 +15,7 @@ import yaml
 
 from crihook import cli
 from crihook.base import config as cfg
+from crihook.base.allocation import MIG_ENABLED, MIG_MODE_LABEL
 from crihook.devices import partitions, report
 from crihook.devices import reporter as reporter_module
 from crihook.devices.nvml import GpuIndex, Nvml
@@ -354,6 +355,10 @@ def test_mig_gpus_are_not_given_whole_and_their_holders_are_counted(
     dev = kube.get("devices", NODE)
     check_against_crd(dev)
     assert [d["minor"] for d in dev["spec"]["devices"] if not d["health"]] == [gpus[2]["minor"]]
+    # the reason, for the extender's message
+    assert [d["minor"] for d in dev["spec"]["devices"] if d.get("labels") == {MIG_MODE_LABEL: MIG_ENABLED}] == [
+        gpus[2]["minor"]
+    ]
     assert (dev["status"]["healthyGPUCount"], dev["status"]["migGPUCount"]) == (3, 1)
     res = kube.get("nodes", NODE)["status"]["allocatable"]
     assert (res[GPU_CORE], res["nvidia.com/gpu"]) == ("300", "3")
@@ -369,6 +374,49 @@ def test_mig_gpus_are_not_given_whole_and_their_holders_are_counted(
     r.run_once()
     dev = kube.get("devices", NODE)
     assert all(d["health"] for d in dev["spec"]["devices"]) and dev["status"]["migGPUCount"] == 0
+    assert not any("labels" in d for d in dev["spec"]["devices"])
+
+
+def test_what_others_wrote_into_device_entries_is_kept(setup, kube: FakeKube) -> None:
+    """Fields of a device entry the reporter does not write (Koordinator's conditions) and labels
+    that are not ours stay, on the entry of the same device; ours come and go with what they say."""
+    fake, r = setup("pcie-l40s")
+    gpu = fake.doc["gpus"][1]
+
+    def entry_of(dev: dict[str, Any]) -> dict[str, Any]:
+        return next(d for d in dev["spec"]["devices"] if d["minor"] == gpu["minor"])
+
+    r.run_once()
+    dev = kube.get("devices", NODE)
+    condition = {"type": "Healthy", "status": "True", "reason": "Checked", "lastTransitionTime": "2026-11-01T00:00:00Z"}
+    entry_of(dev).update(conditions=[condition], labels={"team": "ml"}, moduleID=7)
+    ours = next(d for d in dev["spec"]["devices"] if d["minor"] != gpu["minor"])
+    ours["vfGroups"] = [{"vfs": [{"minor": 0}]}]  # a field of ours, not written for a GPU: not kept
+    kube.put("devices", dev)
+    assert r.run_once().writes == ["Device"]
+    dev = kube.get("devices", NODE)
+    assert not any("vfGroups" in d for d in dev["spec"]["devices"] if d["type"] == "gpu")
+    kept = entry_of(dev)
+    assert (kept["conditions"], kept["labels"], kept["moduleID"]) == ([condition], {"team": "ml"}, 7)
+    assert r.run_once().writes == []  # kept, so nothing to write again
+    gpu |= {"mig_mode": 1, "mig_devices": []}
+    fake.write()
+    fake.reload()
+    r.run_once()
+    dev = kube.get("devices", NODE)
+    check_against_crd(dev)
+    assert entry_of(dev)["labels"] == {"team": "ml", MIG_MODE_LABEL: MIG_ENABLED}
+    gpu |= {"mig_mode": 0}
+    fake.write()
+    fake.reload()
+    r.run_once()
+    assert entry_of(kube.get("devices", NODE))["labels"] == {"team": "ml"}  # ours went, theirs stayed
+    gpu["uuid"] = "GPU-00000000" + gpu["uuid"][12:]  # another GPU at that minor: it starts bare
+    fake.write()
+    fake.reload()
+    r.run_once()
+    entry = entry_of(kube.get("devices", NODE))
+    assert entry["id"] == gpu["uuid"] and not {"conditions", "labels", "moduleID"} & set(entry)
 
 
 def test_unreadable_checkpoint_keeps_the_published_entries(setup, kube: FakeKube) -> None:

@@ -10,7 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crihook.base.allocation import CONTAINER_DEVICES, DEVICE_ALLOCATED, parse_container_devices, parse_device_allocated
+from crihook.base.allocation import (
+    CONTAINER_DEVICES,
+    DEVICE_ALLOCATED,
+    MIG_ENABLED,
+    MIG_MODE_LABEL,
+    parse_container_devices,
+    parse_device_allocated,
+)
 from crihook.scheduler.devices import PCIE_LEVELS, DeviceError, Gpu, NodeDevices, node_from_device
 from crihook.scheduler.plugin import DeviceShare, Unschedulable
 from crihook.scheduler.pod import pod_from_json
@@ -449,6 +456,30 @@ def test_reasons_name_each_node_and_count_each_cause() -> None:
     assert failed["a"] == "node a: 1 of 2 GPUs can take a whole GPU, 2 needed (1 not enough free GPU core)"
     assert failed["b"] == failed["a"].replace("node a", "node b")
     assert failed["c"] == "node c: 0 of 2 GPUs can take a whole GPU, 2 needed (1 not enough free GPU core; 1 unhealthy)"
+
+
+def test_a_gpu_in_mig_mode_is_never_given_and_the_reason_says_so() -> None:
+    """The reporter labels a GPU in MIG mode (health false); a label alone, health true, is not
+    enough to make it usable either. Filter counts those apart from unhealthy GPUs."""
+    d = device("m", 4, unhealthy=(0, 1))
+    for i in (1, 2):  # 1: MIG and not healthy, as the reporter publishes it; 2: labelled, health true
+        d["spec"]["devices"][i]["labels"] = {MIG_MODE_LABEL: MIG_ENABLED, "team": "infra"}
+    node = node_from_device(d)
+    assert [(g.healthy, g.mig) for g in node.gpus] == [(False, False), (False, True), (False, True), (True, False)]
+    ds = cluster(d)
+    fit, failed = ds.filter_nodes(ds.pre_filter(pod("p", {"nvidia.com/gpu": "2"})))
+    assert fit == []
+    assert failed["m"] == (
+        "node m: 1 of 4 GPUs can take a whole GPU, 2 needed (2 in MIG mode (given as nvidia.com/mig-*); 1 unhealthy)"
+    )
+    d["spec"]["devices"][2]["labels"] = {MIG_MODE_LABEL: "disabled"}  # MIG mode off again
+    ds.set_node(node_from_device(d))
+    assert ds.filter_nodes(ds.pre_filter(pod("p", {"nvidia.com/gpu": "2"})))[0] == ["m"]
+    ds.remove_node("m")
+    assert ds.st.nmig.sum() == 0
+    d["spec"]["devices"][0]["labels"] = ["not", "an", "object"]
+    with pytest.raises(DeviceError, match=r"spec.devices\[0\].labels: expected an object"):
+        node_from_device(d)
 
 
 def test_gpus_the_device_plugin_holds_are_not_handed_out() -> None:
