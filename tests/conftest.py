@@ -114,6 +114,15 @@ def cdi_spec_dir(containerd: Containerd) -> Iterator[Path]:
 
 
 @pytest.fixture
+def nri_socket(containerd: Containerd) -> Path:
+    """The NRI socket of the session's containerd (1.7 and 2.x, NRI on). A plugin a test connects
+    must be gone when it ends."""
+    if not containerd.nri:
+        pytest.skip(f"containerd {containerd.runtime.name} has no NRI")
+    return containerd.nri_socket
+
+
+@pytest.fixture
 def containerd_cri(containerd: Containerd) -> Iterator[Cri]:
     """A CRI client straight to the session's containerd; every pod left over is removed afterwards
     (tasks CRI lost track of included), so each test starts from an empty runtime."""

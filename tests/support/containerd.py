@@ -7,7 +7,10 @@ Three containerd releases, named by `Runtime.name`:
   (`runtimes_dir()`); a release it could not download is skipped with its reason
   (`Runtime.unavailable()`), one that downloads but does not run fails its tests.
 Every release uses bookworm's runc (trixie's and sid's need a newer glibc). 1.7 and 2.x run with CDI
-on and one spec dir of their own, `Containerd.cdi_spec_dir`; nothing else is searched.
+on and one spec dir of their own, `Containerd.cdi_spec_dir`; nothing else is searched. They also run
+with NRI on (`Containerd.nri`), its socket, plugin and plugin-config dirs private
+(`Containerd.nri_socket`, `nri_plugin_dir`, `nri_plugin_config_dir`): with no plugin connected the
+runtime behaves as without NRI, which is 2.x's default anyway.
 
 Using it from a test (fixtures in conftest.py): a test that uses `containerd` (or `containerd_cri`,
 `proxy_cri`, `crihook_proxy`) runs once per release in `DEFAULT_RUNTIMES`; `@pytest.mark.runtimes("1.7", "2")`
@@ -19,6 +22,14 @@ chooses others. `containerd.runtime` says which one this run has. For CDI:
         ...  # CDI_devices / cdi.k8s.io/* annotations now really inject what the spec declares
 
 containerd re-reads the spec dir on every injection, so a spec written before CreateContainer applies.
+
+For NRI (1.7 and 2.x; the `nri_socket` fixture skips on 1.6):
+
+    @pytest.mark.runtimes("1.7", "2")
+    def test_y(containerd, nri_socket, containerd_cri):
+        ...  # a plugin dials nri_socket; the runtime calls it on the next CreateContainer
+
+A plugin a test connects must be gone when the test ends: the session's containerd serves other tests.
 
 Nothing here talks to a registry. The two images are OCI archives written by this module (a pause
 image from `pause.c` built with `gcc -static`, a busybox image from Debian's busybox-static) and
@@ -37,8 +48,10 @@ Facts about the machines this runs on (Debian 12, runc 1.1.5), learned by trying
 - containerd 1.6 has no CDI support (that came in 1.7): `CDI_devices` in a CreateContainer reaches
   containerd and is ignored.
 - Beside another containerd, each instance needs its own runc root (the default
-  /run/containerd/runc/k8s.io is shared), NRI off (its socket is shared), and on 1.7/2.x the shim
-  named by `runtime_path`: 2.x otherwise finds the machine's 1.6 shim on PATH and silently uses it.
+  /run/containerd/runc/k8s.io is shared), NRI off or on a socket of its own (the default
+  /var/run/nri/nri.sock is shared, and so are /opt/nri/plugins and /etc/nri/conf.d), and on 1.7/2.x
+  the shim named by `runtime_path`: 2.x otherwise finds the machine's 1.6 shim on PATH and silently
+  uses it.
 """
 
 from __future__ import annotations
@@ -212,6 +225,11 @@ class Runtime:
     def has_cdi(self) -> bool:
         return self.name != "1.6"
 
+    @property
+    def has_nri(self) -> bool:
+        """1.7 carries NRI 0.6 (off by default), 2.x NRI 0.8 (on by default); 1.6 has none."""
+        return self.name != "1.6"
+
     def unavailable(self) -> str | None:
         """Why this release can not be tested here (tests/runtimes.sh did not fetch it), or None."""
         if self.prefix is None:
@@ -230,8 +248,11 @@ class Runtime:
         query = ["dpkg-query", "-W", "-f=${Version}", "containerd"]
         return subprocess.run(query, capture_output=True, text=True).stdout.strip() or "unknown"
 
-    def config(self, base: Path) -> str:
-        return _config_v3(base, self) if self.name == "2" else _config_v2(base, self)
+    def config(self, base: Path, nri: bool = False) -> str:
+        """The config for an instance living in `base`; `nri` turns NRI on with private paths."""
+        if nri and not self.has_nri:
+            raise ContainerdError(f"containerd {self.name} has no NRI")
+        return _config_v3(base, self, nri) if self.name == "2" else _config_v2(base, self, nri)
 
 
 def runtimes_dir() -> Path:
@@ -271,7 +292,30 @@ _DISABLED = """disabled_plugins = [
 ]"""
 
 
-def _config_v2(base: Path, rt: Runtime) -> str:
+# NRI's default timeouts in seconds (pkg/api/timeouts.go): a plugin must register within the first
+# and answer each call within the second, or the runtime drops it.
+NRI_REGISTRATION_TIMEOUT = 5
+NRI_REQUEST_TIMEOUT = 2
+
+
+def _nri_section(base: Path, quote: str, nri: bool) -> str:
+    """The NRI plugin's table: off, or on with its socket and plugin dirs inside `base` and the
+    default timeouts written out, so that tests can rely on them."""
+    head = f"[plugins.{quote}io.containerd.nri.v1.nri{quote}]"  # 1.7 quotes keys with ", 2.x with '"
+    if not nri:
+        return f"{head}\n  disable = true\n"
+    return f"""{head}
+  disable = false
+  disable_connections = false
+  socket_path = "{base}/nri/nri.sock"
+  plugin_path = "{base}/nri/plugins"
+  plugin_config_path = "{base}/nri/conf.d"
+  plugin_registration_timeout = "{NRI_REGISTRATION_TIMEOUT}s"
+  plugin_request_timeout = "{NRI_REQUEST_TIMEOUT}s"
+"""
+
+
+def _config_v2(base: Path, rt: Runtime, nri: bool = False) -> str:
     """containerd 1.6/1.7 config (version 2) with every path inside `base`, so it shares nothing with a
     containerd the machine may already run. runc's state root is ours too, which lets cleanup find
     the containers even when containerd is gone."""
@@ -303,9 +347,7 @@ required_plugins = ["io.containerd.grpc.v1.cri"]
 [ttrpc]
   address = "{base}/containerd.sock.ttrpc"
 
-[plugins."io.containerd.nri.v1.nri"]
-  disable = true
-
+{_nri_section(base, '"', nri)}
 {cri}]
   sandbox_image = "{PAUSE_IMAGE}"
   restrict_oom_score_adj = true
@@ -329,7 +371,7 @@ required_plugins = ["io.containerd.grpc.v1.cri"]
 """
 
 
-def _config_v3(base: Path, rt: Runtime) -> str:
+def _config_v3(base: Path, rt: Runtime, nri: bool = False) -> str:
     """containerd 2.x config (version 3): CRI is split into an images and a runtime plugin, and the
     sandbox image is a pinned image."""
     run = "[plugins.'io.containerd.cri.v1.runtime'"
@@ -347,9 +389,7 @@ required_plugins = ["io.containerd.grpc.v1.cri"]
 [ttrpc]
   address = "{base}/containerd.sock.ttrpc"
 
-[plugins.'io.containerd.nri.v1.nri']
-  disable = true
-
+{_nri_section(base, "'", nri)}
 [plugins.'io.containerd.grpc.v1.cri']
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
@@ -394,19 +434,25 @@ class Containerd:
     base: Path
     cgroup_root: str = CGROUP_ROOT
     runtime: Runtime = SYSTEM
+    nri: bool = False  # NRI on, with the private paths below
     pause_image: str = PAUSE_IMAGE
     busybox_image: str = BUSYBOX_IMAGE
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @classmethod
-    def create(cls, cgroup_root: str = CGROUP_ROOT, runtime: Runtime = SYSTEM) -> Containerd:
+    def create(cls, cgroup_root: str = CGROUP_ROOT, runtime: Runtime = SYSTEM, nri: bool | None = None) -> Containerd:
         """A stopped instance with its directory and config written. `cgroup_root` is the parent of
-        the pod cgroups of the pods it will run (`cri.pod_config(cgroup_root=...)`); close removes it."""
+        the pod cgroups of the pods it will run (`cri.pod_config(cgroup_root=...)`); close removes it.
+        `nri`: NRI on or off; by default on where the release has it."""
+        nri = runtime.has_nri if nri is None else nri
         base = Path(tempfile.mkdtemp(prefix="crihook-containerd-"))
-        (base / "config.toml").write_text(runtime.config(base))
+        (base / "config.toml").write_text(runtime.config(base, nri))
         if runtime.has_cdi:
             (base / "cdi").mkdir()
-        return cls(base, cgroup_root, runtime)
+        if nri:
+            for sub in ("plugins", "conf.d"):
+                (base / "nri" / sub).mkdir(parents=True)
+        return cls(base, cgroup_root, runtime, nri)
 
     @property
     def config_path(self) -> Path:
@@ -418,6 +464,26 @@ class Containerd:
         if not self.runtime.has_cdi:
             raise ContainerdError(f"containerd {self.runtime.name} has no CDI")
         return self.base / "cdi"
+
+    def _nri_path(self, name: str) -> Path:
+        if not self.nri:
+            raise ContainerdError(f"this containerd {self.runtime.name} runs without NRI")
+        return self.base / "nri" / name
+
+    @property
+    def nri_socket(self) -> Path:
+        """Where external NRI plugins dial this instance (it creates the socket at start)."""
+        return self._nri_path("nri.sock")
+
+    @property
+    def nri_plugin_dir(self) -> Path:
+        """Pre-registered plugins (`NN-name` executables), started by containerd at its start."""
+        return self._nri_path("plugins")
+
+    @property
+    def nri_plugin_config_dir(self) -> Path:
+        """Configs of pre-registered plugins (`NN-name.conf` or `name.conf`)."""
+        return self._nri_path("conf.d")
 
     @property
     def socket(self) -> Path:
@@ -456,13 +522,14 @@ class Containerd:
 
     def _wait_cri(self, timeout: float) -> None:
         """CRI answers "server is not initialized yet" until it has recovered its state and subscribed
-        to image events; an image imported before that would stay invisible to CRI."""
+        to image events; an image imported before that would stay invisible to CRI. With NRI on, its
+        socket must be there too, so a plugin can dial as soon as `start()` returns."""
         deadline = time.monotonic() + timeout
         last = "socket not there yet"
         while time.monotonic() < deadline:
             if self.process is None or self.process.poll() is not None:
                 raise ContainerdError(f"containerd exited during start:\n{self.log_tail()}")
-            if self.socket.exists():
+            if self.socket.exists() and (not self.nri or self.nri_socket.exists()):
                 try:
                     self._cri_call("RuntimeService/Version", b"")  # an empty VersionRequest is zero bytes
                     return
@@ -638,9 +705,12 @@ def remove_cgroup_tree(path: str) -> None:
 
 
 @contextlib.contextmanager
-def running_containerd(cgroup_root: str = CGROUP_ROOT, runtime: Runtime = SYSTEM) -> Iterator[Containerd]:
-    """A started containerd with both test images imported, closed on exit whatever happens."""
-    daemon = Containerd.create(cgroup_root, runtime)
+def running_containerd(
+    cgroup_root: str = CGROUP_ROOT, runtime: Runtime = SYSTEM, nri: bool | None = None
+) -> Iterator[Containerd]:
+    """A started containerd with both test images imported, closed on exit whatever happens; `nri`
+    as in `Containerd.create`."""
+    daemon = Containerd.create(cgroup_root, runtime, nri)
     try:
         daemon.start()
         daemon.import_test_images()
