@@ -2,15 +2,18 @@
 # Install crihook on a GPU node, or remove it again.
 #
 #   sudo ./install.sh                 install (or upgrade) and put crihook between kubelet and containerd
+#   sudo ./install.sh --mode nri      install (or upgrade) crihook as containerd's NRI plugin instead
 #   sudo ./install.sh --uninstall     restore the node as it was before the first install
 #   ./install.sh --root DIR           stage into DIR without touching this machine's services
 #
 # What it does, in order: checks the node; creates a private virtual environment under the prefix
 # (default /opt/crihook) and installs crihook into it; installs the systemd unit and, when absent, a
-# commented config at /etc/crihook/config.toml; starts crihook; then adds a kubelet drop-in that
-# points kubelet's runtime endpoint at crihook's socket (images keep going straight to containerd)
-# and restarts kubelet. Every file it creates or replaces is written down in <prefix>/install.record
-# (replaced files are copied to <prefix>/backup first), which is what --uninstall undoes.
+# commented config at /etc/crihook/config.toml; starts crihook. In proxy mode (the default) it then
+# adds a kubelet drop-in that points kubelet's runtime endpoint at crihook's socket (images keep
+# going straight to containerd) and restarts kubelet; in NRI mode kubelet is left alone and
+# containerd's NRI socket must be there. Every file it creates or replaces is written down in
+# <prefix>/install.record (replaced files are copied to <prefix>/backup first), which is what
+# --uninstall undoes.
 set -euo pipefail
 
 PROG=install.sh
@@ -24,8 +27,11 @@ PYTHON=python3
 CONTAINERD_SOCKET=/run/containerd/containerd.sock
 SKIP_KUBELET=0
 UNINSTALL=0
+MODE=proxy
+NRI_SOCKET=/var/run/nri/nri.sock
 
 UNIT=/etc/systemd/system/crihook.service
+NRI_UNIT=/etc/systemd/system/crihook-nri.service
 CONFIG=/etc/crihook/config.toml
 STATE_DIR=/var/lib/crihook
 DROPIN_DIR=/etc/systemd/system/kubelet.service.d
@@ -36,8 +42,12 @@ UNIT_DIRS=(/lib/systemd/system /usr/lib/systemd/system /run/systemd/system /etc/
 
 usage() {
     cat <<EOF
-usage: $PROG [--uninstall] [--root DIR] [--prefix DIR] [--source PATH|SPEC] [--pip-args ARGS]
-             [--python PYTHON] [--containerd-socket PATH] [--skip-kubelet]
+usage: $PROG [--mode proxy|nri] [--uninstall] [--root DIR] [--prefix DIR] [--source PATH|SPEC]
+             [--pip-args ARGS] [--python PYTHON] [--containerd-socket PATH] [--nri-socket PATH]
+             [--skip-kubelet]
+
+  --mode proxy|nri       proxy (default): crihook between kubelet and containerd, kubelet re-pointed;
+                         nri: crihook as containerd's NRI plugin, kubelet untouched (containerd 1.7+)
 
   --uninstall            undo what earlier runs did: remove crihook, restore replaced files
   --root DIR             install into the staging root DIR; start and restart nothing
@@ -46,6 +56,7 @@ usage: $PROG [--uninstall] [--root DIR] [--prefix DIR] [--source PATH|SPEC] [--p
   --pip-args ARGS        extra pip arguments, e.g. "--no-index --find-links /srv/wheels" offline
   --python PYTHON        interpreter for the virtual environment, 3.11 or newer (default python3)
   --containerd-socket P  containerd's socket, checked before installing (default $CONTAINERD_SOCKET)
+  --nri-socket PATH      containerd's NRI socket, checked in NRI mode (default $NRI_SOCKET)
   --skip-kubelet         leave kubelet alone (point its runtime endpoint at crihook yourself)
 EOF
 }
@@ -60,7 +71,7 @@ while (($#)); do
     case $1 in
         --uninstall) UNINSTALL=1 ;;
         --skip-kubelet) SKIP_KUBELET=1 ;;
-        --root | --prefix | --source | --pip-args | --python | --containerd-socket)
+        --root | --prefix | --source | --pip-args | --python | --containerd-socket | --mode | --nri-socket)
             (($# >= 2)) || die "$1 needs a value"
             case $1 in
                 --root) ROOT=$2 ;;
@@ -69,6 +80,8 @@ while (($#)); do
                 --pip-args) PIP_ARGS=$2 ;;
                 --python) PYTHON=$2 ;;
                 --containerd-socket) CONTAINERD_SOCKET=$2 ;;
+                --mode) MODE=$2 ;;
+                --nri-socket) NRI_SOCKET=$2 ;;
             esac
             shift
             ;;
@@ -84,6 +97,7 @@ while (($#)); do
     shift
 done
 
+[[ $MODE == proxy || $MODE == nri ]] || die "--mode must be proxy or nri, not '$MODE'"
 # The prefix is substituted into the unit file: keep it to characters that need no quoting there.
 [[ $PREFIX =~ ^/[A-Za-z0-9._/+-]*[A-Za-z0-9._+-]$ ]] || die "--prefix must be an absolute path of letters, digits and ._+-/ (not ending in /), not '$PREFIX'"
 if [[ -n $ROOT ]]; then
@@ -128,9 +142,33 @@ check_install() {
         [[ -f $HERE/pyproject.toml ]] || die "no crihook source next to $PROG; name a wheel or directory with --source"
         SOURCE=$HERE
     fi
-    if ((!SKIP_KUBELET)) && [[ -z $(kubelet_units) ]]; then
+    if [[ $MODE == nri ]]; then
+        check_nri
+    elif ((!SKIP_KUBELET)) && [[ -z $(kubelet_units) ]]; then
         die "no kubelet.service under $(printf '%s ' "${UNIT_DIRS[@]}")- install kubelet first, or pass --skip-kubelet and point kubelet's --container-runtime-endpoint at crihook's socket yourself"
     fi
+}
+
+# containerd's version when it can be asked (not when staging into a root), for the messages below.
+containerd_version() {
+    [[ -z $ROOT ]] && command -v containerd >/dev/null && containerd --version 2>/dev/null | awk '{print $3}'
+    return 0
+}
+
+# NRI mode needs containerd's NRI socket: containerd 1.7 has NRI off unless its config turns it on,
+# 2.x has it on unless its config turns it off, 1.6 has none. One mode per node: switching goes
+# through --uninstall, which also takes kubelet's drop-in away.
+check_nri() {
+    local version
+    recorded "$DROPIN" && die "crihook is installed here in proxy mode; run $PROG --uninstall first, then $PROG --mode nri"
+    [[ -S $(r "$NRI_SOCKET") ]] && return 0
+    version=$(containerd_version)
+    die "no NRI socket at $NRI_SOCKET${version:+ (containerd $version)}: containerd's NRI is off. On containerd 1.7 add
+    [plugins.\"io.containerd.nri.v1.nri\"]
+      disable = false
+  to /etc/containerd/config.toml and restart containerd; on 2.x remove the line that disables it
+  (plugins.'io.containerd.nri.v1.nri'); containerd 1.6 has no NRI: use --mode proxy. A socket
+  elsewhere (the config's socket_path) is named with --nri-socket"
 }
 
 # -- the install record ----------------------------------------------------------------------------
@@ -282,10 +320,18 @@ install_venv() {
     "$(r "$VENV")/bin/crihook" --version >/dev/null || die "$VENV/bin/crihook does not run after installing"
 }
 
+# The unit this mode runs: crihook.service (proxy) or crihook-nri.service.
+mode_unit() {
+    if [[ $MODE == nri ]]; then printf '%s' "$NRI_UNIT"; else printf '%s' "$UNIT"; fi
+}
+
 install_files() {
-    # The unit names /opt/crihook; another prefix means other paths.
-    sed "s|/opt/crihook/|$PREFIX/|g" "$HERE/systemd/crihook.service" >"$WORK/unit"
-    install_file "$WORK/unit" "$UNIT" 0644 || true
+    local unit
+    unit=$(mode_unit)
+    # The unit names /opt/crihook (and the NRI socket); another prefix or socket means other paths.
+    sed -e "s|/opt/crihook/|$PREFIX/|g" -e "s|--nri-socket /var/run/nri/nri.sock|--nri-socket $NRI_SOCKET|" \
+        "$HERE/systemd/${unit##*/}" >"$WORK/unit"
+    install_file "$WORK/unit" "$unit" 0644 || true
     if [[ -e $(r "$CONFIG") ]]; then
         say "keeping the existing $CONFIG"
     else
@@ -297,7 +343,7 @@ install_files() {
         record tree "$STATE_DIR"
     fi
     make_dir "$WANTS_DIR"
-    systemctl_ enable crihook.service
+    systemctl_ enable "${unit##*/}"
 }
 
 install_kubelet_dropin() {
@@ -317,19 +363,26 @@ install_kubelet_dropin() {
 }
 
 do_install() {
+    local unit
+    unit=$(mode_unit)
+    unit=${unit##*/}
     check_host
     check_install
+    [[ $MODE == proxy ]] && recorded "$NRI_UNIT" &&
+        die "crihook is installed here in NRI mode; run $PROG --uninstall first, then $PROG"
     make_prefix
     install_venv
     install_files
     if [[ -z $ROOT ]]; then
         systemctl_ daemon-reload
-        say "starting crihook"
-        # Type=notify: this returns once crihook serves, or fails.
-        systemctl_ restart crihook.service ||
-            die "crihook did not start; see journalctl -u crihook -n 50 and crihook doctor (kubelet was left as it was)"
+        say "starting crihook ($MODE mode)"
+        # Type=notify: this returns once crihook serves (proxy) or is registered with containerd (nri).
+        systemctl_ restart "$unit" ||
+            die "crihook did not start; see journalctl -u ${unit%.service} -n 50 and crihook doctor (kubelet was left as it was)"
     fi
-    if ((SKIP_KUBELET)); then
+    if [[ $MODE == nri ]]; then
+        say "NRI mode: kubelet is left as it is; containerd calls crihook at $NRI_SOCKET"
+    elif ((SKIP_KUBELET)); then
         say "kubelet left alone (--skip-kubelet): point its --container-runtime-endpoint at crihook's socket"
     else
         install_kubelet_dropin
@@ -345,7 +398,7 @@ do_install() {
 
 do_uninstall() {
     check_host
-    local record kind path line lines
+    local record kind path line lines unit
     record=$(r "$RECORD")
     [[ -f $record ]] || die "nothing to undo: $RECORD not found (crihook was not installed here by $PROG, or already removed)"
     if [[ -z $ROOT ]]; then
@@ -357,9 +410,13 @@ do_uninstall() {
                 systemctl_ restart kubelet.service
             fi
         fi
-        systemctl_ stop crihook.service || true
+        for unit in crihook.service crihook-nri.service; do
+            systemctl_ stop "$unit" 2>/dev/null || true
+        done
     fi
-    systemctl_ disable crihook.service 2>/dev/null || true
+    for unit in crihook.service crihook-nri.service; do
+        systemctl_ disable "$unit" 2>/dev/null || true
+    done
     # Newest first, so files go before the directories that hold them.
     mapfile -t lines < <(tac "$record")
     for line in "${lines[@]}"; do

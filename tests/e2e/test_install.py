@@ -23,6 +23,7 @@ from crihook.base import config as cfg
 REPO = Path(__file__).resolve().parents[2]
 INSTALL = REPO / "install.sh"
 UNIT = REPO / "systemd" / "crihook.service"
+NRI_UNIT = REPO / "systemd" / "crihook-nri.service"
 TEMPLATE = REPO / "systemd" / "config.toml"
 PACKAGE_DIRS = ("crihook", "proxy", "hooks", "scheduler", "devices", "proto")
 HOST_UNITS = Path("/usr/lib/systemd/system")
@@ -69,13 +70,19 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return next(out.glob("crihook-*.whl"))
 
 
-def make_node(root: Path, *, kubeadm: bool = True) -> Path:
-    """A fresh node's tree: containerd listening, kubelet installed from the Kubernetes packages,
-    and systemd's own units (so `systemd-analyze verify --root` can resolve targets)."""
-    sock = root / "run/containerd/containerd.sock"
+def listen_at(sock: Path) -> None:
     sock.parent.mkdir(parents=True)
     with socket.socket(socket.AF_UNIX) as s:
         s.bind(str(sock))
+
+
+def make_node(root: Path, *, kubeadm: bool = True, nri: bool = False) -> Path:
+    """A fresh node's tree: containerd listening (and its NRI socket with `nri`), kubelet installed
+    from the Kubernetes packages, and systemd's own units (so `systemd-analyze verify --root` can
+    resolve targets)."""
+    listen_at(root / "run/containerd/containerd.sock")
+    if nri:
+        listen_at(root / "var/run/nri/nri.sock")
     units = root / "usr/lib/systemd/system"
     if HOST_UNITS.is_dir():
         shutil.copytree(HOST_UNITS, units, symlinks=True)
@@ -129,11 +136,11 @@ def dropin_exec_start(root: Path) -> tuple[str, str]:
     return env.group(1), starts[1]
 
 
-def verify_units(root: Path) -> None:
+def verify_units(root: Path, unit: str = "crihook.service") -> None:
     if shutil.which("systemd-analyze") is None or not (HOST_UNITS / "sysinit.target").exists():
         pytest.skip("systemd-analyze and systemd's units are needed (Debian package systemd)")
     done = subprocess.run(
-        ["systemd-analyze", "verify", f"--root={root}", "crihook.service", "kubelet.service"],
+        ["systemd-analyze", "verify", f"--root={root}", unit, "kubelet.service"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -231,6 +238,62 @@ def test_continued_exec_start_lines_are_joined(tmp_path: Path, wheel: Path) -> N
     verify_units(root)
 
 
+# -- NRI mode --------------------------------------------------------------------------------------
+
+
+def test_nri_mode_leaves_kubelet_alone_and_uninstalls_byte_for_byte(tmp_path: Path, wheel: Path) -> None:
+    root = make_node(tmp_path / "root", nri=True)
+    before = snapshot(root)
+    done = install(root, wheel, "--mode", "nri")
+    assert "kubelet is left as it is" in done.stdout
+
+    etc = root / "etc/systemd/system"
+    assert (etc / "crihook-nri.service").read_bytes() == NRI_UNIT.read_bytes()
+    assert not (etc / "crihook.service").exists()
+    assert not (etc / "kubelet.service.d").exists()
+    assert os.readlink(etc / "multi-user.target.wants/crihook-nri.service") == "/etc/systemd/system/crihook-nri.service"
+    assert (root / "etc/crihook/config.toml").read_bytes() == TEMPLATE.read_bytes()
+    verify_units(root, "crihook-nri.service")
+    second = install(root, wheel, "--mode", "nri")
+    assert "keeping the existing /etc/crihook/config.toml" in second.stdout
+
+    install(root, wheel, "--uninstall")
+    assert snapshot(root) == before
+
+
+def test_nri_mode_prefix_and_socket_are_written_into_the_unit(tmp_path: Path, wheel: Path) -> None:
+    root = make_node(tmp_path / "root", kubeadm=False)
+    listen_at(root / "run/containerd/nri/nri.sock")
+    install(root, wheel, "--mode", "nri", "--prefix", "/srv/crihook", "--nri-socket", "/run/containerd/nri/nri.sock")
+    unit = (root / "etc/systemd/system/crihook-nri.service").read_text()
+    assert (
+        "ExecStart=/srv/crihook/venv/bin/crihook nri --config /etc/crihook/config.toml"
+        " --nri-socket /run/containerd/nri/nri.sock" in unit
+    )
+    assert "/opt/crihook" not in unit and "/var/run/nri" not in unit
+
+
+def test_nri_mode_refuses_without_the_nri_socket_and_says_how_to_turn_it_on(tmp_path: Path) -> None:
+    root = make_node(tmp_path / "root")
+    err = refuse("--root", str(root), "--mode", "nri")
+    assert "no NRI socket at /var/run/nri/nri.sock" in err
+    assert '[plugins."io.containerd.nri.v1.nri"]\n      disable = false' in err
+    assert "containerd 1.6 has no NRI: use --mode proxy" in err
+    assert not (root / "opt").exists()
+
+
+def test_one_mode_at_a_time(tmp_path: Path, wheel: Path) -> None:
+    """Switching modes goes through --uninstall, which also takes kubelet's drop-in away."""
+    root = make_node(tmp_path / "root", nri=True)
+    install(root, wheel)
+    err = install(root, wheel, "--mode", "nri", check=False)
+    assert err.returncode == 1 and "installed here in proxy mode" in err.stderr
+    install(root, wheel, "--uninstall")
+    install(root, wheel, "--mode", "nri")
+    err = install(root, wheel, check=False)
+    assert err.returncode == 1 and "installed here in NRI mode" in err.stderr
+
+
 # -- clear refusals --------------------------------------------------------------------------------
 
 
@@ -285,6 +348,7 @@ def test_refuses_bad_arguments(tmp_path: Path) -> None:
     assert "--prefix must be an absolute path" in refuse("--root", str(tmp_path), "--prefix", "opt/x")
     assert "--prefix must be an absolute path" in refuse("--root", str(tmp_path), "--prefix", "/opt/a b")
     assert "unknown argument --frobnicate" in refuse("--frobnicate")
+    assert "--mode must be proxy or nri, not 'cri'" in refuse("--mode", "cri")
     assert "--root needs a value" in refuse("--root")
     assert "nothing to undo" in refuse("--root", str(tmp_path), "--uninstall")
 
@@ -292,10 +356,10 @@ def test_refuses_bad_arguments(tmp_path: Path) -> None:
 # -- the unit and the config template --------------------------------------------------------------
 
 
-def unit_sections() -> configparser.ConfigParser:
+def unit_sections(path: Path = UNIT) -> configparser.ConfigParser:
     parser = configparser.ConfigParser(interpolation=None, strict=True)
     parser.optionxform = str  # type: ignore[assignment,method-assign]
-    parser.read_string(UNIT.read_text())
+    parser.read_string(path.read_text())
     return parser
 
 
@@ -312,9 +376,23 @@ def test_unit_shape() -> None:
     assert cfg.DEFAULT_LISTEN.startswith(f"unix:///var/run/{service['RuntimeDirectory']}/")
 
 
-def test_unit_leaves_devices_reachable() -> None:
+def test_nri_unit_shape() -> None:
+    unit = unit_sections(NRI_UNIT)
+    service = unit["Service"]
+    assert service["Type"] == "notify" and service["Restart"] == "always"
+    assert "containerd.service" in unit["Unit"]["After"].split()
+    assert "kubelet.service" in unit["Unit"]["Before"].split()
+    assert service["ExecStart"] == (
+        f"/opt/crihook/venv/bin/crihook nri --config {cfg.DEFAULT_CONFIG} --nri-socket /var/run/nri/nri.sock"
+    )
+    assert f"/var/lib/{service['StateDirectory']}" == cfg.ProxyConfig().state_dir
+    assert "RuntimeDirectory" not in service  # no socket of its own
+
+
+@pytest.mark.parametrize("path", [UNIT, NRI_UNIT], ids=["proxy", "nri"])
+def test_unit_leaves_devices_reachable(path: Path) -> None:
     """NVML opens /dev/nvidia*: anything that installs a device allow-list would break it."""
-    service = unit_sections()["Service"]
+    service = unit_sections(path)["Service"]
     for key in ("PrivateDevices", "DevicePolicy", "DeviceAllow", "ProtectClock"):
         assert key not in service, key
     assert service["NoNewPrivileges"] == "yes" and service["ProtectSystem"] == "strict"
