@@ -9,7 +9,7 @@ one run.
 
 from __future__ import annotations
 
-import sys
+import argparse
 from collections.abc import AsyncIterator
 
 import grpc
@@ -61,4 +61,8 @@ async def main(listen: str, backend: str) -> None:
 
 
 if __name__ == "__main__":
-    uvloop.run(main(sys.argv[1], sys.argv[2]))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("listen", help="unix socket to serve on")
+    ap.add_argument("backend", help="unix socket to forward to")
+    args = ap.parse_args()
+    uvloop.run(main(args.listen, args.backend))

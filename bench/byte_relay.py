@@ -10,8 +10,8 @@ so crihook's added time less this one's is what crihook's own work costs.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import sys
 
 import uvloop
 
@@ -79,4 +79,8 @@ async def main(listen: str, backend: str) -> None:
 
 
 if __name__ == "__main__":
-    uvloop.run(main(sys.argv[1], sys.argv[2]))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("listen", help="unix socket to serve on")
+    ap.add_argument("backend", help="unix socket to forward to")
+    args = ap.parse_args()
+    uvloop.run(main(args.listen, args.backend))

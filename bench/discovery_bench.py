@@ -84,7 +84,7 @@ def main() -> int:
         reporter = Reporter(conf, kube.api_client(), nvml=nvml, rdma_links=dict)
         t0 = time.perf_counter()
         first = reporter.run_once()
-        print(f"first round: {(time.perf_counter() - t0) * 1e3:.1f} ms, wrote {', '.join(first.writes)}")
+        print(f"initial report: {(time.perf_counter() - t0) * 1e3:.1f} ms, wrote {', '.join(first.writes)}")
         obs = reporter.observe()
         node = kube.get("nodes", NODE)
         device = kube.get("devices", NODE)

@@ -73,7 +73,7 @@ class NoRecheck(KubeApi):
 def binds_per_second(pods: int) -> tuple[float, float]:
     """(with the re-check, without): medians of sequential binds of whole-GPU pods, in one process."""
     rates: dict[bool, list[float]] = {True: [], False: []}
-    for rnd in range(7):  # the first round warms up and is not counted; the order alternates
+    for rnd in range(7):  # round 0 warms up and is not counted; the order alternates
         for recheck in (True, False) if rnd % 2 else (False, True):
             with cluster(pods // 8 + 1) as kube:
                 sched = start_scheduler(kube)

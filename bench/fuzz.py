@@ -10,6 +10,7 @@ CRIHOOK_HYPOTHESIS_PROFILE=fuzz and prints, per target, the cases run and the fa
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -22,10 +23,13 @@ COUNTS = re.compile(r"(\d+) passing, (\d+) failing, and (\d+) invalid")
 
 
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("select", nargs="?", help="a pytest -k expression: only the targets it selects")
+    args = ap.parse_args()
     files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "reliability").glob("test_fuzz_*.py"))
     cmd = [sys.executable, "-m", "pytest", *files, "-q", "-p", "no:cacheprovider", "--hypothesis-show-statistics"]
-    if len(sys.argv) > 1:
-        cmd += ["-k", sys.argv[1]]
+    if args.select:
+        cmd += ["-k", args.select]
     env = {**os.environ, "CRIHOOK_HYPOTHESIS_PROFILE": "fuzz"}
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     totals: dict[str, list[int]] = {}

@@ -8,6 +8,7 @@ Prints nanoseconds per update and milliseconds per scrape (best of 5 runs).
 
 from __future__ import annotations
 
+import argparse
 import timeit
 
 from crihook.base.metrics import Counter, Histogram, Registry
@@ -16,6 +17,7 @@ METHODS = [f"/runtime.v1.RuntimeService/Method{i}" for i in range(30)]
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     reg = Registry()
     calls = Counter("bench_calls_total", "calls", ("method", "code"), registry=reg)
     backend = Histogram("bench_backend_seconds", "backend", ("method",), registry=reg)

@@ -128,7 +128,7 @@ def timing(res: dict[tuple[str, str], dict]) -> str:
     for w in WORKLOADS + PINNED:
         per = {p: cpu_s(res[(w, p)]) / len(res[(w, p)]["seeds"]) for p in pols if (w, p) in res}
         if per:
-            ratio = f"{per['default'] / per['fgd']:.1f}" if "default" in per and "fgd" in per else "—"
+            ratio = f"{per['default'] / per['fgd']:.1f}" if per.get("default") and per.get("fgd") else "—"
             cells = [f"{per[p]:.1f} s" if p in per else "—" for p in pols]
             rows.append(f"| {w} | " + " | ".join(cells) + f" | {ratio} |")
     return "\n".join(rows)
@@ -202,6 +202,7 @@ def main() -> None:
     print(timing(res))
     print()
     print(seeds(res))
+    args.out.mkdir(parents=True, exist_ok=True)
     plots(res, args.out)
 
 

@@ -1,8 +1,11 @@
 """Allocator benchmark: Filter+Score latency for one pod over N nodes x 8 GPUs, and the simulator's
 wall time for one seed of the default openb trace.
 
-    .venv/bin/python bench/scheduler_bench.py [--nodes 1000,5000] [--pods 300] [--trace DIR]
+    .venv/bin/python bench/scheduler_bench.py [--nodes 1000,5000] [--pods 300] [--trace DIR | --no-simulate]
         [--pinned 0.33] [--clock cpu]
+
+--trace names the openb trace's directory (openb_node_list_gpu_node.csv, openb_pod_list_default.csv)
+for the simulator's seed.
 
 Each measured pod is a fresh request (its own uid) of a shape drawn from a realistic mix, and is
 reserved on the best node afterwards, as the extender does, so every round changes one node and the
@@ -79,7 +82,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", default="1000,5000")
     ap.add_argument("--pods", type=int, default=300)
-    ap.add_argument("--trace", type=Path, default=Path("../shared/traces/openb"))
+    ap.add_argument("--trace", type=Path, help="the openb trace's directory, for the simulator's seed")
     ap.add_argument("--pinned", type=float, default=0.0, help="share of pods pinned to one of two GPU models")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     ap.add_argument("--no-simulate", action="store_true", help="skip the simulator's seed")
@@ -92,7 +95,7 @@ def main() -> None:
             f" time: p50 {p50:.2f} ms, p99 {p99:.2f} ms",
             flush=True,
         )
-    if args.no_simulate:
+    if args.no_simulate or args.trace is None:
         return
     if (args.trace / "openb_pod_list_default.csv").exists():
         from crihook.scheduler import simulate

@@ -3,8 +3,8 @@
 # per (workload, policy), 10 seeds each (SEEDS=42-51 by default; PYTHON=.venv/bin/python by default;
 # NODES=the node list, TRACE_DIR/openb_node_list_gpu_node.csv by default).
 # Usage, from the repository root: bench/simulate_table.sh TRACE_DIR POLICIES [WORKLOADS]
-#   bench/simulate_table.sh ../shared/traces/openb fgd,bestfit,dotprod,random > baselines.jsonl
-#   NODES=../shared/traces/openb/openb_node_list_gpu_node.csv \
+#   bench/simulate_table.sh TRACE_DIR fgd,bestfit,dotprod,random > baselines.jsonl
+#   NODES=TRACE_DIR/openb_node_list_gpu_node.csv \
 #     bench/simulate_table.sh PINNED_DIR default,fgd "gpuspec10 gpuspec20 gpuspec25 gpuspec33" > pinned.jsonl
 set -eu
 dir=$1

@@ -1,10 +1,13 @@
-"""Every bench script that takes options still starts: its imports resolve and its options parse.
+"""Every maintained benchmark still starts, and the allocation table's pipeline still runs.
 
-The benchmarks run by hand, so nothing else notices when a rename in the packages breaks one (a
-bench once imported an entry point by its old name for a whole round)."""
+The benchmarks run by hand, so nothing else notices when a rename in the packages breaks one: each
+script must answer --help (its imports resolve, its options parse), and `simulate_table.sh` feeds
+`plot_allocation.py` on a trace small enough to simulate in a second."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,17 +15,57 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-SCRIPTS = sorted(p for p in BENCH.glob("*.py") if "argparse" in p.read_text())
+SCRIPTS = sorted(BENCH.glob("*.py"))
+
+# The openb trace's columns (Weng et al., ATC '23, the `openb` cluster trace): a few nodes and pods.
+NODES = """sn,cpu_milli,memory_mib,gpu,model
+n0,32000,131072,2,T4
+n1,64000,262144,4,V100M16
+n2,96000,393216,8,G2
+"""
+PODS = """name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time
+p0,4000,8192,1,500,,LS,Running,0,10,0
+p1,8000,16384,1,1000,,LS,Running,0,10,0
+p2,2000,4096,1,250,,BE,Running,0,10,0
+p3,16000,32768,2,1000,,LS,Running,0,10,0
+p4,1000,2048,0,0,,BE,Running,0,10,0
+"""
+
+
+def run(*cmd: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(c) for c in cmd], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, env=env
+    )
 
 
 def test_the_scripts_are_found() -> None:
-    assert len(SCRIPTS) >= 10
+    assert len(SCRIPTS) >= 15
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_script_answers_help(script: Path) -> None:
-    run = subprocess.run(
-        [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
-    )
-    assert run.returncode == 0, f"{script.name} --help failed:\n{run.stderr[-2000:]}"
-    assert "usage:" in run.stdout
+    done = run(sys.executable, script, "--help")
+    assert done.returncode == 0, f"{script.name} --help failed:\n{done.stderr[-2000:]}"
+    assert "usage:" in done.stdout
+
+
+def test_each_script_states_its_command() -> None:
+    """Each script's docstring (or a shell script's header) shows how it is run."""
+    for path in [*SCRIPTS, *BENCH.glob("*.sh")]:
+        assert f"bench/{path.name}" in path.read_text(), f"{path.name} does not state its command"
+
+
+def test_the_allocation_table_runs_on_a_small_trace(tmp_path: Path) -> None:
+    (tmp_path / "openb_node_list_gpu_node.csv").write_text(NODES)
+    (tmp_path / "openb_pod_list_default.csv").write_text(PODS)
+    env = {**os.environ, "SEEDS": "42-43", "PYTHON": sys.executable}
+    done = run("sh", BENCH / "simulate_table.sh", tmp_path, "default,fgd", "default", env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [line["policy"] for line in lines] == ["default", "fgd"]
+    assert all(line["seeds"] == [42, 43] for line in lines)
+    (tmp_path / "results.jsonl").write_text(done.stdout)
+    plotted = run(sys.executable, BENCH / "plot_allocation.py", tmp_path / "results.jsonl", "--out", tmp_path / "plots")
+    assert plotted.returncode == 0, plotted.stderr[-2000:]
+    assert "| default |" in plotted.stdout
+    assert (tmp_path / "plots" / "allocation_curve.png").stat().st_size > 0
