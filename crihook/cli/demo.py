@@ -3,11 +3,10 @@
 A simulated 8-GPU node (crihook.simnode: the fake NVML library, built here with gcc, so the real
 `pynvml` and the real discovery code run), its Device object as the reporter builds it, the
 allocator placing pods of every request form, and `crihook serve` with the gpu hook in front of a
-runtime: a private containerd when this machine can run one (root, containerd, runc, and a source
-checkout, whose tests/support/containerd.py builds the offline images), else the embedded in-process CRI
-runtime. kubelet's part is played by a CRI client that sends the calls kubelet would send. It prints
-what each container got and removes everything it made. From an installed wheel,
-`crihook demo --runtime embedded` needs only gcc.
+runtime: a private containerd (crihook.simnode.containerd) when this machine can run one (root,
+containerd, runc, busybox-static and gcc), else the embedded in-process CRI runtime. kubelet's part
+is played by a CRI client that sends the calls kubelet would send. It prints what each container got
+and removes everything it made. `crihook demo --runtime embedded` needs only gcc.
 """
 
 from __future__ import annotations
@@ -29,8 +28,6 @@ from typing import Any
 
 from crihook.simnode.fakenvml import TOPOLOGIES
 
-# The containerd harness of a source checkout (absent from an installed wheel)
-CHECKOUT = Path(__file__).resolve().parents[2]  # a source checkout, when crihook runs from one
 NODE = "demo-node"
 GiB = 1 << 30
 
@@ -173,29 +170,19 @@ def embedded_runtime(work: Path) -> Iterator[Runtime]:
 
 @contextlib.contextmanager
 def containerd_runtime() -> Iterator[Runtime]:
-    from tests.support.containerd import BUSYBOX_IMAGE, CGROUP_ROOT, running_containerd
+    from crihook.simnode.containerd import BUSYBOX_IMAGE, CGROUP_ROOT, running_containerd
 
     with running_containerd() as daemon:
         yield Runtime(daemon.address, BUSYBOX_IMAGE, CGROUP_ROOT)
-
-
-def harness_missing() -> str | None:
-    """Why the private containerd cannot run here, or None."""
-    if not (CHECKOUT / "tests" / "support" / "containerd.py").exists():
-        return "the containerd runtime needs a source checkout (tests/support/containerd.py builds its images offline)"
-    if str(CHECKOUT) not in sys.path:
-        sys.path.insert(0, str(CHECKOUT))
-    from tests.support.containerd import missing_requirements
-
-    why: str | None = missing_requirements()
-    return why
 
 
 def choose_runtime(wanted: str) -> str:
     """`auto` takes containerd where it can run; an explicit `containerd` that cannot is an error."""
     if wanted == "embedded":
         return wanted
-    reason = harness_missing()
+    from crihook.simnode.containerd import missing_requirements
+
+    reason = missing_requirements()
     if reason is None:
         return "containerd"
     if wanted == "containerd":

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from crihook.simnode.containerd import missing_requirements
 from tests.cli.test_demo import check, run_demo
 from tests.support.image_build import offline
 
@@ -42,12 +43,16 @@ def test_wheel_demo_in_a_new_venv(tmp_path: Path) -> None:
         check=True,
     ).stdout
     assert where.startswith(str(venv)), where  # the installed package, not this checkout
-    check(run_demo("--runtime", "embedded", command=[str(venv / "bin" / "crihook"), "demo"], cwd=outside))
-    # the private containerd needs the checkout's image builder: said plainly, not a traceback
-    refused = subprocess.run(
-        [venv / "bin" / "crihook", "demo", "--runtime", "containerd"], cwd=outside, capture_output=True, text=True
-    )
-    assert refused.returncode != 0 and "needs a source checkout" in refused.stderr, refused.stderr
+    crihook = [str(venv / "bin" / "crihook"), "demo"]
+    check(run_demo("--runtime", "embedded", command=crihook, cwd=outside))
+    # the wheel carries its private containerd (pause image source included); where the machine
+    # cannot run one, the demo says why plainly, not with a traceback
+    why = missing_requirements()
+    if why is None:
+        check(run_demo("--runtime", "containerd", command=crihook, cwd=outside))
+    else:
+        refused = subprocess.run([*crihook, "--runtime", "containerd"], cwd=outside, capture_output=True, text=True)
+        assert refused.returncode != 0 and why in refused.stderr, refused.stderr
 
 
 def fresh_clone(dest: Path) -> Path:

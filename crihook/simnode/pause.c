@@ -1,7 +1,8 @@
-/* The sandbox ("pause") process of the test pause image, built with `gcc -static` so the image
- * needs no libc. As PID 1 of the pod it must exit on SIGTERM/SIGINT (a signal with no handler is
- * dropped for PID 1) and reap whatever gets re-parented to it. The three signals stay blocked
- * except inside sigsuspend(), so a signal that arrives between two checks is never lost. */
+/* The sandbox ("pause") process of the private containerd's pause image (containerd.py), built
+ * with `gcc -static` so the image needs no libc. As PID 1 of the pod it must exit on SIGTERM/SIGINT
+ * (a signal with no handler is dropped for PID 1) and reap whatever gets re-parented to it. The
+ * three signals stay blocked except inside sigsuspend(), so a signal that arrives between two
+ * checks is never lost. */
 #include <signal.h>
 #include <stddef.h>
 #include <sys/wait.h>
