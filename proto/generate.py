@@ -1,5 +1,6 @@
 """Regenerate the Python code for every .proto in this folder: <name>_pb2.py, <name>_pb2.pyi and, for
-files that define a service, <name>_pb2_grpc.py.
+files that define a gRPC service, <name>_pb2_grpc.py (not for those in TTRPC, whose services travel
+over ttrpc: crihook.nri dispatches their calls by the descriptors).
 
 The generated files are committed so that installing crihook needs no protoc. protoc writes imports
 between generated modules as top-level (`import foo_pb2`); they are rewritten to
@@ -23,6 +24,8 @@ from pathlib import Path
 PROTO_DIR = Path(__file__).resolve().parent
 PACKAGE = "crihook.proto"
 SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
+# .proto files whose services are served over ttrpc, not gRPC: gRPC stubs for them would be wrong.
+TTRPC = frozenset({"nri_v1alpha1.proto"})
 
 # `import foo_pb2 as foo__pb2` (.py) or `import foo_pb2 as _foo_pb2` (.pyi), at line start.
 _LOCAL_IMPORT = re.compile(r"^import (\w+_pb2)\b", re.MULTILINE)
@@ -94,8 +97,8 @@ def generate(out: Path, proto_dir: Path = PROTO_DIR) -> list[Path]:
         stem = proto.stem
         for suffix in SUFFIXES:
             path = out / f"{stem}{suffix}"
-            if suffix == "_pb2_grpc.py" and not services[proto.name]:
-                path.unlink()  # only imports and a version check: nothing to use
+            if suffix == "_pb2_grpc.py" and (not services[proto.name] or proto.name in TTRPC):
+                path.unlink()  # only imports and a version check, or stubs for the wrong transport
                 continue
             path.write_text(_fix_imports(path.read_text()))
             written.append(path)

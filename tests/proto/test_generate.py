@@ -130,6 +130,19 @@ def test_imports_between_protos_are_package_imports(tmp_path: Path) -> None:
         assert "\nimport base_pb2" not in path.read_text() and "\nimport user_pb2" not in path.read_text()
 
 
+def test_a_ttrpc_service_gets_no_grpc_stubs(tmp_path: Path) -> None:
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    (ttrpc_proto,) = generate.TTRPC
+    service = 'syntax = "proto3";\npackage t;\nmessage A {}\nservice S { rpc Get(A) returns (A); }\n'
+    (src / ttrpc_proto).write_text(service)
+    (src / "grpc.proto").write_text(service.replace("package t;", "package g;"))
+    written = sorted(p.name for p in generate.generate(out, src))
+    stem = ttrpc_proto.removesuffix(".proto")
+    assert written == ["grpc_pb2.py", "grpc_pb2.pyi", "grpc_pb2_grpc.py", f"{stem}_pb2.py", f"{stem}_pb2.pyi"]
+    assert sorted(p.name for p in out.iterdir()) == written
+
+
 def test_protoc_errors_name_the_file(tmp_path: Path) -> None:
     (tmp_path / "bad.proto").write_text('syntax = "proto3";\nmessage M { strin x = 1; }\n')
     with pytest.raises(generate.GenerateError, match=r"bad\.proto"):
