@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 # Property and fuzz tests run hypothesis' default example count in the normal suite, without its
 # per-example deadline: that is a timing test in disguise, and on a loaded 2-core machine it failed
-# examples that pass alone. bench/fuzz.sh selects "fuzz" (CRIHOOK_HYPOTHESIS_PROFILE=fuzz, or pytest
+# examples that pass alone. bench/fuzz.py selects "fuzz" (CRIHOOK_HYPOTHESIS_PROFILE=fuzz, or pytest
 # --hypothesis-profile=fuzz) for the long run.
 _UNTIMED = [HealthCheck.too_slow]
 settings.register_profile("suite", deadline=None, suppress_health_check=_UNTIMED)

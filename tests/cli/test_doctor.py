@@ -575,7 +575,7 @@ def test_healthy_node(containerd: Any, short_tmp: Path) -> None:
 
 def test_checkpoint_and_pods_dir_advice_follows_kubelet(tmp_path: Path) -> None:
     # kubelet keeps the checkpoint in /var/lib/kubelet/device-plugins whatever --root-dir says; the
-    # pods dir follows --root-dir (the advice used to be to move node.kubelet_checkpoint)
+    # pods dir follows --root-dir, and the advice for each says so
     gone = NodeConfig(kubelet_checkpoint=str(tmp_path / "kubelet" / "device-plugins" / "kubelet_internal_checkpoint"))
     f = doctor.check_checkpoint(gone)
     assert f.level is Level.WARN and "does not exist" in f.found

@@ -1,5 +1,5 @@
-"""Concurrent binds through the extender with the scheduler restarted in the middle (issue: no GPU is
-ever handed out twice, and a restart rebuilds exactly the state it had). The 1,000-bind run with its
+"""Concurrent binds through the extender with the scheduler restarted in the middle: no GPU is ever
+handed out twice, and a restart rebuilds exactly the state it had. The 1,000-bind run with its
 figures is bench/scheduler_binds.py; this is the same run, smaller."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ request, or a hook's refusal naming hook and pod. INTERNAL (an exception escapin
 And whatever the input, a container whose pod has no GPU allocation ends up with
 NVIDIA_VISIBLE_DEVICES=void and no /dev/nvidiaN node.
 
-The normal suite runs hypothesis' default count; bench/fuzz.sh runs 10,000 examples a target.
+The normal suite runs hypothesis' default count; bench/fuzz.py runs 10,000 examples a target.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ missed type check would crash. Every rejection must be the parser's own error ty
 that names the document and, below the top level, the field; the store file must never be trusted
 once damaged.
 
-The normal suite runs hypothesis' default count; bench/fuzz.sh runs 10,000 examples a target.
+The normal suite runs hypothesis' default count; bench/fuzz.py runs 10,000 examples a target.
 """
 
 from __future__ import annotations

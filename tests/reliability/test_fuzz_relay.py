@@ -3,7 +3,7 @@ the daemon goes on serving everyone else, without an exception escaping the rela
 
 Named cases cover what the relay must judge itself (preface, header blocks, CONTINUATION order,
 HPACK, padding); the hypothesis test sends arbitrary frame sequences, most of which the relay
-forwards for containerd to judge. The normal suite runs hypothesis' default count; bench/fuzz.sh
+forwards for containerd to judge. The normal suite runs hypothesis' default count; bench/fuzz.py
 runs 10,000.
 """
 

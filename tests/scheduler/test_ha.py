@@ -133,7 +133,7 @@ def test_a_leader_that_can_not_renew_stops_writing_at_the_renew_deadline() -> No
 def test_lease_timing_must_leave_room_between_its_parts() -> None:
     with pytest.raises(ValueError, match="duration > renew deadline > retry period"):
         LeaseTiming(duration=5, renew_deadline=5, retry_period=1)
-    assert LeaseTiming().worst_takeover <= 15 - 3  # the 15 s with room for the state rebuild
+    assert LeaseTiming().worst_takeover <= 15 - 3  # the 15 s target, with room for the state rebuild
 
 
 def test_the_fake_refuses_a_lease_write_the_api_server_would_refuse() -> None:
