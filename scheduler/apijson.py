@@ -5,7 +5,7 @@ methods.
 Those methods validate every argument, build and walk models and header tables, and parse headers
 again into a response object: a bind's five calls through them cost 4 ms of CPU in the scheduler,
 more than filter and prioritize together at 5,000 nodes, and the verbs waited for the cores and
-the GIL behind it (docs/scheduler.md, "Scale"). Here a call is one urllib3 request on the same
+the GIL behind it (docs/scheduler.md, "Serving"). Here a call is one urllib3 request on the same
 pool, with the same headers the generated code would send.
 """
 
