@@ -26,7 +26,9 @@ from hypothesis import strategies as st
 
 from crihook.base.config import NodeConfig, ProxyConfig
 from crihook.cli import doctor
-from crihook.cli.doctor import Finding, Level
+from crihook.cli.doctor import cri, files, gpu, output, parse
+from crihook.cli.doctor.finding import Finding, Level, exit_status
+from crihook.devices import kubelet
 from crihook.devices.nvml import GpuInfo, NodeGpus
 from crihook.proxy.store import PodRecord, Store
 from tests.support.gpu_fixtures import fake_proc
@@ -45,27 +47,27 @@ from tests.support.gpu_fixtures import fake_proc
     ],
 )
 def test_socket_path(endpoint: str, path: str | None) -> None:
-    assert doctor.socket_path(endpoint) == path
+    assert parse.socket_path(endpoint) == path
 
 
 def test_same_endpoint() -> None:
-    assert doctor.same_endpoint("unix:///var/run/crihook/crihook.sock", "unix:///run/crihook/crihook.sock")
-    assert doctor.same_endpoint("/run/crihook/./crihook.sock", "unix:/var/run/crihook/crihook.sock")
-    assert not doctor.same_endpoint("unix:///run/containerd/containerd.sock", "unix:///run/crihook/crihook.sock")
-    assert not doctor.same_endpoint("unix:///var/runner/x.sock", "unix:///run/ner/x.sock")
+    assert parse.same_endpoint("unix:///var/run/crihook/crihook.sock", "unix:///run/crihook/crihook.sock")
+    assert parse.same_endpoint("/run/crihook/./crihook.sock", "unix:/var/run/crihook/crihook.sock")
+    assert not parse.same_endpoint("unix:///run/containerd/containerd.sock", "unix:///run/crihook/crihook.sock")
+    assert not parse.same_endpoint("unix:///var/runner/x.sock", "unix:///run/ner/x.sock")
 
 
 @given(st.lists(st.sampled_from(["unix://", "unix:", ""]), min_size=2, max_size=2), st.sampled_from(["/var", ""]))
 def test_same_endpoint_ignores_spelling(schemes: list[str], var: str) -> None:
-    assert doctor.same_endpoint(f"{schemes[0]}{var}/run/a.sock", f"{schemes[1]}/run/a.sock")
+    assert parse.same_endpoint(f"{schemes[0]}{var}/run/a.sock", f"{schemes[1]}/run/a.sock")
 
 
 def test_flag_value_last_wins_in_both_forms() -> None:
     argv = ["kubelet", "--container-runtime-endpoint", "unix:///a", "--v=2", "--container-runtime-endpoint=unix:///b"]
-    assert doctor.flag_value(argv, "container-runtime-endpoint") == "unix:///b"
-    assert doctor.flag_value(argv[:3], "container-runtime-endpoint") == "unix:///a"
-    assert doctor.flag_value(["kubelet", "--container-runtime-endpoint"], "container-runtime-endpoint") is None
-    assert doctor.flag_value(["kubelet", "--container-runtime-endpoint-x=1"], "container-runtime-endpoint") is None
+    assert kubelet.flag_value(argv, "container-runtime-endpoint") == "unix:///b"
+    assert kubelet.flag_value(argv[:3], "container-runtime-endpoint") == "unix:///a"
+    assert kubelet.flag_value(["kubelet", "--container-runtime-endpoint"], "container-runtime-endpoint") is None
+    assert kubelet.flag_value(["kubelet", "--container-runtime-endpoint-x=1"], "container-runtime-endpoint") is None
 
 
 def test_kubelet_runtime_endpoint_sources() -> None:
@@ -81,17 +83,17 @@ def test_kubelet_runtime_endpoint_sources() -> None:
         return files[p]
 
     flag = ["kubelet", "--config=/k.yaml", "--container-runtime-endpoint=unix:///flag.sock"]
-    assert doctor.kubelet_runtime_endpoint(flag, read) == ("unix:///flag.sock", "its --container-runtime-endpoint flag")
-    assert doctor.kubelet_runtime_endpoint(["kubelet", "--config", "/k.yaml"], read) == (
+    assert parse.kubelet_runtime_endpoint(flag, read) == ("unix:///flag.sock", "its --container-runtime-endpoint flag")
+    assert parse.kubelet_runtime_endpoint(["kubelet", "--config", "/k.yaml"], read) == (
         "unix:///run/crihook.sock",
         "containerRuntimeEndpoint in /k.yaml",
     )
-    plain = doctor.kubelet_runtime_endpoint(["kubelet", "--config=/plain.yaml"], read)
-    assert plain[0] == doctor.KUBELET_DEFAULT_ENDPOINT
-    assert doctor.kubelet_runtime_endpoint(["kubelet"], read)[1] == "kubelet's default"
+    plain = parse.kubelet_runtime_endpoint(["kubelet", "--config=/plain.yaml"], read)
+    assert plain[0] == parse.KUBELET_DEFAULT_ENDPOINT
+    assert parse.kubelet_runtime_endpoint(["kubelet"], read)[1] == "kubelet's default"
     for bad in ("/bad.yaml", "/missing.yaml"):
         with pytest.raises(ValueError, match=f"kubelet's config file {bad} can not be read"):
-            doctor.kubelet_runtime_endpoint(["kubelet", f"--config={bad}"], read)
+            parse.kubelet_runtime_endpoint(["kubelet", f"--config={bad}"], read)
 
 
 @pytest.mark.parametrize(
@@ -106,7 +108,7 @@ def test_kubelet_runtime_endpoint_sources() -> None:
     ],
 )
 def test_parse_version(text: str, version: tuple[int, ...]) -> None:
-    assert doctor.parse_version(text) == version
+    assert parse.parse_version(text) == version
 
 
 @given(
@@ -115,7 +117,7 @@ def test_parse_version(text: str, version: tuple[int, ...]) -> None:
     st.sampled_from(["", "-rc.1", "~ds1", "+g1"]),
 )
 def test_parse_version_round_trip(parts: list[int], prefix: str, suffix: str) -> None:
-    assert doctor.parse_version(prefix + ".".join(map(str, parts)) + suffix) == tuple(parts)
+    assert parse.parse_version(prefix + ".".join(map(str, parts)) + suffix) == tuple(parts)
 
 
 def test_render_and_exit_status() -> None:
@@ -123,14 +125,14 @@ def test_render_and_exit_status() -> None:
         Finding("config", Level.OK, "defaults"),
         Finding("kubelet", Level.WARN, "not running", "systemctl status kubelet"),
     ]
-    text = doctor.render(findings, "/etc/crihook/config.toml")
+    text = output.render(findings, "/etc/crihook/config.toml")
     assert "  ok    config   defaults\n" in text
     assert "  WARN  kubelet  not running\n" in text and "fix: systemctl status kubelet" in text
     assert text.endswith("0 problem(s), 1 warning(s).\n")
-    assert doctor.exit_status(findings) == 0
+    assert exit_status(findings) == 0
     findings.append(Finding("containerd", Level.FAIL, "no socket", "start it"))
-    assert doctor.exit_status(findings) == 1
-    assert doctor.render(findings[:1], "x").endswith("Everything crihook needs on this node is in order.\n")
+    assert exit_status(findings) == 1
+    assert output.render(findings[:1], "x").endswith("Everything crihook needs on this node is in order.\n")
 
 
 def test_header_names_the_config_only_when_it_exists(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -197,7 +199,7 @@ def fake_runtime(short_tmp: Path) -> Iterator[Any]:
 
 
 def test_runtime_missing_socket(short_tmp: Path) -> None:
-    f, version = doctor.check_runtime(ProxyConfig(runtime_endpoint=f"unix://{short_tmp}/none.sock"), 1.0)
+    f, version = cri.check_runtime(ProxyConfig(runtime_endpoint=f"unix://{short_tmp}/none.sock"), 1.0)
     assert (f.level, version) == (Level.FAIL, None)
     assert f.found == f"no socket at {short_tmp}/none.sock" and "systemctl status containerd" in f.fix
 
@@ -205,49 +207,49 @@ def test_runtime_missing_socket(short_tmp: Path) -> None:
 def test_runtime_socket_nobody_listens(short_tmp: Path) -> None:
     with socket.socket(socket.AF_UNIX) as s:
         s.bind(str(short_tmp / "dead.sock"))
-    f, _ = doctor.check_runtime(ProxyConfig(runtime_endpoint=f"unix://{short_tmp}/dead.sock"), 1.0)
+    f, _ = cri.check_runtime(ProxyConfig(runtime_endpoint=f"unix://{short_tmp}/dead.sock"), 1.0)
     assert f.level is Level.FAIL and "does not answer CRI v1 (UNAVAILABLE" in f.found
     assert "journalctl -u containerd" in f.fix
 
 
 def test_runtime_without_cri_plugin(fake_runtime: Any) -> None:
     endpoint = fake_runtime("nocri.sock", None)
-    f, _ = doctor.check_runtime(ProxyConfig(runtime_endpoint=endpoint), 2.0)
+    f, _ = cri.check_runtime(ProxyConfig(runtime_endpoint=endpoint), 2.0)
     assert f.level is Level.FAIL and "UNIMPLEMENTED" in f.found
     assert "disabled_plugins" in f.fix
 
 
 def test_runtime_too_old_and_new_enough(fake_runtime: Any) -> None:
-    f, _ = doctor.check_runtime(ProxyConfig(runtime_endpoint=fake_runtime("old.sock", "v1.5.9")), 2.0)
+    f, _ = cri.check_runtime(ProxyConfig(runtime_endpoint=fake_runtime("old.sock", "v1.5.9")), 2.0)
     assert f.level is Level.FAIL and "containerd v1.5.9 answers CRI v1" in f.found and "1.6 or newer" in f.fix
-    f, version = doctor.check_runtime(ProxyConfig(runtime_endpoint=fake_runtime("new.sock", "1.7.2")), 2.0)
+    f, version = cri.check_runtime(ProxyConfig(runtime_endpoint=fake_runtime("new.sock", "1.7.2")), 2.0)
     assert f.level is Level.OK and version.runtime_version == "1.7.2"
 
 
 def test_proxy_socket_missing_not_a_socket_and_dead(short_tmp: Path) -> None:
-    f = doctor.check_proxy(ProxyConfig(listen=f"unix://{short_tmp}/crihook.sock"), None, 1.0)
+    f = cri.check_proxy(ProxyConfig(listen=f"unix://{short_tmp}/crihook.sock"), None, 1.0)
     assert f.level is Level.FAIL and "crihook is not running" in f.found and "systemctl start crihook" in f.fix
     (short_tmp / "file.sock").write_text("")
-    f = doctor.check_proxy(ProxyConfig(listen=f"unix://{short_tmp}/file.sock"), None, 1.0)
+    f = cri.check_proxy(ProxyConfig(listen=f"unix://{short_tmp}/file.sock"), None, 1.0)
     assert f.level is Level.FAIL and f.found.endswith("is not a socket")
     with socket.socket(socket.AF_UNIX) as s:
         s.bind(str(short_tmp / "dead.sock"))
-    f = doctor.check_proxy(ProxyConfig(listen=f"unix://{short_tmp}/dead.sock"), None, 1.0)
+    f = cri.check_proxy(ProxyConfig(listen=f"unix://{short_tmp}/dead.sock"), None, 1.0)
     assert f.level is Level.FAIL and "crihook does not answer" in f.found
 
 
 def test_proxy_answering_for_another_runtime_or_open_to_all(fake_runtime: Any, short_tmp: Path) -> None:
     """Whatever answers at crihook's socket is checked against the runtime doctor reached itself."""
     listen = fake_runtime("proxy.sock", "1.7.2")
-    _, other = doctor.check_runtime(ProxyConfig(runtime_endpoint=fake_runtime("other.sock", "1.7.9")), 2.0)
-    f = doctor.check_proxy(ProxyConfig(listen=listen), other, 2.0)
+    _, other = cri.check_runtime(ProxyConfig(runtime_endpoint=fake_runtime("other.sock", "1.7.9")), 2.0)
+    f = cri.check_proxy(ProxyConfig(listen=listen), other, 2.0)
     assert f.level is Level.WARN and "systemctl restart crihook" in f.fix
-    _, same = doctor.check_runtime(ProxyConfig(runtime_endpoint=fake_runtime("same.sock", "1.7.2")), 2.0)
+    _, same = cri.check_runtime(ProxyConfig(runtime_endpoint=fake_runtime("same.sock", "1.7.2")), 2.0)
     os.chmod(short_tmp / "proxy.sock", 0o666)
-    f = doctor.check_proxy(ProxyConfig(listen=listen), same, 2.0)
+    f = cri.check_proxy(ProxyConfig(listen=listen), same, 2.0)
     assert f.level is Level.WARN and "mode 0666" in f.found and "0600" in f.fix
     os.chmod(short_tmp / "proxy.sock", 0o600)
-    assert doctor.check_proxy(ProxyConfig(listen=listen), same, 2.0).level is (
+    assert cri.check_proxy(ProxyConfig(listen=listen), same, 2.0).level is (
         Level.OK if os.geteuid() == 0 else Level.WARN
     )
 
@@ -268,7 +270,7 @@ def test_kubelet_checks(tmp_path: Path) -> None:
     ]
     for i, (argv, level, text) in enumerate(cases):
         node = NodeConfig(proc_root=str(fake_proc(tmp_path / str(i), argv)))
-        f = doctor.check_kubelet(proxy, node)
+        f = cri.check_kubelet(proxy, node)
         assert (f.level, text in f.found) == (level, True), f
         if level is Level.FAIL and "sees no pod" in f.found:
             assert "--container-runtime-endpoint=unix:///var/run/crihook/crihook.sock" in f.fix
@@ -304,24 +306,24 @@ def dev_tree(root: Path, minors: list[int]) -> Path:
 
 def test_nvml_healthy_and_broken(tmp_path: Path) -> None:
     node = NodeConfig(dev_root=str(dev_tree(tmp_path, [0, 3])))
-    f = doctor.check_nvml(node, node_gpus([3, 0]))
+    f = gpu.check_nvml(node, node_gpus([3, 0]))
     assert f == Finding("NVIDIA driver", Level.OK, "driver 550.54.15, 2 GPU(s), minors 0, 3; device nodes present")
-    f = doctor.check_nvml(node, node_gpus([0, 3, 5]))
+    f = gpu.check_nvml(node, node_gpus([0, 3, 5]))
     assert f.level is Level.FAIL and f.found.endswith(f"device nodes missing: {node.dev_root}/nvidia5")
     assert "nvidia-modprobe" in f.fix
-    f = doctor.check_nvml(node, node_gpus([]))
+    f = gpu.check_nvml(node, node_gpus([]))
     assert f.level is Level.WARN and "sees no GPU" in f.found
-    f = doctor.check_nvml(node, node_gpus([0, 3], sick=3))
+    f = gpu.check_nvml(node, node_gpus([0, 3], sick=3))
     assert (f.level, f.found.endswith("unhealthy: minor 3 (XID 79)")) == (Level.WARN, True)
     mixed = node_gpus([0, 3])
     mixed = replace(mixed, gpus=(mixed.gpus[0], replace(mixed.gpus[1], mig_enabled=True)))
-    f = doctor.check_nvml(node, mixed)
+    f = gpu.check_nvml(node, mixed)
     assert (f.level, f.found) == (
         Level.OK,
         "driver 550.54.15, 2 GPU(s), minors 0, 3; in MIG mode, for the device plugin's nvidia.com/mig-* only:"
         " minors 3; device nodes present",
     )
-    f = doctor.check_nvml(node, NodeGpus(reason="NVML does not start: Driver Not Loaded"))
+    f = gpu.check_nvml(node, NodeGpus(reason="NVML does not start: Driver Not Loaded"))
     assert (f.level, f.found) == (Level.FAIL, "NVML does not start: Driver Not Loaded") and "nvidia-smi" in f.fix
 
 
@@ -332,13 +334,13 @@ def test_nvml_through_the_library(tmp_path: Path, fake_nvml: Any) -> None:
     node = NodeConfig(
         dev_root=str(dev_tree(tmp_path, minors)), nvml_library=str(fake.library), sys_root=str(fake.sys_root)
     )
-    f = doctor.check_nvml(node)
+    f = gpu.check_nvml(node)
     assert f.level is Level.OK, f
     assert f.found.startswith(f"driver {fake.doc['driver_version']}, {len(minors)} GPU(s)")
 
 
 def test_nvml_library_that_does_not_load(tmp_path: Path) -> None:
-    f = doctor.check_nvml(NodeConfig(nvml_library=str(tmp_path / "libnvidia-ml.so.1")))
+    f = gpu.check_nvml(NodeConfig(nvml_library=str(tmp_path / "libnvidia-ml.so.1")))
     assert f.level is Level.FAIL and f"{tmp_path}/libnvidia-ml.so.1" in f.found and "can not be loaded" in f.found
     assert "node.nvml_library" in f.fix
 
@@ -353,7 +355,7 @@ def test_real_nvml_without_a_driver() -> None:
         pytest.skip("this machine has an NVIDIA driver")
     if pynvml.nvmlLib is not None:
         pytest.skip("an NVML library (the fake) is already loaded in this test process")
-    f = doctor.check_nvml(NodeConfig())
+    f = gpu.check_nvml(NodeConfig())
     assert f.level is Level.FAIL and "NVML" in f.found, f
 
 
@@ -364,7 +366,7 @@ def entry(uid: str, name: str, resource: str, ids: Any, alloc: str | None = None
 def test_checkpoint_checks(tmp_path: Path) -> None:
     path = tmp_path / "kubelet_internal_checkpoint"
     node = NodeConfig(kubelet_checkpoint=str(path))
-    assert doctor.check_checkpoint(node).level is Level.WARN
+    assert gpu.check_checkpoint(node).level is Level.WARN
 
     entries = [
         entry("u1", "a", "nvidia.com/gpu", ["GPU-1", "GPU-2"]),  # kubelet <= 1.19
@@ -372,44 +374,44 @@ def test_checkpoint_checks(tmp_path: Path) -> None:
         entry("u2", "b", "rdma/hca", {"-1": ["mlx5_0"]}),
     ]
     path.write_text(json.dumps({"Data": {"PodDeviceEntries": entries, "RegisteredDevices": {}}, "Checksum": 1}))
-    f = doctor.check_checkpoint(node)
+    f = gpu.check_checkpoint(node)
     assert f == Finding(
         "device checkpoint", Level.OK, f"{path} readable: 3 nvidia.com/gpu, 1 rdma/hca held through device plugins"
     )
 
     entries.append(entry("u3", "c", "nvidia.com/gpu", ["GPU-4"], alloc="bm90IGEgbWVzc2FnZQ=="))
     path.write_text(json.dumps({"Data": {"PodDeviceEntries": entries}}))
-    f = doctor.check_checkpoint(node)
+    f = gpu.check_checkpoint(node)
     assert f.level is Level.WARN and "1 entry with an undecodable AllocResp, first u3/c" in f.found
 
     path.write_text('{"Data": {"PodDeviceEntries": [')
-    f = doctor.check_checkpoint(node)
+    f = gpu.check_checkpoint(node)
     assert f.level is Level.FAIL and "not valid JSON" in f.found and "fail closed" in f.fix
     path.write_text('{"Data": {"PodDeviceEntries": [{"PodUID": 3}]}}')
-    assert "Data.PodDeviceEntries[0].PodUID: expected a string" in doctor.check_checkpoint(node).found
+    assert "Data.PodDeviceEntries[0].PodUID: expected a string" in gpu.check_checkpoint(node).found
 
 
 def test_state_dir_checks(tmp_path: Path) -> None:
     state = tmp_path / "state"
     proxy = ProxyConfig(state_dir=str(state))
-    assert doctor.check_state_dir(proxy).level is Level.WARN
+    assert files.check_state_dir(proxy).level is Level.WARN
     state.write_text("")
-    assert doctor.check_state_dir(proxy).level is Level.FAIL
+    assert files.check_state_dir(proxy).level is Level.FAIL
     state.unlink()
     state.mkdir(mode=0o700)
-    f = doctor.check_state_dir(proxy)
+    f = files.check_state_dir(proxy)
     assert f.level is Level.OK and "no store.json yet" in f.found
     store = Store(state)
     store.pods["p1"] = PodRecord("p1", "train", "default", "uid-1")
     store.save()
-    assert doctor.check_state_dir(proxy).found.endswith("store.json: 1 pod(s), 0 container(s)")
+    assert files.check_state_dir(proxy).found.endswith("store.json: 1 pod(s), 0 container(s)")
     state.chmod(0o777)
-    f = doctor.check_state_dir(proxy)
+    f = files.check_state_dir(proxy)
     assert f.level is Level.WARN and "chmod 0700" in f.fix
     state.chmod(0o700)
     raw = (state / "store.json").read_bytes()
     (state / "store.json").write_bytes(raw.replace(b"train", b"tra1n"))
-    f = doctor.check_state_dir(proxy)
+    f = files.check_state_dir(proxy)
     assert f.level is Level.FAIL and "checksum" in f.found
 
 
@@ -420,9 +422,9 @@ def test_hook_server_checks(tmp_path: Path) -> None:
 
     confdir = tmp_path / "hookserver.d"
 
-    def check(disabled: tuple[str, ...] = ()) -> doctor.Finding:
+    def check(disabled: tuple[str, ...] = ()) -> Finding:
         hooks = HooksConfig(disabled=disabled, options={"remote": {"config_dir": str(confdir)}})
-        return doctor.check_hook_servers(Config(hooks=hooks))
+        return files.check_hook_servers(Config(hooks=hooks))
 
     assert check().level is Level.OK and "no hook servers configured" in check().found
     confdir.mkdir()
@@ -433,7 +435,7 @@ def test_hook_server_checks(tmp_path: Path) -> None:
     f = check()
     assert f.level is Level.WARN and "koordlet.json" in f.found and str(socket) in f.found and f.fix
     socket.touch()
-    assert check() == doctor.Finding("hook servers", Level.OK, f"1 server(s) in {confdir}: koordlet.json (Fail)")
+    assert check() == Finding("hook servers", Level.OK, f"1 server(s) in {confdir}: koordlet.json (Fail)")
     (confdir / "other.json").write_text(json.dumps({**doc, "failure-policy": "Always"}))
     f = check()
     assert f.level is Level.FAIL and "other.json failure-policy: must be Fail or Ignore" in f.found and f.fix
@@ -443,12 +445,12 @@ def test_hook_server_checks(tmp_path: Path) -> None:
 def test_config_checks(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[proxy]\nlisten = 3\n")
-    config, f = doctor.check_config(str(bad))
+    config, f = files.check_config(str(bad))
     assert f.level is Level.FAIL and "listen: expected str" in f.found
     assert config.proxy == ProxyConfig()
     good = tmp_path / "good.toml"
     good.write_text('[proxy]\nlog_level = "debug"\n')
-    config, f = doctor.check_config(str(good))
+    config, f = files.check_config(str(good))
     assert f.level is Level.OK and config.proxy.log_level == "debug"
 
 
@@ -577,7 +579,7 @@ def test_checkpoint_and_pods_dir_advice_follows_kubelet(tmp_path: Path) -> None:
     # kubelet keeps the checkpoint in /var/lib/kubelet/device-plugins whatever --root-dir says; the
     # pods dir follows --root-dir, and the advice for each says so
     gone = NodeConfig(kubelet_checkpoint=str(tmp_path / "kubelet" / "device-plugins" / "kubelet_internal_checkpoint"))
-    f = doctor.check_checkpoint(gone)
+    f = gpu.check_checkpoint(gone)
     assert f.level is Level.WARN and "does not exist" in f.found
     assert "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint whatever its --root-dir" in f.fix
 
@@ -586,11 +588,11 @@ def test_checkpoint_and_pods_dir_advice_follows_kubelet(tmp_path: Path) -> None:
     root = tmp_path / "data" / "kubelet"
     proc = fake_proc(tmp_path, ["kubelet", f"--root-dir={root}"])
     node = NodeConfig(kubelet_checkpoint=str(path), proc_root=str(proc))
-    f = doctor.check_checkpoint(node)
+    f = gpu.check_checkpoint(node)
     assert f.level is Level.WARN and f"kubelet's pods dir {root}/pods does not exist" in f.found
     (root / "pods").mkdir(parents=True)
-    assert doctor.check_checkpoint(node).level is Level.OK
-    assert doctor.check_checkpoint(node, {"kubelet_pods_dir": f"{root}/pods"}).level is Level.OK
-    f = doctor.check_checkpoint(node, {"kubelet_pods_dir": "/var/lib/kubelet/pods"})
+    assert gpu.check_checkpoint(node).level is Level.OK
+    assert gpu.check_checkpoint(node, {"kubelet_pods_dir": f"{root}/pods"}).level is Level.OK
+    f = gpu.check_checkpoint(node, {"kubelet_pods_dir": "/var/lib/kubelet/pods"})
     assert f.level is Level.WARN and f"kubelet keeps pods in {root}/pods" in f.found
     assert "remove kubelet_pods_dir" in f.fix

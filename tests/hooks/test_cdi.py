@@ -19,8 +19,9 @@ import pytest
 
 from crihook.base import allocation as al
 from crihook.base.config import ConfigError, HooksConfig, NodeConfig
-from crihook.cli import doctor
-from crihook.cli.doctor import Level
+from crihook.cli.doctor import gpu, parse
+from crihook.cli.doctor.cri import cri_version
+from crihook.cli.doctor.finding import Level
 from crihook.devices.nvml import GpuInfo, NodeGpus
 from crihook.hooks.cdi import CdiIndex, declared
 from crihook.hooks.gpu import factory
@@ -217,7 +218,7 @@ def _gpus(*uuids: str) -> NodeGpus:
     ],
 )
 def test_containerd_cdi_settings(config: dict[str, Any], version: tuple[int, ...], enabled: bool, where: str) -> None:
-    cdi = doctor.containerd_cdi(config, version)
+    cdi = parse.containerd_cdi(config, version)
     assert cdi.enabled is enabled
     assert where in cdi.where
     if enabled:
@@ -234,34 +235,34 @@ def test_doctor_cdi_finding(tmp_path: Path) -> None:
     cdi = {"inject": "cdi", "cdi_spec_dirs": [str(spec_dir)]}
     two = SimpleNamespace(runtime_name="containerd", runtime_version="2.1.9+unknown")
 
-    f = doctor.check_cdi(cdi, two, _gpus("GPU-a", "GPU-b"), str(conf))
+    f = gpu.check_cdi(cdi, two, _gpus("GPU-a", "GPU-b"), str(conf))
     assert f.level is Level.OK and "2 of 2 GPU(s) have a CDI device" in f.found and "CDI enabled" in f.found
 
-    f = doctor.check_cdi(cdi, two, _gpus("GPU-a", "GPU-b", "GPU-c"), str(conf))
+    f = gpu.check_cdi(cdi, two, _gpus("GPU-a", "GPU-b", "GPU-c"), str(conf))
     assert f.level is Level.FAIL and "no nvidia.com/gpu device for GPU-c" in f.found
     assert "nvidia-ctk cdi generate" in f.fix
 
-    f = doctor.check_cdi({}, two, _gpus("GPU-a", "GPU-b", "GPU-c"), str(conf))  # env injection: said, not failed
+    f = gpu.check_cdi({}, two, _gpus("GPU-a", "GPU-b", "GPU-c"), str(conf))  # env injection: said, not failed
     assert f.level is Level.OK and "CDI not used" in f.found and "GPU-c" in f.found
 
     seven = SimpleNamespace(runtime_name="containerd", runtime_version="1.7.24")
     conf.write_text("version = 2\n")
-    f = doctor.check_cdi({"inject": "cdi"}, seven, _gpus(), str(conf))
+    f = gpu.check_cdi({"inject": "cdi"}, seven, _gpus(), str(conf))
     assert f.level is Level.FAIL and "CDI disabled" in f.found
     assert 'enable_cdi = true under [plugins."io.containerd.grpc.v1.cri"]' in f.fix
 
     six = SimpleNamespace(runtime_name="containerd", runtime_version="1.6.20~ds1")
-    f = doctor.check_cdi({"inject": "cdi"}, six, _gpus(), str(tmp_path / "none.toml"))
+    f = gpu.check_cdi({"inject": "cdi"}, six, _gpus(), str(tmp_path / "none.toml"))
     assert f.level is Level.FAIL and "has no CDI" in f.found and "1.7 or newer" in f.fix
 
-    f = doctor.check_cdi(cdi, two, _gpus("GPU-a"), str(tmp_path / "none.toml"))  # defaults: /etc/cdi, /var/run/cdi
+    f = gpu.check_cdi(cdi, two, _gpus("GPU-a"), str(tmp_path / "none.toml"))  # defaults: /etc/cdi, /var/run/cdi
     assert f.level is Level.FAIL and f"crihook checks {spec_dir}, containerd reads /etc/cdi" in f.found
 
 
 @pytest.mark.runtimes("1.6", "2")
 def test_doctor_reads_the_real_runtime_and_its_config(containerd: Containerd) -> None:
     """Against the test containerd itself: its Version answer and the config file it runs with."""
-    runtime = doctor.cri_version(containerd.address, 5.0)
+    runtime = cri_version(containerd.address, 5.0)
     options = {"inject": "cdi"}
     if containerd.runtime.has_cdi:
         options["cdi_spec_dirs"] = [str(containerd.cdi_spec_dir)]
@@ -269,7 +270,7 @@ def test_doctor_reads_the_real_runtime_and_its_config(containerd: Containerd) ->
             json.dumps({"kind": "nvidia.com/gpu", "devices": [{"name": "GPU-a"}]})
         )
     try:
-        f = doctor.check_cdi(options, runtime, _gpus("GPU-a"), str(containerd.config_path))
+        f = gpu.check_cdi(options, runtime, _gpus("GPU-a"), str(containerd.config_path))
     finally:
         if containerd.runtime.has_cdi:
             (containerd.cdi_spec_dir / "gpus.json").unlink()
