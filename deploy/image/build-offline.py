@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # crihook/base/oci.py, the OCI writer, from this checkout without an install
-PACKAGE_DIRS = ("crihook", "proxy", "hooks", "scheduler", "devices", "proto")  # pyproject's package-dir
+PACKAGE_DIRS = ("crihook", "proxy", "nri", "node", "hooks", "scheduler", "devices", "proto")  # pyproject's package-dir
 
 REGISTRY = "ghcr.io/crihook/crihook"
 SUITE = "bookworm"  # its python3 is 3.11, which the dependency wheels are chosen for

@@ -25,7 +25,7 @@ INSTALL = REPO / "install.sh"
 UNIT = REPO / "systemd" / "crihook.service"
 NRI_UNIT = REPO / "systemd" / "crihook-nri.service"
 TEMPLATE = REPO / "systemd" / "config.toml"
-PACKAGE_DIRS = ("crihook", "proxy", "hooks", "scheduler", "devices", "proto")
+PACKAGE_DIRS = ("crihook", "proxy", "nri", "node", "hooks", "scheduler", "devices", "proto")
 HOST_UNITS = Path("/usr/lib/systemd/system")
 
 KUBELET_UNIT = """\

@@ -1,0 +1,118 @@
+"""What the runtime at hand applies of an NRI adjustment, and so what crihook must refuse instead.
+
+containerd builds a container's whole spec (CRI devices and their cgroup rules, CDI) before it asks NRI
+plugins, and its NRI merge drops env and device removals; each NRI version applies a different subset
+of the rest. The facts, with the source files they come from, are in docs/nri.md. Everything here is
+pure: the NRI plugin feeds it the runtime's name and version from Configure, and the container before
+and after the hook chain.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+
+from crihook.hooks.base import RESOURCE_FIELDS, ContainerInfo
+
+GPU_MAJOR = 195  # /dev/nvidiaN is char 195:N; 254 and 255 are modeset and nvidiactl
+_GPU_MINORS = range(254)
+_VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?")
+# the LinuxResources fields an NRI adjustment can set on every NRI version; oom_score_adj needs v0.8
+_RESOURCES_ANY = frozenset(RESOURCE_FIELDS) - {"memory_swap_limit_in_bytes", "oom_score_adj"}
+
+
+@dataclass(frozen=True, slots=True)
+class NriRuntime:
+    """The runtime's name and version as Configure reports them, and what its NRI applies."""
+
+    name: str
+    version: str
+    removes_mounts: bool = False  # a "-DEST" mount entry reaches the spec (NRI v0.8.0: containerd 1.7.26, 2.0)
+    cdi_devices: bool = False  # CDI_devices are injected (containerd 1.7.30+, 2.1+)
+    oom_score_adj: bool = False  # linux.oom_score_adj is applied (NRI v0.8.0)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name} {self.version}".strip()
+
+
+def nri_runtime(name: str, version: str) -> NriRuntime:
+    """The runtime from Configure's runtime_name and runtime_version ("v1.7.24", "2.1.9+unknown").
+    A runtime crihook has not read the sources of, or a version it can not parse, gets the least:
+    nothing beyond what every NRI version applies."""
+    m = _VERSION.match(version.strip())
+    if name != "containerd" or m is None:
+        return NriRuntime(name, version)
+    v = (int(m[1]), int(m[2]), int(m[3] or 0))
+    nri_080 = v >= (1, 7, 26)
+    return NriRuntime(
+        name,
+        version,
+        removes_mounts=nri_080,
+        cdi_devices=v >= (2, 1) or (1, 7, 30) <= v < (2,),
+        oom_score_adj=nri_080,
+    )
+
+
+def unapplied(before: ContainerInfo, after: ContainerInfo, runtime: NriRuntime) -> list[str]:
+    """What the hook chain changed (before → after) that an adjustment can not carry to this runtime,
+    one phrase each; empty when the adjustment does everything. Additions and replacements always
+    carry (env, devices and mounts are replaced by key); removals mostly do not."""
+    out: list[str] = []
+    kept_env = {k for k, _ in after.envs}
+    counts = Counter(k for k, _ in before.envs)
+    for key in sorted({k for k, _ in before.envs} - kept_env):
+        out.append(f"removing env {key} (no NRI version applies env removals)")
+    for key in sorted(k for k in kept_env if counts[k] > 1 and before.env(k) != after.env(k)):
+        out.append(f"changing env {key}, set {counts[key]} times (NRI replaces the first only)")
+    paths = {d.container_path for d in after.devices}
+    for path in sorted({d.container_path for d in before.devices} - paths):
+        out.append(f"removing device {path} (no NRI version applies device removals)")
+    if not runtime.removes_mounts:
+        gone = {m.container_path for m in before.mounts} - {m.container_path for m in after.mounts}
+        out.extend(f"removing mount {p} (needs containerd 1.7.26 or 2.0)" for p in sorted(gone))
+    if not runtime.cdi_devices:
+        added = sorted(set(after.cdi_devices) - set(before.cdi_devices))
+        out.extend(f"adding CDI device {n} (needs containerd 2.1 or 1.7.30)" for n in added)
+    out.extend(_resources(before, after, runtime))
+    return out
+
+
+def _resources(before: ContainerInfo, after: ContainerInfo, runtime: NriRuntime) -> Iterable[str]:
+    if after.resources == before.resources or after.resources is None:
+        return
+    settable = _RESOURCES_ANY | ({"oom_score_adj"} if runtime.oom_score_adj else set())
+    for f in fields(after.resources):
+        old = getattr(before.resources, f.name) if before.resources is not None else None
+        if f.name != "unified" and f.name not in settable and getattr(after.resources, f.name) != old:
+            need = "containerd 1.7.26 or 2.0" if f.name == "oom_score_adj" else "proxy mode"
+            yield f"setting {f.name} (needs {need})"
+
+
+def gpu_minor(kind: str, major: int, minor: int) -> int | None:
+    """The NVML minor a device node or cgroup rule gives access to, if it is a GPU's."""
+    return minor if kind == "c" and major == GPU_MAJOR and minor in _GPU_MINORS else None
+
+
+def ungranted_gpus(rules: Iterable[tuple[str, int, int]], nodes: Iterable[tuple[str, int, int]]) -> list[int]:
+    """GPU minors the container's device-cgroup allow rules open without a node the hook chain left it.
+
+    No adjustment can take a rule away (docs/nri.md), and with CAP_MKNOD a rule alone reaches the
+    device. `rules`: (type, major, minor) of each allow rule the runtime put in the spec; `nodes`: the
+    same of each device node the container keeps or is given. Wildcard rules (privileged containers)
+    are not counted: they reach every device in either mode."""
+    kept = {m for n in nodes if (m := gpu_minor(*n)) is not None}
+    return sorted({m for r in rules if (m := gpu_minor(*r)) is not None} - kept)
+
+
+def start_refusal(runtime: NriRuntime, *, cdi_inject: bool) -> str | None:
+    """Why crihook must not register with this runtime at all: a configuration whose every GPU
+    container it would have to refuse. None when it may."""
+    if cdi_inject and not runtime.cdi_devices:
+        return (
+            f'gpu.inject = "cdi" needs CDI devices in NRI adjustments, which {runtime.ref} drops; '
+            'containerd 2.1 or 1.7.30 applies them (or use gpu.inject = "env+devices", or proxy mode)'
+        )
+    return None

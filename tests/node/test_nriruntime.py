@@ -1,0 +1,195 @@
+"""The NRI refusals: which runtime applies what (docs/nri.md), and that crihook refuses exactly the
+changes the runtime would not carry out. The oracle `applied` plays the runtime: containerd's NRI
+merge (pkg/adaptation/result.go) then the spec generator (pkg/runtime-tools/generate/generate.go),
+as read at containerd 1.7.24 (NRI v0.6.1) and 2.1.9 (NRI v0.8.0)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from crihook.base.spec import Device, Mount
+from crihook.hooks.base import ContainerInfo, LinuxResources
+from crihook.node.nriruntime import (
+    NriRuntime,
+    gpu_minor,
+    nri_runtime,
+    start_refusal,
+    unapplied,
+    ungranted_gpus,
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "version", "mounts", "cdi", "oom"),
+    [
+        ("containerd", "v1.7.24", False, False, False),  # trixie: NRI v0.6.1
+        ("containerd", "1.7.25", False, False, False),
+        ("containerd", "v1.7.26", True, False, True),  # NRI v0.8.0, CDI injector not wired
+        ("containerd", "v1.7.29", True, False, True),
+        ("containerd", "v1.7.30", True, True, True),
+        ("containerd", "v2.0.7", True, False, True),
+        ("containerd", "2.1.9+unknown", True, True, True),  # sid
+        ("containerd", "v2.2.0", True, True, True),
+        ("containerd", "2.3", True, True, True),
+        ("containerd", "devel", False, False, False),  # unparsable: the least
+        ("cri-o", "1.31.0", False, False, False),  # not read: the least
+    ],
+)
+def test_what_each_runtime_applies(name: str, version: str, mounts: bool, cdi: bool, oom: bool) -> None:
+    rt = nri_runtime(name, version)
+    assert (rt.removes_mounts, rt.cdi_devices, rt.oom_score_adj) == (mounts, cdi, oom)
+    assert rt.ref == f"{name} {version}"
+
+
+# -- the oracle: what the runtime makes of crihook's adjustment -------------------------------------
+
+
+def applied(before: ContainerInfo, after: ContainerInfo, rt: NriRuntime) -> ContainerInfo:
+    """The container as the runtime builds it when crihook sends the difference before → after."""
+    env = dict(before.envs)
+    for k, v in after.envs:
+        if before.env(k) != v:
+            env[k] = v  # set: replaced in place or appended; a "-NAME" removal never arrives
+    devices = {d.container_path: d for d in before.devices}
+    devices.update({d.container_path: d for d in after.devices})  # removals never arrive
+    mounts = {m.container_path: m for m in before.mounts}
+    if rt.removes_mounts:
+        kept = {m.container_path for m in after.mounts}
+        mounts = {p: m for p, m in mounts.items() if p in kept}
+    mounts.update({m.container_path: m for m in after.mounts})
+    cdi = set(before.cdi_devices) | (set(after.cdi_devices) if rt.cdi_devices else set())
+    return replace(
+        before,
+        envs=tuple(env.items()),
+        devices=tuple(devices.values()),
+        mounts=tuple(mounts.values()),
+        cdi_devices=tuple(sorted(cdi)),
+    )
+
+
+def same(a: ContainerInfo, b: ContainerInfo) -> bool:
+    return (
+        dict(a.envs) == dict(b.envs)
+        and {d.container_path: d for d in a.devices} == {d.container_path: d for d in b.devices}
+        and {m.container_path: m for m in a.mounts} == {m.container_path: m for m in b.mounts}
+        and set(a.cdi_devices) == set(b.cdi_devices)
+    )
+
+
+KEYS = st.sampled_from(["NVIDIA_VISIBLE_DEVICES", "A", "B", "LD_PRELOAD"])
+PATHS = st.sampled_from(["/dev/nvidia0", "/dev/nvidia3", "/dev/nvidiactl", "/dev/infiniband/uverbs0"])
+DIRS = st.sampled_from(["/usr/lib/hami", "/etc/ld.so.preload", "/var/run/nvidia-container-devices/GPU-1"])
+CDI = st.sampled_from(["nvidia.com/gpu=0", "nvidia.com/gpu=GPU-1", "vendor.com/nic=a"])
+RUNTIMES = st.sampled_from(
+    [nri_runtime("containerd", v) for v in ("v1.7.24", "v1.7.26", "v1.7.30", "v2.0.7", "2.1.9+unknown")]
+)
+
+
+@st.composite
+def containers(draw: st.DrawFn) -> ContainerInfo:
+    return ContainerInfo(
+        name="main",
+        envs=tuple(draw(st.dictionaries(KEYS, st.sampled_from(["all", "void", "x"]), max_size=3)).items()),
+        devices=tuple(Device(p, p, draw(st.sampled_from(["rw", "rwm"]))) for p in draw(st.sets(PATHS, max_size=3))),
+        mounts=tuple(Mount(p, "/host" + p, draw(st.booleans())) for p in draw(st.sets(DIRS, max_size=2))),
+        cdi_devices=tuple(sorted(draw(st.sets(CDI, max_size=2)))),
+    )
+
+
+@st.composite
+def edited(draw: st.DrawFn) -> tuple[ContainerInfo, ContainerInfo]:
+    """A container and what some hooks made of it: entries kept, changed, dropped or added."""
+    before = draw(containers())
+    extra = draw(containers())
+
+    def pick(old: tuple, new: tuple, key: str) -> tuple:
+        kept = tuple(e for e in old if draw(st.booleans()))
+        have = {getattr(e, key) if key else e[0] for e in kept}
+        return kept + tuple(e for e in new if (getattr(e, key) if key else e[0]) not in have and draw(st.booleans()))
+
+    after = replace(
+        before,
+        envs=pick(before.envs, extra.envs, ""),
+        devices=pick(before.devices, extra.devices, "container_path"),
+        mounts=pick(before.mounts, extra.mounts, "container_path"),
+        cdi_devices=tuple(sorted(set(before.cdi_devices) | set(draw(st.sets(CDI, max_size=2))))),
+    )
+    return before, after
+
+
+@given(edited(), RUNTIMES)
+def test_refused_exactly_when_the_runtime_would_not_build_what_the_hooks_decided(
+    pair: tuple[ContainerInfo, ContainerInfo], rt: NriRuntime
+) -> None:
+    before, after = pair
+    reasons = unapplied(before, after, rt)
+    assert (reasons == []) == same(applied(before, after, rt), after), reasons
+
+
+def test_the_reasons_name_what_and_which_runtime_would_take_it() -> None:
+    gpu = Device("/dev/nvidia3", "/dev/nvidia3")
+    before = ContainerInfo(
+        name="main",
+        envs=(("NVIDIA_VISIBLE_DEVICES", "all"), ("PLUGIN_ENV", "1")),
+        devices=(gpu,),
+        mounts=(Mount("/var/run/nvidia-container-devices/GPU-1", "/dev/null"),),
+    )
+    after = replace(before, envs=(("NVIDIA_VISIBLE_DEVICES", "void"),), devices=(), mounts=(), cdi_devices=("x=y",))
+    assert unapplied(before, after, nri_runtime("containerd", "v1.7.24")) == [
+        "removing env PLUGIN_ENV (no NRI version applies env removals)",
+        "removing device /dev/nvidia3 (no NRI version applies device removals)",
+        "removing mount /var/run/nvidia-container-devices/GPU-1 (needs containerd 1.7.26 or 2.0)",
+        "adding CDI device x=y (needs containerd 2.1 or 1.7.30)",
+    ]
+    assert unapplied(before, after, nri_runtime("containerd", "2.1.9+unknown")) == [
+        "removing env PLUGIN_ENV (no NRI version applies env removals)",
+        "removing device /dev/nvidia3 (no NRI version applies device removals)",
+    ]
+    # overwriting an image's NVIDIA_VISIBLE_DEVICES=all, and replacing a node, are applied everywhere
+    swap = replace(before, envs=(("NVIDIA_VISIBLE_DEVICES", "void"), ("PLUGIN_ENV", "1")))
+    swap = replace(swap, devices=(Device("/dev/nvidia3", "/dev/nvidia5"),))
+    assert unapplied(before, swap, nri_runtime("containerd", "v1.7.24")) == []
+
+
+def test_an_env_set_twice_can_not_be_changed() -> None:
+    before = ContainerInfo(name="main", envs=(("NVIDIA_VISIBLE_DEVICES", "all"), ("NVIDIA_VISIBLE_DEVICES", "0")))
+    after = replace(before, envs=(("NVIDIA_VISIBLE_DEVICES", "void"),))
+    assert unapplied(before, after, nri_runtime("containerd", "2.1.9")) == [
+        "changing env NVIDIA_VISIBLE_DEVICES, set 2 times (NRI replaces the first only)"
+    ]
+
+
+def test_resources_nri_can_not_set() -> None:
+    before = ContainerInfo(name="main", resources=LinuxResources(memory_limit_in_bytes=1 << 30))
+    after = replace(
+        before,
+        resources=LinuxResources(
+            memory_limit_in_bytes=2 << 30, cpu_shares=512, oom_score_adj=500, memory_swap_limit_in_bytes=4 << 30
+        ),
+    )
+    assert unapplied(before, after, nri_runtime("containerd", "v1.7.24")) == [
+        "setting oom_score_adj (needs containerd 1.7.26 or 2.0)",
+        "setting memory_swap_limit_in_bytes (needs proxy mode)",
+    ]
+    assert unapplied(before, after, nri_runtime("containerd", "v2.1.9")) == [
+        "setting memory_swap_limit_in_bytes (needs proxy mode)"
+    ]
+
+
+def test_gpu_rules_without_a_kept_node_are_ungranted() -> None:
+    rules = [("c", 195, 3), ("c", 195, 5), ("c", 195, 255), ("c", 1, 3), ("b", 195, 7), ("a", -1, -1)]
+    assert ungranted_gpus(rules, [("c", 195, 5), ("c", 195, 255)]) == [3]
+    assert ungranted_gpus(rules, [("c", 195, 3), ("c", 195, 5)]) == []
+    assert gpu_minor("c", 195, 254) is None and gpu_minor("c", 195, 0) == 0
+
+
+def test_start_refusal_names_the_runtime_and_the_one_that_would_take_it() -> None:
+    old = nri_runtime("containerd", "v1.7.24")
+    msg = start_refusal(old, cdi_inject=True)
+    assert msg is not None and "containerd v1.7.24 drops" in msg and "containerd 2.1 or 1.7.30" in msg
+    assert start_refusal(old, cdi_inject=False) is None
+    assert start_refusal(nri_runtime("containerd", "2.1.9+unknown"), cdi_inject=True) is None
