@@ -37,8 +37,8 @@ from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from crihook.node.storefile import read_file
 from crihook.proto import runtime_v1_pb2 as api
-from crihook.proxy.store import read_file
 from tests.support.containerd import Containerd, running_containerd
 from tests.support.cri import POD_UID, Cri, CriError, container_config, pod_config
 from tests.support.daemon import Crihook, CrihookError, install_hook_package, running_crihook

@@ -63,9 +63,9 @@ sys.path.insert(0, str(ROOT))
 from crihook.base import allocation as al  # noqa: E402
 from crihook.base import config as cfgmod  # noqa: E402
 from crihook.hooks.chain import build_chain  # noqa: E402
+from crihook.node.store import Store  # noqa: E402
 from crihook.proto import runtime_v1_pb2 as api  # noqa: E402
 from crihook.proxy.intercept import HANDLERS, Interceptor  # noqa: E402
-from crihook.proxy.store import Store  # noqa: E402
 from crihook.simnode import fakenvml  # noqa: E402
 from crihook.simnode.node import SimNode, make_sim_node  # noqa: E402
 from tests.support.containerd import RUNTIMES, Runtime, running_containerd, runtime  # noqa: E402

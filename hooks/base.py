@@ -77,6 +77,12 @@ RESOURCE_FIELDS: tuple[str, ...] = (
 )
 
 
+def resource_values(res: LinuxResources) -> dict[str, Any]:
+    """Every field by its proto name: what a LinuxContainerResources message (either protocol's)
+    is built from, and what the store keeps."""
+    return {**{f: getattr(res, f) for f in RESOURCE_FIELDS}, "unified": dict(res.unified)}
+
+
 @dataclass(frozen=True, slots=True)
 class ResourcesPatch:
     """Field-by-field change to LinuxResources: None leaves a field alone."""
@@ -299,7 +305,7 @@ def options_type(factory: Factory) -> type[DataclassInstance]:
 
 
 class PodRecordView(Protocol):
-    """What hooks and their views read of a pod crihook's store recorded (proxy.store.PodRecord):
+    """What hooks and their views read of a pod crihook's store recorded (node.records.PodRecord):
     the gpu hook its placement, the CreateContainer view what the hooks made of it at RunPodSandbox."""
 
     @property
@@ -315,7 +321,7 @@ class PodRecordView(Protocol):
 
 
 class ContainerRecordView(Protocol):
-    """What a hook reads of a container crihook's store recorded (proxy.store.ContainerRecord)."""
+    """What a hook reads of a container crihook's store recorded (node.records.ContainerRecord)."""
 
     @property
     def pod_id(self) -> str: ...
@@ -324,7 +330,7 @@ class ContainerRecordView(Protocol):
 
 
 class RecordStore(Protocol):
-    """What a hook reads of crihook's store (proxy.store.Store: hooks sit below the proxy)."""
+    """What a hook reads of crihook's store (node.store.Store: hooks sit below it)."""
 
     @property
     def pods(self) -> Mapping[str, PodRecordView]: ...

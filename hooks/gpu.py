@@ -112,8 +112,8 @@ class Claim:
 
 
 class StorePods:
-    """The gpu hook's view of crihook's store (proxy.store.Store, duck-typed: hooks sit below the
-    proxy) and of the containers it let through that the store does not show yet: pod records
+    """The gpu hook's view of crihook's store (node.store.Store, duck-typed: hooks sit below the
+    node package) and of the containers it let through that the store does not show yet: pod records
     carry the annotations kubelet sent at RunPodSandbox, container records their sandbox id and
     name. Built once per CreateContainer, on the first question; the store's dicts are copied in
     one step each, so the event loop changing them meanwhile does no harm."""

@@ -22,8 +22,8 @@ from crihook.hooks.base import (
     PodInfo,
     ResourcesPatch,
     Stage,
+    resource_values,
 )
-from crihook.hooks.criview import resource_values
 from crihook.proto import hookservice_v1alpha1_pb2 as pb
 
 # Every stage the protocol has an RPC for, and the RPC's name.

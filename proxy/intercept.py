@@ -10,7 +10,7 @@ A CreateContainer through the code (docs/proxy.md opens with the same path):
     intercept.py  Interceptor.pre        decode; _create_context builds the view (pod from the store)
     chain.py      HookChain.run_now      each hook's handle_cached -> _settle (allowlist, apply_edit);
                                          a hook that must wait: the rest in a task (HookChain._run)
-    intercept.py  Interceptor._written   _write_create: criview.write_container, only what changed
+    intercept.py  Interceptor._written   _write_create: container.write_container, only what changed
     relay.py      Link.forward           RuntimeWindow.pump: the rewritten request to containerd
                   Link.up_data           containerd's trailers -> Link.stream_done
     intercept.py  Interceptor.post       _record_create: the store's ContainerRecord, from the views
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -38,23 +37,23 @@ from google.protobuf.message import DecodeError, Message
 
 from crihook.hooks.base import ContainerInfo, Edit, HookContext, PodInfo, Stage, log_fields
 from crihook.hooks.chain import HookChain, HookRecord, Outcome
-from crihook.hooks.criview import (
+from crihook.node.container import (
     Additions,
-    Kept,
     brings_devices,
+    container_info,
+    container_record,
     container_view,
     kept_of,
-    pod_view,
-    resources_from_record,
-    resources_record,
-    resources_view,
+    unknown_container,
     write_container,
-    write_pod,
 )
+from crihook.node.pod import pod_info, pod_record, pod_view, unknown_pod, write_pod
+from crihook.node.records import ContainerRecord, PodRecord
+from crihook.node.resources import resources_from_record, resources_record, resources_view
+from crihook.node.store import Store
 from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proxy.orphans import TaskJanitor
 from crihook.proxy.relay import Rejected
-from crihook.proxy.store import ContainerRecord, PodRecord, Store
 from crihook.proxy.update import apply_update, changed_fields, changed_keys
 
 log = logging.getLogger("crihook.proxy")
@@ -195,7 +194,7 @@ class Interceptor:
             return kept[1]
         if len(self._pod_views) >= POD_VIEWS:
             self._pod_views.clear()
-        view = rec.view()
+        view = pod_info(rec)
         self._pod_views[pod_id] = (rec, view)
         return view
 
@@ -258,24 +257,8 @@ def _write_sandbox(msg: cri.RunPodSandboxRequest, before: HookContext, after: Ho
 
 
 def _record_sandbox(store: Store, call: Call, req: cri.RunPodSandboxRequest, resp: cri.RunPodSandboxResponse) -> Views:
-    pod = pod_view(req.config, pod_id=resp.pod_sandbox_id)
-    store.put_pod(
-        PodRecord(
-            id=pod.id,
-            name=pod.name,
-            namespace=pod.namespace,
-            uid=pod.uid,
-            attempt=pod.attempt,
-            labels=dict(pod.labels),
-            annotations=dict(pod.annotations),
-            cgroup_parent=pod.cgroup_parent,
-            hooks=[r.as_dict() for r in call.records],
-            created=time.time(),
-            runtime_handler=req.runtime_handler,
-            resources=resources_record(pod.resources),
-            overhead=resources_record(pod.overhead),
-        )
-    )
+    pod = pod_view(req.config, pod_id=resp.pod_sandbox_id, runtime_handler=req.runtime_handler)
+    store.put_pod(pod_record(pod, [r.as_dict() for r in call.records]))
     _log_event("pod sandbox started", pod, None, call.records)
     return pod, None
 
@@ -293,7 +276,7 @@ def _create_context(store: Store, msg: cri.CreateContainerRequest) -> Views:
 def _express_create(icpt: Interceptor, msg: cri.CreateContainerRequest, deadline: float | None) -> Outcome | None:
     """For a container that brings no devices of its own, of a pod the store saw start: the pod from
     the store's record, the container by its name; the additions written only when none replaces
-    what the container has (criview.Additions)."""
+    what the container has (container.Additions)."""
     cfg = msg.config
     pod = icpt.pod_view(msg.pod_sandbox_id)
     if pod is None or brings_devices(cfg):
@@ -318,26 +301,13 @@ def _record_create(
     if req is None:  # decoded once, in pre: the hooks' final views are what was forwarded
         assert call.ctx is not None and call.ctx.container is not None
         pod, c = call.ctx.pod, replace(call.ctx.container, id=resp.container_id)
-        kept = Kept(dict(c.labels), dict(c.annotations), dict(c.envs), c.resources)
+        kept = None
     else:  # the express lane's request as sent, with the views its hooks saw, or one decoded again
         pod = call.ctx.pod if call.ctx is not None else pod_view(req.sandbox_config, pod_id=req.pod_sandbox_id)
         seen = call.ctx.container if call.ctx is not None else None
         c = replace(seen, id=resp.container_id) if seen else container_view(req.config, resp.container_id)
         kept = kept_of(req.config)
-    store.put_container(
-        ContainerRecord(
-            id=c.id,
-            pod_id=pod.id,
-            name=c.name,
-            attempt=c.attempt,
-            labels=kept.labels,
-            annotations=kept.annotations,
-            hooks=[r.as_dict() for r in call.records],
-            created=time.time(),
-            envs=kept.envs,
-            resources=resources_record(kept.resources),
-        )
-    )
+    store.put_container(container_record(pod.id, c, [r.as_dict() for r in call.records], kept))
     _log_event("container created", pod, c, call.records)
 
 
@@ -349,8 +319,8 @@ def _stored_context(store: Store, msg: cri.StartContainerRequest | cri.UpdateCon
     pod_rec = store.pods.get(rec.pod_id) if rec is not None else None
     if rec is None or pod_rec is None:
         # Created before crihook knew it, and not reconciled: hooks still see the id.
-        return PodInfo(name="", namespace="", uid=""), ContainerInfo(name="", id=msg.container_id)
-    return pod_rec.view(), rec.view()
+        return unknown_pod(), unknown_container(msg.container_id)
+    return pod_info(pod_rec), container_info(rec)
 
 
 def _update_context(store: Store, msg: cri.UpdateContainerResourcesRequest) -> Views:
@@ -409,20 +379,20 @@ def _record_remove(store: Store, call: Call, req: cri.RemoveContainerRequest, re
 
 def _record_stop_sandbox(store: Store, call: Call, req: cri.StopPodSandboxRequest, resp: Any) -> Views | None:
     rec = store.set_pod_state(req.pod_sandbox_id, "notready")
-    return None if rec is None else (rec.view(), None)
+    return None if rec is None else (pod_info(rec), None)
 
 
 def _record_remove_sandbox(store: Store, call: Call, req: cri.RemovePodSandboxRequest, resp: Any) -> Views | None:
     rec = store.remove_pod(req.pod_sandbox_id)
-    return None if rec is None else (rec.view(), None)
+    return None if rec is None else (pod_info(rec), None)
 
 
 def _container_views(store: Store, crec: ContainerRecord | None) -> Views | None:
     if crec is None:
         return None
     prec = store.pods.get(crec.pod_id)
-    pod = prec.view() if prec is not None else PodInfo(name="", namespace="", uid="", id=crec.pod_id)
-    return pod, crec.view()
+    pod = pod_info(prec) if prec is not None else unknown_pod(crec.pod_id)
+    return pod, container_info(crec)
 
 
 # -- the table -----------------------------------------------------------------------------------

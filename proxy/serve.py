@@ -30,18 +30,18 @@ from crihook.base.endpoint import unix_socket_path
 from crihook.devices.nvml import GpuIndex
 from crihook.hooks.base import NeedsStore, OwnsGpus
 from crihook.hooks.chain import DaemonThreads, HookChain, build_chain
+from crihook.node.container import listed_container
+from crihook.node.pod import listed_pod
+from crihook.node.records import ContainerRecord, PodRecord
+from crihook.node.store import Store
 from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proto import runtime_v1_pb2_grpc as cri_grpc
 from crihook.proxy import systemd
 from crihook.proxy.intercept import Call, Interceptor
 from crihook.proxy.orphans import TaskJanitor
 from crihook.proxy.relay import Relay
-from crihook.proxy.store import ContainerRecord, PodRecord, Store, container_created_with, sandbox_cgroup_parent
 
 log = logging.getLogger("crihook.proxy")
-
-_POD_STATES = {0: "ready", 1: "notready"}
-_CONTAINER_STATES = {0: "created", 1: "running", 2: "exited", 3: "unknown"}
 
 
 class StartupError(Exception):
@@ -332,40 +332,6 @@ async def list_runtime(path: str, known: Collection[str] = ()) -> tuple[list[Pod
             lambda i: cri.ContainerStatusRequest(container_id=i, verbose=True),
             "container",
         )
-    pods = []
-    for s in sandboxes.items:
-        status = statuses.get(s.id)
-        pods.append(
-            PodRecord(
-                id=s.id,
-                name=s.metadata.name,
-                namespace=s.metadata.namespace,
-                uid=s.metadata.uid,
-                attempt=s.metadata.attempt,
-                state=_POD_STATES.get(s.state, "notready"),
-                labels=dict(s.labels),
-                annotations=dict(s.annotations),
-                created=s.created_at / 1e9,
-                cgroup_parent=sandbox_cgroup_parent(status.info) if status is not None else "",
-                runtime_handler=status.status.runtime_handler if status is not None else "",
-            )
-        )
-    ctrs = []
-    for c in containers.containers:
-        st = cstatuses.get(c.id)
-        envs, resources = ({}, {}) if st is None else container_created_with(st)
-        ctrs.append(
-            ContainerRecord(
-                id=c.id,
-                pod_id=c.pod_sandbox_id,
-                name=c.metadata.name,
-                attempt=c.metadata.attempt,
-                state=_CONTAINER_STATES.get(c.state, "unknown"),
-                labels=dict(c.labels),
-                annotations=dict(c.annotations),
-                created=c.created_at / 1e9,
-                envs=envs,
-                resources=resources,
-            )
-        )
+    pods = [listed_pod(s, statuses.get(s.id)) for s in sandboxes.items]
+    ctrs = [listed_container(c, cstatuses.get(c.id)) for c in containers.containers]
     return pods, ctrs

@@ -176,7 +176,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from crihook.proxy.store import StoreFileError, read_file
+    from crihook.node.storefile import StoreFileError, read_file
 
     try:
         state_dir = args.state_dir or load(args.config).proxy.state_dir

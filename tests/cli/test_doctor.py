@@ -30,7 +30,8 @@ from crihook.cli.doctor import cri, files, gpu, output, parse
 from crihook.cli.doctor.finding import Finding, Level, exit_status
 from crihook.devices import kubelet
 from crihook.devices.nvml import GpuInfo, NodeGpus
-from crihook.proxy.store import PodRecord, Store
+from crihook.node.records import PodRecord
+from crihook.node.store import Store
 from tests.support.gpu_fixtures import fake_proc
 
 # -- pure parts -----------------------------------------------------------------------------------

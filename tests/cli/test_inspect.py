@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from crihook import cli
 from crihook.cli.inspect import find, render
-from crihook.proxy.store import ContainerRecord, PodRecord, Store
+from crihook.node.records import ContainerRecord, PodRecord
+from crihook.node.store import Store
 
 ALLOCATED = '{"gpu":[{"minor":3,"id":"GPU-5e1b","resources":{"koordinator.sh/gpu-core":"100"}}]}'
 

@@ -25,7 +25,9 @@ from crihook.hooks.fscache import FsMemo, NotCached
 from crihook.hooks.gpu import GpuHook
 from crihook.hooks.rdma import RdmaHook
 from crihook.hooks.remote import RemoteHook
-from crihook.proxy.store import ContainerRecord, PodRecord, Store, read_file
+from crihook.node.records import ContainerRecord, PodRecord
+from crihook.node.store import Store
+from crihook.node.storefile import read_file
 from tests.hooks import test_gpu as test_gpu_hook
 from tests.support.gpu_fixtures import Entry, nvidia_plugin_resp, write_checkpoint
 from tests.support.loop import assert_loop_keeps_ticking

@@ -357,7 +357,8 @@ def test_checkpoint_in_a_missing_directory_is_said(tmp_path: Path, caplog: pytes
 
 
 def test_store_pods_reads_crihooks_store(tmp_path: Path) -> None:
-    from crihook.proxy.store import ContainerRecord, PodRecord, Store
+    from crihook.node.records import ContainerRecord, PodRecord
+    from crihook.node.store import Store
 
     store = Store(tmp_path)
     placed = allocated(3) | {"other": "x"}
@@ -377,7 +378,8 @@ def test_store_pods_reads_crihooks_store(tmp_path: Path) -> None:
 
 
 def test_hook_with_the_store_ignores_phantoms_and_guards_plugin_pods(node: Node, tmp_path: Path) -> None:
-    from crihook.proxy.store import ContainerRecord, PodRecord, Store
+    from crihook.node.records import ContainerRecord, PodRecord
+    from crihook.node.store import Store
 
     store = Store(tmp_path / "state")
     # OTHER_UID was placed by the scheduler on minor 2; kubelet's plugin gave it minor 3 (a phantom)
@@ -408,7 +410,8 @@ def test_hook_with_the_store_ignores_phantoms_and_guards_plugin_pods(node: Node,
 def test_containers_created_at_once_can_not_share_a_gpu(node: Node, tmp_path: Path) -> None:
     """Kubelet creates containers of different pods at the same time; the store shows a container
     only once the runtime created it. The hook remembers what it let through meanwhile."""
-    from crihook.proxy.store import PodRecord, Store
+    from crihook.node.records import PodRecord
+    from crihook.node.store import Store
 
     store = Store(tmp_path / "state")
     store.pods["s1"] = PodRecord("s1", "placed", "ml", POD_UID, annotations=allocated(2))
@@ -470,7 +473,7 @@ def test_the_express_grant_made_without_the_node_view_claims_its_gpus(node: Node
     decision does: a plugin pod handed the same GPU a moment later is refused."""
     from crihook.hooks import gpu as gpu_module
     from crihook.hooks.fscache import FsMemo
-    from crihook.proxy.store import Store
+    from crihook.node.store import Store
 
     write_checkpoint(node.checkpoint, [])
     node.pod_dir(POD_UID)

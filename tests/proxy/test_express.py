@@ -15,10 +15,10 @@ from crihook.base.config import HooksConfig, NodeConfig
 from crihook.base.spec import Device, Mount
 from crihook.hooks.base import Edit, HookContext, Stage
 from crihook.hooks.chain import build_chain
-from crihook.hooks.criview import Additions
+from crihook.node.container import Additions
+from crihook.node.store import Store
 from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proxy.intercept import Interceptor
-from crihook.proxy.store import Store
 
 from .test_intercept import CREATE, RUN, create_request, sandbox
 

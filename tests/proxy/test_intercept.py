@@ -13,13 +13,15 @@ from crihook.base.config import HooksConfig, NodeConfig
 from crihook.base.spec import Device, Mount
 from crihook.hooks.base import Edit, HookContext, HookError, PodInfo, ResourcesPatch, Stage
 from crihook.hooks.chain import build_chain
-from crihook.hooks.criview import container_view, pod_view, write_container
+from crihook.node.container import container_view, write_container
+from crihook.node.pod import pod_view
+from crihook.node.records import ContainerRecord, PodRecord
+from crihook.node.store import Store
 from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proto import wire
 from crihook.proxy.intercept import HANDLERS, Interceptor
 from crihook.proxy.orphans import orphan_of
 from crihook.proxy.relay import Rejected
-from crihook.proxy.store import ContainerRecord, PodRecord, Store
 
 CREATE = b"/runtime.v1.RuntimeService/CreateContainer"
 RUN = b"/runtime.v1.RuntimeService/RunPodSandbox"

@@ -427,9 +427,9 @@ async def test_a_reload_stuck_on_the_file_system_never_freezes_the_event_loop(
     take over once it returns."""
     from crihook.base import config as cfgmod
     from crihook.hooks.chain import build_chain
+    from crihook.node.store import Store
     from crihook.proxy import serve
     from crihook.proxy.intercept import Interceptor
-    from crihook.proxy.store import Store
 
     path = tmp_path / "crihook.toml"
     path.write_text(f'[proxy]\nstate_dir = "{tmp_path / "state"}"\n[hooks]\ndisabled = ["remote"]\n')

@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 
 from crihook.base import allocation as al
 from crihook.devices.checkpoint import CheckpointError, parse_checkpoint
-from crihook.proxy.store import ContainerRecord, PodRecord, Store
+from crihook.node.records import ContainerRecord, PodRecord
+from crihook.node.store import Store
 from tests.support.gpu_fixtures import Entry, alloc_resp, checkpoint_doc, gpus, nvidia_plugin_resp
 
 KOORD_EXAMPLE = (

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from crihook.proxy.store import read_file
+from crihook.node.storefile import read_file
 from tests.support.containerd import Containerd
 from tests.support.cri import Cri, container_config, pod_config
 from tests.support.daemon import Crihook

@@ -29,7 +29,7 @@ def check_config(path: str | None) -> tuple[Config, Finding]:
 
 
 def check_state_dir(proxy: ProxyConfig) -> Finding:
-    from crihook.proxy.store import StoreFileError, read_file
+    from crihook.node.storefile import StoreFileError, read_file
 
     name = "state dir"
     state = Path(proxy.state_dir)

@@ -10,17 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from crihook.proto import runtime_v1_pb2 as cri
-from crihook.proxy import store as storemod
-from crihook.proxy.store import (
-    ContainerRecord,
-    PodRecord,
-    Store,
-    StoreFileError,
-    container_created_with,
-    read_file,
-    sandbox_cgroup_parent,
-)
+from crihook.node import store as storemod
+from crihook.node.container import container_info
+from crihook.node.records import ContainerRecord, PodRecord
+from crihook.node.store import Store
+from crihook.node.storefile import StoreFileError, read_file, row
 
 
 def pod(pid: str, **kw: object) -> PodRecord:
@@ -108,7 +102,7 @@ async def test_remove_pod_removes_its_containers(tmp_path: Path) -> None:
 
 async def test_what_a_container_was_created_with_survives_restart_and_reconcile(tmp_path: Path) -> None:
     from crihook.hooks.base import LinuxResources
-    from crihook.hooks.criview import resources_record
+    from crihook.node.resources import resources_record
 
     res = LinuxResources(cpu_quota=50000, memory_limit_in_bytes=1 << 28, cpuset_cpus="0-3", unified={"k": "v"})
     store = Store(tmp_path)
@@ -123,7 +117,7 @@ async def test_what_a_container_was_created_with_survives_restart_and_reconcile(
     again.reconcile(
         [PodRecord(id="p1", name="p", namespace="ns", uid="u")], [ContainerRecord(id="c1", pod_id="p1", name="main")]
     )
-    view = again.containers["c1"].view()
+    view = container_info(again.containers["c1"])
     assert view.envs == (("A", "1"), ("RAW", "\udcff")) and view.resources == res
 
 
@@ -131,7 +125,7 @@ async def test_what_a_container_was_created_with_survives_restart_and_reconcile(
 def test_stored_resources_that_crihook_did_not_write_are_ignored(resources: dict) -> None:
 
     rec = ContainerRecord(id="c", pod_id="p", name="m", resources=resources)
-    assert rec.view().resources is None
+    assert container_info(rec).resources is None
 
 
 def test_reconcile_takes_the_cgroup_parent_from_the_runtime_else_keeps_its_own(tmp_path: Path) -> None:
@@ -146,85 +140,6 @@ def test_reconcile_takes_the_cgroup_parent_from_the_runtime_else_keeps_its_own(t
     assert (s.pods["p1"].cgroup_parent, s.pods["p1"].runtime_handler) == ("/kubepods/podu-1", "runc")
     assert (s.pods["p2"].cgroup_parent, s.pods["p2"].runtime_handler) == ("/kubepods/burstable/podu-2", "nvidia")
     assert s.pods["p3"].cgroup_parent == "/kubepods/podu-3"  # adopted: the runtime's word only
-
-
-@pytest.mark.parametrize(
-    ("info", "parent"),
-    [
-        # containerd 1.6/1.7 and 2.x: SandboxInfo as JSON, the PodSandboxConfig under "config"
-        ({"info": json.dumps({"pid": 7, "config": {"linux": {"cgroup_parent": "/kubepods/podu"}}})}, "/kubepods/podu"),
-        ({"info": json.dumps({"config": {"metadata": {"name": "x"}}})}, ""),
-        ({"info": json.dumps({"config": {"linux": {"cgroup_parent": 5}}})}, ""),
-        ({"info": "not json"}, ""),
-        ({"info": "[1]"}, ""),
-        ({}, ""),
-    ],
-)
-def test_sandbox_cgroup_parent(info: dict[str, str], parent: str) -> None:
-    assert sandbox_cgroup_parent(info) == parent
-
-
-# what containerd's verbose ContainerStatus holds under info["info"]: the CRI config as Go encodes it
-CREATED = {
-    "sandboxID": "p1",
-    "config": {
-        "metadata": {"name": "main"},
-        "envs": [{"key": "A", "value": "1"}, {"key": "EMPTY"}],
-        "linux": {
-            "resources": {
-                "cpu_shares": 512,
-                "memory_limit_in_bytes": 67108864,
-                "cpuset_cpus": "0-1",
-                "hugepage_limits": [{"page_size": "2MB", "limit": 4194304}],
-                "unified": {"memory.high": "1000000"},
-                "some_future_field": 1,
-            }
-        },
-    },
-}
-
-
-def verbose(info: dict[str, str], resources: cri.ContainerResources | None = None) -> cri.ContainerStatusResponse:
-    """A verbose ContainerStatus answer as containerd gives it."""
-    status = cri.ContainerStatus(id="c1")
-    if resources is not None:
-        status.resources.CopyFrom(resources)
-    return cri.ContainerStatusResponse(status=status, info=info)
-
-
-def test_container_created_with_reads_the_config_the_runtime_got() -> None:
-    envs, resources = container_created_with(verbose({"info": json.dumps(CREATED)}))
-    assert envs == {"A": "1", "EMPTY": ""}
-    assert resources["cpu_shares"] == 512 and resources["memory_limit_in_bytes"] == 64 << 20
-    assert resources["cpuset_cpus"] == "0-1" and resources["unified"] == {"memory.high": "1000000"}
-    assert "hugepage_limits" not in resources  # what the store keeps of any container
-
-
-def test_container_created_with_takes_the_resources_as_they_are_now() -> None:
-    now = cri.ContainerResources(linux=cri.LinuxContainerResources(cpu_shares=1024))
-    envs, resources = container_created_with(verbose({"info": json.dumps(CREATED)}, now))
-    assert envs == {"A": "1", "EMPTY": ""} and resources["cpu_shares"] == 1024
-    assert resources["memory_limit_in_bytes"] == 0  # as the runtime reports them, not merged
-
-
-@pytest.mark.parametrize(
-    "info",
-    [
-        {},
-        {"info": ""},
-        {"info": "not json"},
-        {"info": "[]"},
-        {"info": json.dumps({"config": "a string"})},
-        {"info": json.dumps({"config": {"envs": "A=1"}})},
-        {"info": json.dumps({"config": {"envs": [{"value": "no key"}]}})},
-        {"info": json.dumps({"config": {"linux": {"resources": {"cpu_shares": "many"}}}})},
-        {"info": json.dumps({"config": {"linux": {"resources": [1]}}})},
-        {"info": json.dumps({"config": {"linux": "x"}})},
-    ],
-)
-def test_container_created_with_unreadable_parts_are_left_empty(info: dict[str, str]) -> None:
-    envs, resources = container_created_with(verbose(info))
-    assert envs == {} and resources == {}
 
 
 # -- the journal -------------------------------------------------------------------------------------
@@ -326,8 +241,8 @@ async def test_journal_lines_from_before_the_snapshot_are_skipped(tmp_path: Path
 async def test_a_version_1_file_is_read_and_rewritten_as_a_snapshot(tmp_path: Path) -> None:
     """What crihook before the journal wrote: an upgraded node keeps its records."""
     body = {
-        "containers": [storemod._row(ctr("c1", "p1", hooks=[{"hook": "gpu"}]), storemod._CONTAINER_FIELDS)],
-        "pods": [storemod._row(pod("p1"), storemod._POD_FIELDS)],
+        "containers": [json.loads(row(ctr("c1", "p1", hooks=[{"hook": "gpu"}])))],
+        "pods": [json.loads(row(pod("p1")))],
     }
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
     checksum = "sha256:" + hashlib.sha256(canonical).hexdigest()

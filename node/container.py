@@ -1,28 +1,51 @@
-"""CRI messages <-> the hooks' views: a decoded runtime.v1 request read into PodInfo/ContainerInfo, and
-the views the hooks left written back into it.
+"""Every conversion of a container: CRI's ContainerConfig (and a listed Container) to the hooks'
+ContainerInfo, an edited ContainerInfo written back into the config, and ContainerInfo <-> the
+store's ContainerRecord.
 
 Only fields a hook changed are written back; every message a hook left alone is reused as decoded,
-so unknown fields (a newer kubelet's) reach containerd intact. Resources also convert to and from
-the plain mappings the proxy's store keeps and the hook-server protocol sends (`resource_values`).
+so unknown fields (a newer kubelet's) reach containerd intact. The fields ContainerInfo and
+ContainerRecord share carry the same names, and are copied by that list (`_SHARED`), never one by one.
 """
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from google.protobuf.message import Message
 
 from crihook.base.spec import Device, Mount
-from crihook.hooks.base import RESOURCE_FIELDS, ContainerInfo, Edit, LinuxResources, PodInfo, PodRecordView
+from crihook.hooks.base import ContainerInfo, Edit, LinuxResources
 from crihook.hooks.cdi import ANNOTATION_PREFIX
+from crihook.node.records import ContainerRecord
+from crihook.node.resources import (
+    plain,
+    resources_from_record,
+    resources_record,
+    resources_view,
+    set_map,
+    write_resources,
+)
+from crihook.node.status import container_created_with
 from crihook.proto import runtime_v1_pb2 as cri
 
 _V = TypeVar("_V")
 _M = TypeVar("_M", bound=Message)
+_SHARED = tuple(
+    f.name
+    for f in fields(ContainerInfo)
+    if f.name in ContainerRecord.__dataclass_fields__ and f.name not in ("envs", "resources")
+)
+_STATES = {
+    cri.CONTAINER_CREATED: "created",
+    cri.CONTAINER_RUNNING: "running",
+    cri.CONTAINER_EXITED: "exited",
+    cri.CONTAINER_UNKNOWN: "unknown",
+}
 
 
 def _text(b: bytes) -> str:
@@ -33,42 +56,7 @@ def _raw(s: str) -> bytes:
     return s.encode("utf-8", "surrogateescape")
 
 
-def _plain(m: Mapping[str, str]) -> dict[str, str]:
-    """A protobuf map as a dict. `dict(m)` goes through collections.abc's Python-level keys view
-    (protobuf's maps take their mixin methods from it): code a call touches only for that, and
-    runs cold after the event loop idled."""
-    return {k: m[k] for k in m}
-
-
 # -- protobuf -> views ---------------------------------------------------------------------------
-
-
-def resources_view(msg: cri.LinuxContainerResources, present: bool) -> LinuxResources | None:
-    if not present:
-        return None
-    return LinuxResources(**{f: getattr(msg, f) for f in RESOURCE_FIELDS}, unified=_plain(msg.unified))
-
-
-def pod_view(
-    cfg: cri.PodSandboxConfig, pod_id: str = "", runtime_handler: str = "", stored: PodRecordView | None = None
-) -> PodInfo:
-    """`stored`: what the hooks made of the pod at RunPodSandbox (its labels, annotations and
-    cgroup parent are taken from it, not converted again from kubelet's copy of the config)."""
-    linux = cfg.linux
-    meta = cfg.metadata
-    return PodInfo(
-        name=meta.name,
-        namespace=meta.namespace,
-        uid=meta.uid,
-        attempt=meta.attempt,
-        id=pod_id,
-        labels=_plain(cfg.labels) if stored is None else stored.labels,
-        annotations=_plain(cfg.annotations) if stored is None else stored.annotations,
-        cgroup_parent=stored.cgroup_parent if stored is not None and stored.cgroup_parent else linux.cgroup_parent,
-        runtime_handler=runtime_handler,
-        resources=resources_view(linux.resources, linux.HasField("resources")),
-        overhead=resources_view(linux.overhead, linux.HasField("overhead")),
-    )
 
 
 def container_view(cfg: cri.ContainerConfig, container_id: str = "") -> ContainerInfo:
@@ -81,8 +69,8 @@ def container_view(cfg: cri.ContainerConfig, container_id: str = "") -> Containe
         attempt=meta.attempt,
         id=container_id,
         image=cfg.image.image,
-        labels=_plain(cfg.labels),
-        annotations=_plain(cfg.annotations),
+        labels=plain(cfg.labels),
+        annotations=plain(cfg.annotations),
         envs=tuple((_text(kv.key), _text(kv.value)) for kv in envs) if envs else (),
         mounts=tuple(Mount(m.container_path, m.host_path, m.readonly, m.selinux_relabel, m.propagation) for m in mounts)
         if mounts
@@ -114,8 +102,8 @@ def kept_of(cfg: cri.ContainerConfig) -> Kept:
     """`Kept`, read from the request as sent without a whole view (devices and mounts are not kept)."""
     linux = cfg.linux
     return Kept(
-        _plain(cfg.labels),
-        _plain(cfg.annotations),
+        plain(cfg.labels),
+        plain(cfg.annotations),
         {_text(kv.key): _text(kv.value) for kv in cfg.envs},
         resources_view(linux.resources, linux.HasField("resources")),
     )
@@ -159,29 +147,6 @@ def _rebuild(
             repeated.add().CopyFrom(copy)
 
 
-def _set_map(target: MutableMapping[str, str], before: Mapping[str, str], after: Mapping[str, str]) -> None:
-    if before == after:
-        return
-    for k in set(before) - set(after):
-        del target[k]
-    for k, v in after.items():
-        if before.get(k) != v:
-            target[k] = v
-
-
-def write_resources(
-    msg: cri.LinuxContainerResources, before: LinuxResources | None, after: LinuxResources | None
-) -> None:
-    if after is None or before == after:
-        return
-    base = before or LinuxResources()
-    for f in RESOURCE_FIELDS:
-        value = getattr(after, f)
-        if getattr(base, f) != value:
-            setattr(msg, f, value)
-    _set_map(msg.unified, dict(base.unified), dict(after.unified))
-
-
 def _new_env(new: Callable[..., cri.KeyValue], kv: tuple[str, str]) -> cri.KeyValue:
     return new(key=_raw(kv[0]), value=_raw(kv[1]))
 
@@ -209,7 +174,7 @@ def write_container(cfg: cri.ContainerConfig, before: ContainerInfo, after: Cont
     _rebuild(cfg.mounts, before.mounts, after.mounts, _new_mount)
     _rebuild(cfg.devices, before.devices, after.devices, _new_device)
     _rebuild(cfg.CDI_devices, before.cdi_devices, after.cdi_devices, _new_cdi)
-    _set_map(cfg.annotations, before.annotations, after.annotations)
+    set_map(cfg.annotations, before.annotations, after.annotations)
     write_resources(cfg.linux.resources, before.resources, after.resources)
 
 
@@ -305,37 +270,55 @@ def _disjoint(added: Sequence[_Added]) -> bool:
     return True
 
 
-def write_pod(cfg: cri.PodSandboxConfig, before: PodInfo, after: PodInfo) -> None:
-    _set_map(cfg.labels, before.labels, after.labels)
-    _set_map(cfg.annotations, before.annotations, after.annotations)
-    if after.cgroup_parent != before.cgroup_parent:
-        cfg.linux.cgroup_parent = after.cgroup_parent
-    write_resources(cfg.linux.resources, before.resources, after.resources)
+# -- views <-> records ---------------------------------------------------------------------------
 
 
-# -- views <-> plain values ----------------------------------------------------------------------
+def container_info(rec: ContainerRecord) -> ContainerInfo:
+    """The container as hooks see it, for a call that names it only by id."""
+    return ContainerInfo(
+        **{name: getattr(rec, name) for name in _SHARED},
+        envs=tuple(rec.envs.items()),
+        resources=resources_from_record(rec.resources),
+    )
 
 
-def resource_values(res: LinuxResources) -> dict[str, Any]:
-    """Every field by its proto name: what a LinuxContainerResources message (either protocol's)
-    is built from, and what the store keeps."""
-    return {**{f: getattr(res, f) for f in RESOURCE_FIELDS}, "unified": dict(res.unified)}
+def container_record(
+    pod_id: str, c: ContainerInfo, hooks: list[dict[str, Any]], kept: Kept | None = None
+) -> ContainerRecord:
+    """The store's record of a container the hooks saw created: `c` as created, or, for a view the
+    hooks saw only in part, `kept` (read from the request as sent)."""
+    if kept is None:
+        kept = Kept(dict(c.labels), dict(c.annotations), dict(c.envs), c.resources)
+    values: dict[str, Any] = {name: getattr(c, name) for name in _SHARED}
+    values.update(labels=kept.labels, annotations=kept.annotations)
+    return ContainerRecord(
+        **values,
+        pod_id=pod_id,
+        hooks=hooks,
+        created=time.time(),
+        envs=kept.envs,
+        resources=resources_record(kept.resources),
+    )
 
 
-def resources_record(res: LinuxResources | None) -> dict[str, Any]:
-    """Resources as the store keeps them: plain JSON, {} for none."""
-    return {} if res is None else resource_values(res)
+def listed_container(c: cri.Container, status: cri.ContainerStatusResponse | None) -> ContainerRecord:
+    """The record of a container as ListContainers lists it, with the envs and resources its verbose
+    status says it was created with when there is one."""
+    envs, resources = ({}, {}) if status is None else container_created_with(status)
+    return ContainerRecord(
+        id=c.id,
+        pod_id=c.pod_sandbox_id,
+        name=c.metadata.name,
+        attempt=c.metadata.attempt,
+        state=_STATES.get(c.state, "unknown"),
+        labels=plain(c.labels),
+        annotations=plain(c.annotations),
+        created=c.created_at / 1e9,
+        envs=envs,
+        resources=resources,
+    )
 
 
-def resources_from_record(raw: Mapping[str, Any]) -> LinuxResources | None:
-    """The stored resources, or None when absent or not what crihook writes (a hand-edited store)."""
-    if not raw:
-        return None
-    try:
-        res = LinuxResources(**{**raw, "unified": dict(raw.get("unified") or {})})
-    except (TypeError, ValueError):
-        return None
-    defaults = LinuxResources()
-    if any(type(getattr(res, f)) is not type(getattr(defaults, f)) for f in RESOURCE_FIELDS):
-        return None
-    return res
+def unknown_container(container_id: str) -> ContainerInfo:
+    """The view of a container crihook has no record of: hooks still see its id."""
+    return ContainerInfo(name="", id=container_id)

@@ -1,0 +1,67 @@
+"""Linux resources in their three forms: runtime.v1's LinuxContainerResources (a container's, and a
+pod's resources and overhead), the hooks' LinuxResources, and the plain mapping the store keeps.
+Also the protobuf map helpers every conversion here uses."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+from crihook.hooks.base import RESOURCE_FIELDS, LinuxResources, resource_values
+from crihook.proto import runtime_v1_pb2 as cri
+
+
+def plain(m: Mapping[str, str]) -> dict[str, str]:
+    """A protobuf map as a dict. `dict(m)` goes through collections.abc's Python-level keys view
+    (protobuf's maps take their mixin methods from it): code a call touches only for that, and
+    runs cold after the event loop idled."""
+    return {k: m[k] for k in m}
+
+
+def set_map(target: MutableMapping[str, str], before: Mapping[str, str], after: Mapping[str, str]) -> None:
+    """Make a decoded map go from `before` to `after`, touching only the entries that changed."""
+    if before == after:
+        return
+    for k in set(before) - set(after):
+        del target[k]
+    for k, v in after.items():
+        if before.get(k) != v:
+            target[k] = v
+
+
+def resources_view(msg: cri.LinuxContainerResources, present: bool) -> LinuxResources | None:
+    if not present:
+        return None
+    return LinuxResources(**{f: getattr(msg, f) for f in RESOURCE_FIELDS}, unified=plain(msg.unified))
+
+
+def write_resources(
+    msg: cri.LinuxContainerResources, before: LinuxResources | None, after: LinuxResources | None
+) -> None:
+    if after is None or before == after:
+        return
+    base = before or LinuxResources()
+    for f in RESOURCE_FIELDS:
+        value = getattr(after, f)
+        if getattr(base, f) != value:
+            setattr(msg, f, value)
+    set_map(msg.unified, dict(base.unified), dict(after.unified))
+
+
+def resources_record(res: LinuxResources | None) -> dict[str, Any]:
+    """Resources as the store keeps them: plain JSON, {} for none."""
+    return {} if res is None else resource_values(res)
+
+
+def resources_from_record(raw: Mapping[str, Any]) -> LinuxResources | None:
+    """The stored resources, or None when absent or not what crihook writes (a hand-edited store)."""
+    if not raw:
+        return None
+    try:
+        res = LinuxResources(**{**raw, "unified": dict(raw.get("unified") or {})})
+    except (TypeError, ValueError):
+        return None
+    defaults = LinuxResources()
+    if any(type(getattr(res, f)) is not type(getattr(defaults, f)) for f in RESOURCE_FIELDS):
+        return None
+    return res
