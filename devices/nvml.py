@@ -17,13 +17,14 @@ import ctypes
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pynvml
 
 from crihook.devices import sysfs
+from crihook.devices.usage import GpuProcess, GpuState, sm_by_pid
 
 log = logging.getLogger("crihook.devices.nvml")
 
@@ -116,6 +117,17 @@ def link_matrix(
     return tuple(map(tuple, counts)), tuple(map(tuple, versions))
 
 
+@dataclass(frozen=True, slots=True)
+class ProcessRead:
+    """The processes on the node's GPUs at one moment. `reason` is set when NVML could not be used."""
+
+    gpus: tuple[GpuState, ...] = ()
+    processes: tuple[GpuProcess, ...] = ()
+    # GPU UUID -> the newest utilisation sample's timestamp, for the next read to start from
+    last_seen: Mapping[str, int] = field(default_factory=dict)
+    reason: str = ""
+
+
 class NvmlUnavailable(Exception):
     """NVML can not be used at all; the message is the reason."""
 
@@ -176,6 +188,7 @@ class Nvml:
         self._failed_at: float | None = None
         self._reason = ""
         self._said = ""  # the last reason logged
+        self._unread: dict[int, str] = {}  # GPU index -> why its processes were last unreadable, once logged
 
     def snapshot(self, topology: bool = True) -> NodeGpus:
         """The node's GPUs; with `topology`, also every pair's NVLinks and PCIe level."""
@@ -191,6 +204,45 @@ class Nvml:
                 log.info("NVML is usable again", extra={"gpus": len(result.gpus)})
                 self._said = ""
             return result
+
+    def processes(self, since: Mapping[str, int]) -> ProcessRead:
+        """Every GPU's compute and graphics processes with their memory, and their SM utilisation
+        from the driver's samples newer than `since[uuid]` (0: all it keeps). A GPU in MIG mode is
+        read per MIG device (the driver samples no per-process utilisation there). A GPU that can
+        not be read is left out and logged; a process that ended between NVML's calls is simply
+        not listed by the later ones."""
+        with self._lock:
+            now = self._clock()
+            try:
+                self._ensure_init(now)
+                count = pynvml.nvmlDeviceGetCount()
+            except NvmlUnavailable as e:
+                self._failed(str(e), now)
+                return ProcessRead(reason=self._reason)
+            except pynvml.NVMLError as e:
+                self._initialised = False
+                self._failed(f"NVML stopped answering: {_error_text(e)}", now)
+                return ProcessRead(reason=self._reason)
+            gpus: list[GpuState] = []
+            found: list[GpuProcess] = []
+            last_seen: dict[str, int] = {}
+            for index in range(count):
+                try:
+                    gpu, procs, seen = _gpu_processes(index, since)
+                except pynvml.NVMLError as e:
+                    self._unreadable(index, _error_text(e))
+                    continue
+                self._unread.pop(index, None)
+                gpus.append(gpu)
+                found.extend(procs)
+                if seen:
+                    last_seen[gpu.uuid] = seen
+            return ProcessRead(tuple(gpus), tuple(found), last_seen)
+
+    def _unreadable(self, index: int, reason: str) -> None:
+        if self._unread.get(index) != reason:
+            log.warning("GPU processes unreadable", extra={"index": index, "error": reason})
+            self._unread[index] = reason
 
     def close(self) -> None:
         with self._lock:
@@ -358,6 +410,54 @@ def _mig_devices(handle: object, problems: list[str]) -> tuple[tuple[int, str], 
         # the pods holding its MIG devices through the plugin could not be told apart
         problems.append(f"MIG devices: {_error_text(e)}")
     return tuple(found)
+
+
+def _listed(query: Callable[[object], Any], handle: object) -> list[Any]:
+    """A process list; empty where the device keeps none of that kind."""
+    try:
+        return list(query(handle))
+    except pynvml.NVMLError as e:
+        if e.value in _NOT_THERE:
+            return []
+        raise
+
+
+def _gpu_processes(index: int, since: Mapping[str, int]) -> tuple[GpuState, list[GpuProcess], int]:
+    """One GPU's state, its processes and the newest utilisation timestamp read."""
+    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+    memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    gpu = GpuState(uuid, int(pynvml.nvmlDeviceGetMinorNumber(handle)), int(memory.total), int(memory.used))
+    try:
+        mig = pynvml.nvmlDeviceGetMigMode(handle)[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+    except pynvml.NVMLError as e:
+        if e.value not in _NOT_THERE:
+            raise
+        mig = False
+    devices = [(uuid, handle)]
+    if mig:
+        devices = []
+        for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            try:
+                h = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            except pynvml.NVMLError as e:
+                if e.value == pynvml.NVML_ERROR_NOT_FOUND:
+                    continue
+                raise
+            devices.append((_text(pynvml.nvmlDeviceGetUUID(h)), h))
+    sm: dict[int, float] = {}
+    newest = 0
+    if not mig:
+        samples = _listed(lambda h: pynvml.nvmlDeviceGetProcessUtilization(h, since.get(uuid, 0)), handle)
+        sm = sm_by_pid((int(s.pid), int(s.smUtil)) for s in samples)
+        newest = max((int(s.timeStamp) for s in samples), default=0)
+    procs = []
+    for device, h in devices:
+        for query in (pynvml.nvmlDeviceGetComputeRunningProcesses, pynvml.nvmlDeviceGetGraphicsRunningProcesses):
+            for p in _listed(query, h):
+                pid = int(p.pid)
+                procs.append(GpuProcess(pid, uuid, device, int(p.usedGpuMemory or 0), sm.get(pid)))
+    return gpu, procs, newest
 
 
 class GpuIndex:

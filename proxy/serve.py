@@ -27,6 +27,7 @@ from crihook.base import config as cfgmod
 from crihook.base import metrics
 from crihook.base.config import ConfigError
 from crihook.base.endpoint import unix_socket_path
+from crihook.devices.collector import UsageCollector, start_usage
 from crihook.devices.nvml import GpuIndex
 from crihook.hooks.base import NeedsStore, OwnsGpus
 from crihook.hooks.chain import DaemonThreads, HookChain, build_chain
@@ -70,6 +71,7 @@ class Daemon:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     reporter: Any = None
+    usage: UsageCollector | None = None
     _closing: set[asyncio.Task[None]] = field(default_factory=set)
     # SIGHUP's reads (the file, the hooks' own directories) run here: a file system that stalls
     # holds this thread, never the event loop, and never crihook's exit
@@ -117,6 +119,7 @@ class Daemon:
         if interval:
             tasks.append(loop.create_task(systemd.watchdog(interval)))
         self.reporter = reporter = start_reporter(cfg, chain)
+        self.usage = start_usage(cfg, self.store, cfg.proxy.state_dir)
         systemd.notify("READY=1\nSTATUS=serving")
         log.info(
             "serving", extra={"listen": listen, "runtime": backend, "hooks": ",".join(h.hook.name for h in chain.hooks)}
@@ -129,6 +132,8 @@ class Daemon:
         await self.interceptor.chain.close()
         if reporter is not None:
             await asyncio.to_thread(reporter.stop)
+        if self.usage is not None:
+            await asyncio.to_thread(self.usage.stop)
         await self.store.close()
         for t in tasks:
             t.cancel()

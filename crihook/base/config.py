@@ -159,11 +159,20 @@ class ReporterConfig:
 
 
 @dataclass(frozen=True)
+class UsageConfig:
+    """Per-container GPU usage (devices/collector.py): NVML's processes attributed to containers."""
+
+    enabled: bool = True
+    interval_seconds: float = field(default=10.0, metadata={"check": positive})
+
+
+@dataclass(frozen=True)
 class Config:
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
     node: NodeConfig = field(default_factory=NodeConfig)
     hooks: HooksConfig = field(default_factory=HooksConfig)
     reporter: ReporterConfig = field(default_factory=ReporterConfig)
+    usage: UsageConfig = field(default_factory=UsageConfig)
     source: str = ""  # the file it came from, for messages
 
 
@@ -225,7 +234,7 @@ def _kind(value: Any) -> str:
 
 
 def parse(data: Mapping[str, Any], source: str = "") -> Config:
-    unknown = set(data) - {"proxy", "node", "hooks", "reporter"}
+    unknown = set(data) - {"proxy", "node", "hooks", "reporter", "usage"}
     if unknown:
         raise ConfigError(source, f"unknown section(s) {', '.join(sorted(unknown))}")
     hooks_table = dict(data.get("hooks", {}))
@@ -238,6 +247,7 @@ def parse(data: Mapping[str, Any], source: str = "") -> Config:
         node=check_table(NodeConfig, data.get("node", {}), source, "node"),
         hooks=hooks,
         reporter=check_table(ReporterConfig, data.get("reporter", {}), source, "reporter"),
+        usage=check_table(UsageConfig, data.get("usage", {}), source, "usage"),
         source=source,
     )
 

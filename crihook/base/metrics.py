@@ -18,7 +18,7 @@ import logging
 import math
 import re
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from itertools import pairwise
 
 from crihook import __version__
@@ -172,6 +172,15 @@ class Gauge(_Scalar):
 
     def inc(self, *labels: str, amount: float = 1) -> None:
         self._add(labels, amount)
+
+    def replace(self, values: Mapping[tuple[str, ...], float]) -> None:
+        """Every series at once: those not in `values` are gone (a container that went away). The
+        table is swapped whole, so a scrape sees the old set or the new one."""
+        known = self._values
+        for labels in values:
+            if labels not in known:
+                self._check(labels)
+        self._values = dict(values)
 
     def dec(self, *labels: str, amount: float = 1) -> None:
         self._add(labels, -amount)
@@ -376,4 +385,46 @@ SCHEDULER_BINDS_REFUSED = Counter(
 SCHEDULER_TLS_RELOADS = Counter(
     "crihook_scheduler_tls_reloads_total",
     "Times `crihook scheduler` loaded changed certificate files (a rotated Secret) without a restart.",
+)
+
+# GPU usage (devices/collector.py): one series per container and device at most, rewritten whole
+# every collection, so containers that went away leave no series behind
+_USAGE_LABELS = ("namespace", "pod", "container", "gpu")
+USAGE_MEMORY = Gauge(
+    "crihook_gpu_memory_used_bytes",
+    "GPU memory held by a container's processes (NVML), by device: gpu is the UUID of the GPU or MIG device.",
+    _USAGE_LABELS,
+)
+USAGE_SM = Gauge(
+    "crihook_gpu_sm_utilization_percent",
+    "SM utilisation of a container's processes on a GPU, mean of the driver's samples since the previous "
+    "collection, summed over the processes (at most 100); absent where the driver keeps none (MIG).",
+    _USAGE_LABELS,
+)
+GRANT_CORE = Gauge(
+    "crihook_gpu_granted_core_percent",
+    "Share of a GPU's SMs the scheduler granted the container (koordinator.sh/gpu-core; 100 for a whole GPU).",
+    _USAGE_LABELS,
+)
+GRANT_MEMORY = Gauge(
+    "crihook_gpu_granted_memory_bytes",
+    "GPU memory the scheduler granted the container (koordinator.sh/gpu-memory, or its ratio of the GPU's).",
+    _USAGE_LABELS,
+)
+USAGE_OTHERS = Gauge(
+    "crihook_gpu_unattributed_memory_used_bytes",
+    "GPU memory held by processes of no known container, by device and owner: host (no container), "
+    "unknown_container (a container crihook's store does not hold), exited (gone before its cgroup was read).",
+    ("gpu", "owner"),
+)
+OVER_GRANT = Counter(
+    "crihook_gpu_memory_over_grant_total",
+    "Times a container was seen holding more GPU memory than granted (each episode once), by namespace. "
+    "Reporting only: nothing is stopped.",
+    ("namespace",),
+)
+USAGE_SECONDS = Histogram(
+    "crihook_gpu_usage_collection_cpu_seconds",
+    "CPU time one usage collection took (NVML, /proc, attribution, metrics, the state file).",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
 )

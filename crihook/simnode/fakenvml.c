@@ -8,7 +8,8 @@
  *
  * Beyond NVML, two control functions for tests: fakeNvmlCallCount() (how many NVML calls were made,
  * to prove a cache made none) and fakeNvmlReload() (re-read the file while initialised, to change a
- * GPU's health under a running reporter).
+ * GPU's health under a running reporter). The process queries re-read the file themselves when it
+ * changed, so another process (the demo, a test driving a daemon) can start and end GPU processes.
  */
 #include <ctype.h>
 #include <pthread.h>
@@ -16,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <time.h>
 
 typedef int nvmlReturn_t;
 enum {
@@ -36,6 +39,11 @@ enum {
 #define NVLINK_DEVICE_TYPE_GPU 0
 #define NVLINK_DEVICE_TYPE_SWITCH 2
 #define ABSENT -1 /* a query the modelled GPU does not support: NVML_ERROR_NOT_SUPPORTED */
+#define MAX_PROCS 64
+#define NOT_AVAILABLE_UINT 0xFFFFFFFFu          /* NVML_VALUE_NOT_AVAILABLE as an unsigned int */
+#define NOT_AVAILABLE_ULL 0xFFFFFFFFFFFFFFFFull /* ... and as an unsigned long long */
+#define PROC_COMPUTE 1
+#define PROC_GRAPHICS 2
 
 /* nvmlPciInfo_t as NVML 9.0+ lays it out (pynvml's nvmlPciInfo_t). */
 typedef struct {
@@ -53,6 +61,41 @@ typedef struct {
     unsigned long long free;
     unsigned long long used;
 } nvmlMemory_t;
+
+/* nvmlProcessInfo_v1_t: what the unversioned nvmlDevice*RunningProcesses entry points fill. */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
+
+/* nvmlProcessInfo_t (v2 and v3 share the layout; pynvml's c_nvmlProcessInfo_v2_t): the _v2 and _v3
+ * entry points fill it. The instance ids are NVML_VALUE_NOT_AVAILABLE outside MIG mode. */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlProcessInfo_t;
+
+/* nvmlProcessUtilizationSample_t (pynvml's c_nvmlProcessUtilizationSample_t). */
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp; /* CPU time in microseconds */
+    unsigned int smUtil;
+    unsigned int memUtil;
+    unsigned int encUtil;
+    unsigned int decUtil;
+} nvmlProcessUtilizationSample_t;
+
+/* A process with a context on a GPU (or on one of its MIG devices). */
+struct proc {
+    unsigned int pid;
+    unsigned long long used_memory; /* NOT_AVAILABLE_ULL when the file says null */
+    int kinds;                      /* PROC_COMPUTE | PROC_GRAPHICS */
+    int sm_util;                    /* ABSENT: the driver keeps no samples of it */
+    int mem_util;
+    int mig; /* the MIG slot it runs on, ABSENT on a GPU not in MIG mode */
+};
 
 struct link {
     int active;
@@ -78,6 +121,8 @@ struct gpu {
     int nlinks; /* links the GPU has; 0 = no NVLink at all */
     struct link links[MAX_LINKS];
     char mig[MAX_MIG][96]; /* MIG device UUIDs by slot, "" for an empty slot */
+    int nprocs;
+    struct proc procs[MAX_PROCS];
 };
 
 /* A MIG device handle: NVML hands these out as device handles of their own. */
@@ -94,6 +139,8 @@ static struct gpu gpus[MAX_GPUS]; /* fixed storage: handles stay valid across re
 static struct mig migs[MAX_GPUS][MAX_MIG];
 static int pcie_level[MAX_GPUS][MAX_GPUS];
 static unsigned long calls;
+static struct timespec loaded_mtime; /* of the file last loaded, to see it change */
+static off_t loaded_size;
 
 /* ---- a small JSON reader: enough for the topology files, strict about what it accepts ---- */
 
@@ -307,6 +354,26 @@ static int load_gpu(struct gpu *g, unsigned int index, const jv *o) {
         for (int j = 0; j < mig->n; j++)
             if (mig->items[j]->t != J_NULL && copy_str(g->mig[j], sizeof g->mig[j], mig->items[j])) return -1;
     }
+    jv *procs = jget(o, "processes");
+    if (procs) {
+        if (procs->t != J_ARR || procs->n > MAX_PROCS) return -1;
+        for (int i = 0; i < procs->n; i++) {
+            const jv *p = procs->items[i];
+            jv *pid = jget(p, "pid"), *used = jget(p, "used_memory"), *kind = jget(p, "type");
+            if (!pid || pid->t != J_NUM || !used || (used->t != J_NUM && used->t != J_NULL)) return -1;
+            struct proc *dst = &g->procs[g->nprocs++];
+            dst->pid = (unsigned int)pid->num;
+            dst->used_memory = used->t == J_NULL ? NOT_AVAILABLE_ULL : (unsigned long long)used->num;
+            const char *k = kind && kind->t == J_STR ? kind->str : "compute";
+            dst->kinds = strcmp(k, "graphics") == 0 ? PROC_GRAPHICS
+                         : strcmp(k, "both") == 0   ? PROC_COMPUTE | PROC_GRAPHICS
+                                                    : PROC_COMPUTE;
+            dst->sm_util = tri(jget(p, "sm_util"));
+            dst->mem_util = tri(jget(p, "mem_util"));
+            dst->mig = tri(jget(p, "mig"));
+            if (dst->mig != ABSENT && (dst->mig < 0 || dst->mig >= MAX_MIG || !g->mig[dst->mig][0])) return -1;
+        }
+    }
     jv *version = jget(o, "nvlink_version"), *links = jget(o, "nvlinks");
     if (!links) return 0;
     if (links->t != J_ARR || !version) return -1;
@@ -333,6 +400,11 @@ static int load_config(void) {
     if (!path || !*path) return load_error("CRIHOOK_FAKE_NVML_CONFIG", "not set");
     FILE *f = fopen(path, "rb");
     if (!f) return load_error(path, "can not be opened");
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0) {
+        loaded_mtime = st.st_mtim;
+        loaded_size = st.st_size;
+    }
     fseek(f, 0, SEEK_END);
     long size = ftell(f);
     rewind(f);
@@ -618,6 +690,132 @@ nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(void *device1, void *device2, u
     struct gpu *a = as_gpu(device1), *b = as_gpu(device2);
     if (!a || !b || !level) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
     *level = (unsigned int)pcie_level[a->index][b->index];
+    LEAVE(NVML_SUCCESS);
+}
+
+/* ---- processes ---- */
+
+/* Re-read the file when it changed since it was loaded: processes come and go under a running
+ * daemon. Returns what load_config does (a file it refuses leaves no GPUs). Call with `lock` held. */
+static int reload_if_changed(void) {
+    const char *path = getenv("CRIHOOK_FAKE_NVML_CONFIG");
+    struct stat st;
+    if (!path || stat(path, &st) != 0) return NVML_SUCCESS;
+    if (st.st_mtim.tv_sec == loaded_mtime.tv_sec && st.st_mtim.tv_nsec == loaded_mtime.tv_nsec &&
+        st.st_size == loaded_size)
+        return NVML_SUCCESS;
+    return load_config();
+}
+
+/* The device a handle names: a GPU (slot ABSENT) or one of its MIG devices. */
+static struct gpu *process_device(void *handle, int *slot) {
+    struct mig *m = as_mig(handle);
+    if (m) {
+        *slot = (int)m->slot;
+        return m->parent;
+    }
+    *slot = ABSENT;
+    return as_gpu(handle);
+}
+
+/* What every process query starts with: the device the handle names (`g`, and `slot` for a MIG
+ * device), the file re-read if it changed. */
+#define PROCESS_DEVICE(device, count)                 \
+    ENTER();                                          \
+    if (!(count)) LEAVE(NVML_ERROR_INVALID_ARGUMENT); \
+    int rc = reload_if_changed();                     \
+    if (rc != NVML_SUCCESS) LEAVE(rc);                \
+    int slot;                                         \
+    struct gpu *g = process_device(device, &slot);    \
+    if (!g) LEAVE(NVML_ERROR_INVALID_ARGUMENT);       \
+    if (g->lost) LEAVE(NVML_ERROR_GPU_IS_LOST);
+
+/* The processes of `kind` on a device: all of a GPU's (in MIG mode too, with their instance ids,
+ * as NVML answers a privileged caller), or one MIG device's. Fills `out` as v1 (16-byte) or v2/v3
+ * (24-byte) entries. With too small a buffer (or none), says how many there are. */
+static nvmlReturn_t running_processes(void *device, unsigned int *count, void *out, int kind, int v1) {
+    PROCESS_DEVICE(device, count);
+    unsigned int n = 0;
+    for (int i = 0; i < g->nprocs; i++)
+        if ((g->procs[i].kinds & kind) && (slot == ABSENT || g->procs[i].mig == slot)) n++;
+    if (n == 0) {
+        *count = 0;
+        LEAVE(NVML_SUCCESS);
+    }
+    if (!out || *count < n) {
+        *count = n;
+        LEAVE(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    unsigned int k = 0;
+    for (int i = 0; i < g->nprocs; i++) {
+        const struct proc *p = &g->procs[i];
+        if (!(p->kinds & kind) || (slot != ABSENT && p->mig != slot)) continue;
+        if (v1) {
+            nvmlProcessInfo_v1_t *e = (nvmlProcessInfo_v1_t *)out + k++;
+            e->pid = p->pid;
+            e->usedGpuMemory = p->used_memory;
+        } else {
+            nvmlProcessInfo_t *e = (nvmlProcessInfo_t *)out + k++;
+            e->pid = p->pid;
+            e->usedGpuMemory = p->used_memory;
+            e->gpuInstanceId = p->mig == ABSENT ? NOT_AVAILABLE_UINT : (unsigned int)p->mig;
+            e->computeInstanceId = p->mig == ABSENT ? NOT_AVAILABLE_UINT : 0;
+        }
+    }
+    *count = n;
+    LEAVE(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *device, unsigned int *count, nvmlProcessInfo_t *infos) {
+    return running_processes(device, count, infos, PROC_COMPUTE, 0);
+}
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(void *device, unsigned int *count, nvmlProcessInfo_t *infos) {
+    return running_processes(device, count, infos, PROC_COMPUTE, 0);
+}
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(void *device, unsigned int *count, nvmlProcessInfo_v1_t *infos) {
+    return running_processes(device, count, infos, PROC_COMPUTE, 1);
+}
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(void *device, unsigned int *count, nvmlProcessInfo_t *infos) {
+    return running_processes(device, count, infos, PROC_GRAPHICS, 0);
+}
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(void *device, unsigned int *count, nvmlProcessInfo_t *infos) {
+    return running_processes(device, count, infos, PROC_GRAPHICS, 0);
+}
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(void *device, unsigned int *count, nvmlProcessInfo_v1_t *infos) {
+    return running_processes(device, count, infos, PROC_GRAPHICS, 1);
+}
+
+/* One sample per process with a utilisation, stamped now (so every read finds a fresh one newer
+ * than the last it saw). Not supported on MIG devices or a GPU in MIG mode, as on the driver; no
+ * sample newer than lastSeenTimeStamp is NOT_FOUND. pynvml sizes the buffer with a first call that
+ * passes none and expects INSUFFICIENT_SIZE. */
+nvmlReturn_t nvmlDeviceGetProcessUtilization(void *device, nvmlProcessUtilizationSample_t *samples,
+                                             unsigned int *count, unsigned long long lastSeenTimeStamp) {
+    PROCESS_DEVICE(device, count);
+    if (slot != ABSENT || g->mig_mode == 1) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    unsigned long long now = (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000;
+    unsigned int n = 0;
+    for (int i = 0; i < g->nprocs; i++)
+        if (g->procs[i].sm_util != ABSENT) n++;
+    if (n == 0 || now <= lastSeenTimeStamp) LEAVE(NVML_ERROR_NOT_FOUND);
+    if (!samples || *count < n) {
+        *count = n;
+        LEAVE(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    unsigned int k = 0;
+    for (int i = 0; i < g->nprocs; i++) {
+        const struct proc *p = &g->procs[i];
+        if (p->sm_util == ABSENT) continue;
+        nvmlProcessUtilizationSample_t *s = &samples[k++];
+        memset(s, 0, sizeof *s);
+        s->pid = p->pid;
+        s->timeStamp = now;
+        s->smUtil = (unsigned int)p->sm_util;
+        s->memUtil = p->mem_util == ABSENT ? 0 : (unsigned int)p->mem_util;
+    }
+    *count = n;
     LEAVE(NVML_SUCCESS);
 }
 

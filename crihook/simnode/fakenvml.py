@@ -18,12 +18,18 @@ Topology file (see the three shipped ones):
                "mig_devices": ["MIG-…", null],  # optional: MIG device UUIDs by slot (up to 7), null = empty
                "retired_pages_pending": false, "row_remap_failure": false,
                "lost": false,               # optional: live queries answer GPU_IS_LOST
+               "processes": [{"pid": 4242, "used_memory": 1073741824,  # bytes, null = not available
+                              "type": "compute" | "graphics" | "both",  # optional, compute
+                              "sm_util": 35, "mem_util": 10,  # optional: one utilisation sample per read
+                              "mig": 0}],                 # optional: the MIG slot it runs on
                "nvlink_version": 4,         # needed when nvlinks is given
                "nvlinks": [{"remote": "0000:a5:00.0", "type": "switch" | "gpu", "count": 5,
                             "active": true}]}],
      "pcie_levels": [[0, 40, …], …]}         # nvmlDeviceGetTopologyCommonAncestor, NxN by NVML index
 
-GPUs are listed in NVML index order (topologies/ holds the shipped ones). The test fixture
+GPUs are listed in NVML index order (topologies/ holds the shipped ones). The process queries re-read
+the file when it changed, so a test or the demo starts and ends GPU processes under a running daemon
+by rewriting it (`FakeNvml.write`). The test fixture
 `fake_nvml` (tests/support/fakenvml.py) gives each test its own copy of a topology, its sysfs tree and the
 environment variable.
 """

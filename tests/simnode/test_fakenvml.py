@@ -139,3 +139,81 @@ def test_topology_files_are_consistent() -> None:
                     peer = next(p for p in doc["gpus"] if p["pci_bus_id"] == link["remote"])
                     back = [x for x in peer["nvlinks"] if x["remote"] == g["pci_bus_id"]]
                     assert back and back[0]["count"] == link["count"], (name, g["pci_bus_id"], link)
+
+
+# -- processes: nvmlProcessInfo_t v1 (unversioned entry points) and v2/v3 (pynvml's), the samples --
+
+
+def _processes(nvml, index: int, procs: list[dict]) -> None:
+    nvml.doc["gpus"][index]["processes"] = procs
+    nvml.write()  # the process queries see the change themselves: no reload
+
+
+def test_process_lists_through_pynvml(nvml) -> None:
+    _processes(
+        nvml,
+        0,
+        [
+            {"pid": 100, "used_memory": 5 << 30, "sm_util": 40, "mem_util": 7},
+            {"pid": 101, "used_memory": None, "type": "graphics"},
+            {"pid": 102, "used_memory": 1 << 20, "type": "both"},
+        ],
+    )
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    compute = pynvml.nvmlDeviceGetComputeRunningProcesses(h)  # the _v3 entry point
+    assert [(p.pid, p.usedGpuMemory) for p in compute] == [(100, 5 << 30), (102, 1 << 20)]
+    assert {(p.gpuInstanceId, p.computeInstanceId) for p in compute} == {(0xFFFFFFFF, 0xFFFFFFFF)}  # not MIG
+    assert [(p.pid, p.usedGpuMemory) for p in pynvml.nvmlDeviceGetComputeRunningProcesses_v2(h)] == [
+        (100, 5 << 30),
+        (102, 1 << 20),
+    ]
+    graphics = pynvml.nvmlDeviceGetGraphicsRunningProcesses(h)
+    assert [(p.pid, p.usedGpuMemory) for p in graphics] == [(101, None), (102, 1 << 20)]  # None: not available
+    samples = pynvml.nvmlDeviceGetProcessUtilization(h, 0)
+    assert [(s.pid, s.smUtil, s.memUtil) for s in samples] == [(100, 40, 7)]
+    with pytest.raises(pynvml.NVMLError_NotFound):  # nothing newer than the last sample
+        pynvml.nvmlDeviceGetProcessUtilization(h, samples[0].timeStamp + 10**9)
+    other = pynvml.nvmlDeviceGetHandleByIndex(1)
+    assert pynvml.nvmlDeviceGetComputeRunningProcesses(other) == []
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        pynvml.nvmlDeviceGetProcessUtilization(other, 0)
+
+
+def test_v1_entry_point_fills_the_16_byte_struct(nvml) -> None:
+    """The unversioned symbol, as drivers before the instance ids were added lay it out."""
+    import ctypes
+
+    class ProcessInfoV1(ctypes.Structure):
+        _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+    assert ctypes.sizeof(ProcessInfoV1) == 16 and ctypes.sizeof(pynvml.c_nvmlProcessInfo_t) == 24
+    _processes(nvml, 0, [{"pid": 7, "used_memory": 3}, {"pid": 8, "used_memory": 4}])
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    fn = ctypes.CDLL(str(nvml.library)).nvmlDeviceGetComputeRunningProcesses
+    count = ctypes.c_uint(1)
+    buf = (ProcessInfoV1 * 2)()
+    assert fn(h, ctypes.byref(count), buf) == pynvml.NVML_ERROR_INSUFFICIENT_SIZE and count.value == 2
+    assert fn(h, ctypes.byref(count), buf) == pynvml.NVML_SUCCESS
+    assert [(p.pid, p.usedGpuMemory) for p in buf] == [(7, 3), (8, 4)]
+
+
+def test_mig_processes_by_device_and_no_samples(nvml) -> None:
+    nvml.doc["gpus"][3].update(mig_mode=1, mig_devices=["MIG-aaaa", None, "MIG-cccc"])
+    nvml.doc["gpus"][3]["processes"] = [
+        {"pid": 1, "used_memory": 10, "mig": 0, "sm_util": 5},
+        {"pid": 2, "used_memory": 20, "mig": 2},
+    ]
+    nvml.write()
+    nvml.reload()
+    h = pynvml.nvmlDeviceGetHandleByIndex(3)
+    parent = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+    assert [(p.pid, p.gpuInstanceId, p.computeInstanceId) for p in parent] == [(1, 0, 0), (2, 2, 0)]
+    m2 = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, 2)
+    assert [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(m2)] == [2]
+    for handle in (h, m2):
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            pynvml.nvmlDeviceGetProcessUtilization(handle, 0)
+    nvml.doc["gpus"][3]["processes"] = [{"pid": 9, "used_memory": 1, "mig": 1}]  # an empty slot
+    nvml.write()
+    with pytest.raises(pynvml.NVMLError_Unknown):
+        pynvml.nvmlDeviceGetComputeRunningProcesses(h)  # the file is refused, as at init

@@ -1,0 +1,225 @@
+"""The usage collector on the simulated node: the fake NVML's process lists, a /proc tree with each
+process's cgroup as containerd makes it, and store records as the daemon keeps them. Covers a host
+process, a process that exits mid-collection, a container removed between collections, MIG devices,
+a lost GPU, a bad annotation and a node without NVML."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from crihook.base import metrics
+from crihook.base.allocation import DEVICE_ALLOCATED
+from crihook.base.config import parse
+from crihook.devices import usage
+from crihook.devices.collector import UsageCollector, start_usage
+from crihook.devices.nvml import Nvml
+
+GiB = 1 << 30
+CIDS = {"train": "1" * 64, "share": "2" * 64, "gone": "3" * 64}
+
+
+@dataclass
+class Pod:
+    name: str
+    namespace: str = "team"
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Ctr:
+    pod_id: str
+    name: str = "main"
+    state: str = "running"
+
+
+@dataclass
+class Store:
+    pods: dict[str, Pod] = field(default_factory=dict)
+    containers: dict[str, Ctr] = field(default_factory=dict)
+
+
+def cgroup(cid: str, pod: str) -> str:
+    """/proc/<pid>/cgroup of a container process with the systemd driver on cgroup v2."""
+    return f"0::/kubepods.slice/kubepods-pod{pod}.slice/cri-containerd-{cid}.scope\n"
+
+
+@pytest.fixture
+def sim(fake_nvml, tmp_path: Path):
+    fake = fake_nvml("dgx-h100")
+    proc = tmp_path / "proc"
+    gpus = fake.doc["gpus"]
+
+    def procfile(pid: int, text: str) -> None:
+        (proc / str(pid)).mkdir(parents=True, exist_ok=True)
+        (proc / str(pid) / "cgroup").write_text(text)
+
+    store = Store()
+    whole = {"gpu": [{"minor": gpus[0]["minor"], "id": gpus[0]["uuid"], "resources": {"koordinator.sh/gpu-core": 100}}]}
+    share = {
+        "gpu": [
+            {
+                "minor": gpus[1]["minor"],
+                "resources": {"koordinator.sh/gpu-core": 25, "koordinator.sh/gpu-memory": str(4 * GiB)},
+            }
+        ]
+    }
+    for name, alloc in (("train", whole), ("share", share), ("gone", whole)):
+        store.pods[f"pod-{name}"] = Pod(name, annotations={DEVICE_ALLOCATED: json.dumps(alloc)})
+        store.containers[CIDS[name]] = Ctr(f"pod-{name}")
+    gpus[0]["processes"] = [{"pid": 10, "used_memory": 30 * GiB, "sm_util": 90}]
+    gpus[1]["processes"] = [
+        {"pid": 20, "used_memory": 5 * GiB, "sm_util": 20},  # above its 4 GiB
+        {"pid": 21, "used_memory": GiB},  # a host process
+        {"pid": 22, "used_memory": 2 * GiB},  # exits before /proc is read
+    ]
+    fake.write()
+    procfile(10, cgroup(CIDS["train"], "a"))
+    procfile(20, cgroup(CIDS["share"], "b"))
+    procfile(21, "0::/system.slice/nvidia-persistenced.service\n")
+    nvml = Nvml(str(fake.library), str(fake.sys_root))
+    collector = UsageCollector(nvml, store, interval=10.0, proc_root=str(proc), state_dir=str(tmp_path))
+    yield fake, collector, store, procfile, tmp_path
+    nvml.close()
+
+
+def series(metric: metrics.Gauge, pod: str, gpu: str) -> float | None:
+    key = ("team", pod, "main", gpu)
+    return dict(metric._values).get(key)
+
+
+def test_collection_attributes_and_publishes(sim, caplog: pytest.LogCaptureFixture) -> None:
+    fake, collector, _, _, state_dir = sim
+    g0, g1 = (g["uuid"] for g in fake.doc["gpus"][:2])
+    before = metrics.OVER_GRANT.value("team")
+    with caplog.at_level(logging.WARNING, "crihook.usage"):
+        collection = collector.collect_once()
+    assert not collection.read.reason and len(collection.read.gpus) == 8
+    assert series(metrics.USAGE_MEMORY, "train", g0) == 30 * GiB
+    assert series(metrics.USAGE_SM, "train", g0) == 90
+    assert series(metrics.GRANT_CORE, "train", g0) == 100
+    assert series(metrics.GRANT_MEMORY, "train", g0) == fake.doc["gpus"][0]["memory_total"]
+    assert series(metrics.USAGE_MEMORY, "share", g1) == 5 * GiB
+    assert series(metrics.GRANT_CORE, "share", g1) == 25
+    assert series(metrics.GRANT_MEMORY, "share", g1) == 4 * GiB
+    # granted, running nothing: used is 0, not absent, so used/granted is a query
+    assert series(metrics.USAGE_MEMORY, "gone", g0) == 0
+    assert series(metrics.USAGE_SM, "gone", g0) is None
+    assert metrics.USAGE_OTHERS.value(g1, usage.HOST) == GiB
+    assert metrics.USAGE_OTHERS.value(g1, usage.EXITED) == 2 * GiB
+    # above its grant: counted and told once, naming pod, container, GPU, used and granted
+    assert metrics.OVER_GRANT.value("team") == before + 1
+    (told,) = [r for r in caplog.records if r.getMessage() == "container above its GPU memory grant"]
+    assert (told.pod, told.container, told.gpu, told.used_bytes, told.granted_bytes) == (  # type: ignore[attr-defined]
+        "team/share",
+        "main",
+        g1,
+        5 * GiB,
+        4 * GiB,
+    )
+    collector.collect_once()
+    assert metrics.OVER_GRANT.value("team") == before + 1  # the same episode
+    state = usage.decode(json.loads((state_dir / usage.STATE_FILE).read_text()))
+    assert {(r.owner.pod, r.device) for r in state.rows if r.owner.kind == usage.CONTAINER} == {
+        ("train", g0),
+        ("share", g1),
+        ("gone", g0),
+    }
+    assert metrics.USAGE_SECONDS.count() >= 2
+    assert "crihook_gpu_memory_used_bytes{" in metrics.REGISTRY.render().decode()
+
+
+def test_a_container_removed_between_collections_leaves_no_series(sim) -> None:
+    fake, collector, store, _, _ = sim
+    g0 = fake.doc["gpus"][0]["uuid"]
+    collector.collect_once()
+    assert series(metrics.GRANT_CORE, "gone", g0) == 100
+    del store.containers[CIDS["gone"]]
+    del store.pods["pod-gone"]
+    store.containers[CIDS["train"]].state = "exited"
+    collector.collect_once()
+    assert series(metrics.GRANT_CORE, "gone", g0) is None
+    assert series(metrics.USAGE_MEMORY, "gone", g0) is None
+    # an exited container's processes, should NVML still list them, are an unknown container's
+    assert series(metrics.USAGE_MEMORY, "train", g0) is None
+    assert metrics.USAGE_OTHERS.value(g0, usage.UNKNOWN) == 30 * GiB
+
+
+def test_processes_that_end_and_start_between_collections(sim) -> None:
+    fake, collector, _, procfile, _ = sim
+    g1 = fake.doc["gpus"][1]["uuid"]
+    fake.doc["gpus"][1]["processes"] = [{"pid": 23, "used_memory": GiB}]
+    fake.write()
+    procfile(23, cgroup(CIDS["share"], "b"))
+    collector.collect_once()
+    assert series(metrics.USAGE_MEMORY, "share", g1) == GiB
+    assert metrics.USAGE_OTHERS.value(g1, usage.EXITED) == 0
+    assert series(metrics.USAGE_SM, "share", g1) is None  # no samples for it
+
+
+def test_mig_devices_and_a_lost_gpu(sim) -> None:
+    fake, collector, _, procfile, _ = sim
+    gpus = fake.doc["gpus"]
+    gpus[3].update(mig_mode=1, mig_devices=["MIG-3a", "MIG-3b"])
+    gpus[3]["processes"] = [{"pid": 30, "used_memory": 3 * GiB, "mig": 1, "sm_util": 50}]
+    gpus[2].update(lost=True, processes=[{"pid": 31, "used_memory": GiB}])
+    fake.write()
+    procfile(30, cgroup(CIDS["train"], "a"))
+    collection = collector.collect_once()
+    assert gpus[2]["uuid"] not in {g.uuid for g in collection.read.gpus}  # left out, the others read
+    assert len(collection.read.gpus) == 7
+    assert series(metrics.USAGE_MEMORY, "train", "MIG-3b") == 3 * GiB
+    assert series(metrics.USAGE_SM, "train", "MIG-3b") is None  # the driver samples none on MIG
+    (row,) = [r for r in collection.rows if r.device == "MIG-3b"]
+    assert row.gpu == gpus[3]["uuid"] and row.granted_memory is None
+
+
+def test_a_bad_annotation_costs_only_that_containers_grant(sim, caplog: pytest.LogCaptureFixture) -> None:
+    fake, collector, store, _, _ = sim
+    g0 = fake.doc["gpus"][0]["uuid"]
+    store.pods["pod-train"] = Pod("train", annotations={DEVICE_ALLOCATED: "{broken"})
+    with caplog.at_level(logging.WARNING, "crihook.usage"):
+        collector.collect_once()
+        collector.collect_once()
+    bad = [r for r in caplog.records if r.getMessage() == "GPU grant unreadable"]
+    assert len(bad) == 1 and bad[0].pod == "team/train" and DEVICE_ALLOCATED in bad[0].error  # type: ignore[attr-defined]
+    assert series(metrics.USAGE_MEMORY, "train", g0) == 30 * GiB
+    assert series(metrics.GRANT_CORE, "train", g0) is None
+    assert series(metrics.GRANT_CORE, "gone", g0) == 100
+
+
+def test_a_node_without_nvml_reports_the_reason(tmp_path: Path) -> None:
+    nvml = Nvml(str(tmp_path / "no-libnvidia-ml.so"))
+    collector = UsageCollector(nvml, Store(), state_dir=str(tmp_path))
+    collection = collector.collect_once()
+    assert collection.rows == () and "can not be loaded" in collection.read.reason
+    assert "can not be loaded" in usage.decode(json.loads((tmp_path / usage.STATE_FILE).read_text())).reason
+
+
+def test_the_thread_collects_at_the_interval_and_stops(sim) -> None:
+    fake, _, store, _, tmp_path = sim
+    cfg = parse(
+        {
+            "node": {
+                "nvml_library": str(fake.library),
+                "sys_root": str(fake.sys_root),
+                "proc_root": str(tmp_path / "proc"),
+            },
+            "usage": {"interval_seconds": 0.05},
+        }
+    )
+    collector = start_usage(cfg, store, str(tmp_path))
+    assert collector is not None
+    try:
+        deadline = 200
+        while not (tmp_path / usage.STATE_FILE).exists() and deadline:
+            deadline -= 1
+            collector._stop.wait(0.05)
+        assert (tmp_path / usage.STATE_FILE).exists()
+    finally:
+        collector.stop()
+    assert start_usage(parse({"usage": {"enabled": False}}), store, str(tmp_path)) is None
