@@ -13,6 +13,7 @@ from crihook import __version__
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("crihook.cli.serve", "run the CRI proxy in front of containerd"),
+    "nri": ("crihook.cli.nri", "run as an NRI plugin of containerd (no kubelet change)"),
     "doctor": ("crihook.cli.doctor", "check this node's setup and say how to fix what is wrong"),
     "inspect": ("crihook.cli.inspect", "show what crihook decided and did for a pod or container"),
     "top": ("crihook.cli.top", "per-container GPU use beside the grant, like nvidia-smi per pod"),

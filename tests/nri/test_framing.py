@@ -8,7 +8,7 @@ import itertools
 import struct
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from crihook.nri import mux, ttrpc
@@ -43,7 +43,6 @@ def test_header_layout_is_the_wire_format() -> None:
     assert ttrpc.HEADER_LEN == 10 and ttrpc.MAX_PAYLOAD == 4 * 1024 * 1024
 
 
-@settings(max_examples=200, deadline=None)
 @given(st.lists(frames, max_size=8), st.lists(st.integers(0, 10_000), max_size=20))
 def test_frames_survive_any_split(sent: list[Frame], cuts: list[int]) -> None:
     stream = b"".join(ttrpc.encode(f) for f in sent)
@@ -104,7 +103,6 @@ def test_a_frame_read_before_a_bad_header_is_delivered() -> None:
         dec.feed(struct.pack(TTRPC_HEADER, 0, 3, 9, 0)[5:])
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=200), st.lists(st.integers(0, 400), max_size=10))
 def test_arbitrary_bytes_give_frames_or_a_frame_error(noise: bytes, cuts: list[int]) -> None:
     """Fuzz: whatever arrives, the decoder returns frames that re-encode to a prefix of the input or
@@ -156,7 +154,6 @@ def test_an_oversize_mux_frame_is_refused(length: int) -> None:
 writes = st.lists(st.tuples(st.integers(1, 4), st.binary(min_size=1, max_size=200)), max_size=12)
 
 
-@settings(max_examples=200, deadline=None)
 @given(writes, st.lists(st.integers(0, 5_000), max_size=20))
 def test_interleaved_connections_keep_their_own_byte_streams(sent: list[tuple[int, bytes]], cuts: list[int]) -> None:
     stream = b"".join(mux.encode(c, d) for c, d in sent)
@@ -166,7 +163,6 @@ def test_interleaved_connections_keep_their_own_byte_streams(sent: list[tuple[in
     assert dec.buffered == 0
 
 
-@settings(max_examples=150, deadline=None)
 @given(st.lists(frames, min_size=1, max_size=6), st.lists(frames, max_size=6), st.data())
 def test_ttrpc_messages_cut_across_mux_frames_and_interleaved(
     server: list[Frame], client: list[Frame], data: st.DataObject
@@ -192,7 +188,6 @@ def test_ttrpc_messages_cut_across_mux_frames_and_interleaved(
     assert got == {mux.PLUGIN_CONN: server, mux.RUNTIME_CONN: client}
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=200), st.lists(st.integers(0, 400), max_size=10))
 def test_arbitrary_socket_bytes_give_parts_or_a_mux_error(noise: bytes, cuts: list[int]) -> None:
     dec = mux.Decoder()

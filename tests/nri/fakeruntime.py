@@ -1,0 +1,136 @@
+"""The runtime's side of an NRI connection, for what a real containerd never sends: broken frames,
+errors on demand, a connection cut at a chosen point. It follows containerd/nri's
+pkg/adaptation/plugin.go: accept, wait for RegisterPlugin on conn 2, then call the plugin on conn 1
+(Configure, Synchronize, events), one ttrpc client stream id (odd) per call."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from google.protobuf.message import Message
+
+from crihook.nri import mux, ttrpc
+from crihook.nri.ttrpc import Frame, MessageType
+from crihook.proto import nri_v1alpha1_pb2 as api
+from crihook.proto import ttrpc_pb2
+
+PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
+M = TypeVar("M", bound=Message)
+
+
+@dataclass
+class Peer:
+    """One accepted plugin connection."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    requests: asyncio.Queue[tuple[int, ttrpc_pb2.Request]] = field(default_factory=asyncio.Queue)
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+    _pending: dict[int, asyncio.Future[ttrpc_pb2.Response]] = field(default_factory=dict)
+    _next: int = 1
+    _reading: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._reading = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        demux = mux.Decoder()
+        decoders = {mux.PLUGIN_CONN: ttrpc.Decoder(), mux.RUNTIME_CONN: ttrpc.Decoder()}
+        try:
+            while data := await self.reader.read(65536):
+                for conn, payload in demux.feed(data):
+                    for frame in decoders[conn].feed(payload):
+                        if conn == mux.RUNTIME_CONN:
+                            assert frame.type == MessageType.REQUEST
+                            await self.requests.put((frame.stream_id, ttrpc_pb2.Request.FromString(frame.payload)))
+                        else:
+                            assert frame.type == MessageType.RESPONSE
+                            self._pending.pop(frame.stream_id).set_result(ttrpc_pb2.Response.FromString(frame.payload))
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self.closed.set()
+            for waiter in self._pending.values():
+                if not waiter.done():
+                    waiter.set_exception(ConnectionResetError("plugin closed the connection"))
+
+    def send_raw(self, data: bytes) -> None:
+        self.writer.write(data)
+
+    def send(self, conn: int, frame: Frame) -> None:
+        self.send_raw(mux.encode(conn, ttrpc.encode(frame)))
+
+    async def register(self) -> api.RegisterPluginRequest:
+        """Take the plugin's RegisterPlugin and answer it."""
+        stream, req = await asyncio.wait_for(self.requests.get(), 10)
+        assert (req.service, req.method) == ("nri.pkg.api.v1alpha1.Runtime", "RegisterPlugin"), req
+        self.reply(stream, api.Empty())
+        return api.RegisterPluginRequest.FromString(req.payload)
+
+    def reply(self, stream: int, message: Message | None = None, code: int = 0, text: str = "") -> None:
+        response = ttrpc_pb2.Response(payload=message.SerializeToString() if message is not None else b"")
+        if code:
+            response.status.code, response.status.message = code, text
+        self.send(mux.RUNTIME_CONN, Frame(stream, MessageType.RESPONSE, response.SerializeToString()))
+
+    async def call_raw(self, method: str, payload: bytes, service: str = PLUGIN_SERVICE) -> ttrpc_pb2.Response:
+        stream, self._next = self._next, self._next + 2
+        waiter: asyncio.Future[ttrpc_pb2.Response] = asyncio.get_running_loop().create_future()
+        self._pending[stream] = waiter
+        request = ttrpc_pb2.Request(service=service, method=method, payload=payload)
+        self.send(mux.PLUGIN_CONN, Frame(stream, MessageType.REQUEST, request.SerializeToString()))
+        return await asyncio.wait_for(waiter, 10)
+
+    async def call(self, method: str, request: Message, reply: type[M]) -> M:
+        response = await self.call_raw(method, request.SerializeToString())
+        assert response.status.code == 0, response.status
+        return reply.FromString(response.payload)
+
+    async def handshake(self, *sync_chunks: api.SynchronizeRequest) -> api.ConfigureResponse:
+        """Register, Configure, Synchronize, as the runtime does for a new plugin."""
+        await self.register()
+        configured = await self.call(
+            "Configure", api.ConfigureRequest(runtime_name="fake", runtime_version="0.0"), api.ConfigureResponse
+        )
+        for chunk in sync_chunks or (api.SynchronizeRequest(),):
+            await self.call("Synchronize", chunk, api.SynchronizeResponse)
+        return configured
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(OSError):
+            await self.writer.wait_closed()
+        if self._reading is not None:
+            await self._reading
+
+
+class FakeRuntime:
+    """A unix socket the plugin dials; `accept()` gives each connection as a Peer."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.peers: asyncio.Queue[Peer] = asyncio.Queue()
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> FakeRuntime:
+        self._server = await asyncio.start_unix_server(self._accepted, str(self.path))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        while not self.peers.empty():
+            await self.peers.get_nowait().close()
+
+    async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = Peer(reader, writer)
+        peer.start()
+        await self.peers.put(peer)
+
+    async def accept(self) -> Peer:
+        """The next connection; a plugin that does not dial within 10 s fails the test."""
+        return await asyncio.wait_for(self.peers.get(), 10)
