@@ -1,6 +1,6 @@
-"""Every conversion of a container: CRI's ContainerConfig (and a listed Container) to the hooks'
-ContainerInfo, an edited ContainerInfo written back into the config, and ContainerInfo <-> the
-store's ContainerRecord.
+"""Every conversion of a container: CRI's ContainerConfig (and a listed Container) and NRI's Container
+to the hooks' ContainerInfo, an edited ContainerInfo written back into the config or turned into an
+NRI ContainerAdjustment, and ContainerInfo <-> the store's ContainerRecord.
 
 Only fields a hook changed are written back; every message a hook left alone is reused as decoded,
 so unknown fields (a newer kubelet's) reach containerd intact. The fields ContainerInfo and
@@ -23,14 +23,17 @@ from crihook.hooks.base import ContainerInfo, Edit, LinuxResources
 from crihook.hooks.cdi import ANNOTATION_PREFIX
 from crihook.node.records import ContainerRecord
 from crihook.node.resources import (
+    nri_resources_view,
     plain,
     resources_from_record,
     resources_record,
     resources_view,
     set_map,
+    write_nri_resources,
     write_resources,
 )
 from crihook.node.status import container_created_with
+from crihook.proto import nri_v1alpha1_pb2 as nri
 from crihook.proto import runtime_v1_pb2 as cri
 
 _V = TypeVar("_V")
@@ -322,3 +325,132 @@ def listed_container(c: cri.Container, status: cri.ContainerStatusResponse | Non
 def unknown_container(container_id: str) -> ContainerInfo:
     """The view of a container crihook has no record of: hooks still see its id."""
     return ContainerInfo(name="", id=container_id)
+
+
+# -- NRI -------------------------------------------------------------------------------------------
+
+RESTART_COUNT = "io.kubernetes.container.restartCount"  # kubelet's container annotation: the attempt
+IMAGE_NAME = "io.kubernetes.cri.image-name"  # containerd's spec annotation, for runtimes before NRI v0.10
+_NRI_STATES = {
+    nri.CONTAINER_CREATED: "created",
+    nri.CONTAINER_PAUSED: "running",
+    nri.CONTAINER_RUNNING: "running",
+    nri.CONTAINER_STOPPED: "exited",
+}
+# CRI's MountPropagation <-> the OCI mount option containerd's CRI writes for it
+_PROPAGATION = {0: "rprivate", 1: "rslave", 2: "rshared"}
+_PROPAGATION_OF = {opt: p for p, opt in _PROPAGATION.items()} | {"private": 0, "slave": 1, "shared": 2}
+DeviceNode = tuple[str, int, int]  # type ("c", "b"), major, minor
+
+
+def _attempt(annotations: dict[str, str]) -> int:
+    value = annotations.get(RESTART_COUNT, "0")
+    return int(value) if value.isdigit() else 0
+
+
+def nri_container_view(c: nri.Container) -> ContainerInfo:
+    """The container as NRI shows it: the runtime's finished spec, so envs hold the image's too, and
+    devices, mounts and env a CDI device or the device plugin brought are already in (docs/nri.md).
+    NRI gives a device node's container path only: it stands for the host path too."""
+    annotations = plain(c.annotations)
+    linux = c.linux
+    return ContainerInfo(
+        name=c.name,
+        attempt=_attempt(annotations),
+        id=c.id,
+        image=c.image.name or annotations.get(IMAGE_NAME, ""),
+        labels=plain(c.labels),
+        annotations=annotations,
+        envs=tuple((k, v) for k, _, v in (e.partition("=") for e in c.env)),
+        mounts=tuple(
+            Mount(
+                m.destination,
+                m.source,
+                readonly="ro" in m.options,
+                propagation=next((_PROPAGATION_OF[o] for o in m.options if o in _PROPAGATION_OF), 0),
+            )
+            for m in c.mounts
+        ),
+        devices=tuple(Device(d.path, d.path, _access(d)) for d in linux.devices),
+        cdi_devices=tuple(d.name for d in c.CDI_devices),
+        resources=nri_resources_view(linux.resources, linux.HasField("resources"), linux.oom_score_adj.value),
+    )
+
+
+def _access(d: nri.LinuxDevice) -> str:
+    """The node's access as containerd derives it from the file mode (NRI's AccessString): rw, and m
+    never; rwm when the mode is not given."""
+    if not d.HasField("file_mode"):
+        return "rwm"
+    mode = d.file_mode.value
+    return ("r" if mode & 0o444 else "") + ("w" if mode & 0o222 else "")
+
+
+def nri_listed_container(c: nri.Container) -> ContainerRecord:
+    """The store's record of a container Synchronize lists (one created while crihook was away, or
+    before it last started)."""
+    view = nri_container_view(c)
+    return ContainerRecord(
+        **{name: getattr(view, name) for name in _SHARED},
+        pod_id=c.pod_sandbox_id,
+        state=_NRI_STATES.get(c.state, "unknown"),
+        created=c.created_at / 1e9,
+        envs=dict(view.envs),
+        resources=resources_record(view.resources),
+    )
+
+
+def nri_device_nodes(c: nri.Container) -> list[DeviceNode]:
+    return [(d.type, d.major, d.minor) for d in c.linux.devices]
+
+
+def nri_allow_rules(c: nri.Container) -> list[DeviceNode]:
+    """The device-cgroup rules that allow one device (wildcards left out: see ungranted_gpus)."""
+    return [
+        (r.type, r.major.value, r.minor.value)
+        for r in c.linux.resources.devices
+        if r.allow and r.HasField("major") and r.HasField("minor")
+    ]
+
+
+def nri_adjustment(
+    before: ContainerInfo, after: ContainerInfo, node_of: Callable[[str], tuple[DeviceNode, int]]
+) -> nri.ContainerAdjustment:
+    """What changed from `before` (as NRI showed it) to `after` (as the hooks left it), as the
+    adjustment that makes the runtime build `after`: entries set by key (env name, mount and device
+    path, annotation), mount and annotation removals marked "-". Env and device removals, and what
+    else the runtime would drop, are not written: the caller refuses those first
+    (nriruntime.unapplied). `node_of(host path)`: ((type, major, minor), permission bits) of a device
+    node to add."""
+    adj = nri.ContainerAdjustment()
+    for k, v in after.annotations.items():
+        if before.annotations.get(k) != v:
+            adj.annotations[k] = v
+    for k in before.annotations.keys() - after.annotations.keys():
+        adj.annotations["-" + k] = ""
+    old_env = dict(before.envs)
+    for k, v in dict(after.envs).items():
+        if old_env.get(k) != v:
+            adj.env.add(key=k, value=v)
+    old_mounts = {m.container_path: m for m in before.mounts}
+    new_mounts = {m.container_path: m for m in after.mounts}
+    for path, m in new_mounts.items():
+        if old_mounts.get(path) != m:
+            options = ["rbind", _PROPAGATION.get(m.propagation, "rprivate"), "ro" if m.readonly else "rw"]
+            adj.mounts.add(destination=path, type="bind", source=m.host_path, options=options)
+    for path in old_mounts.keys() - new_mounts.keys():
+        adj.mounts.add(destination="-" + path)
+    old_devices = {d.container_path: d for d in before.devices}
+    for d in after.devices:
+        if old_devices.get(d.container_path) != d:
+            (kind, major, minor), mode = node_of(d.host_path)
+            dev = adj.linux.devices.add(path=d.container_path, type=kind, major=major, minor=minor)
+            dev.file_mode.value = mode
+    for name in after.cdi_devices:
+        if name not in before.cdi_devices:
+            adj.CDI_devices.add(name=name)
+    if after.resources is not None and after.resources != before.resources:
+        write_nri_resources(adj.linux.resources, before.resources, after.resources)
+        if after.resources.oom_score_adj != (before.resources.oom_score_adj if before.resources else 0):
+            adj.linux.oom_score_adj.value = after.resources.oom_score_adj
+    return adj

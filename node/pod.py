@@ -1,5 +1,6 @@
-"""Every conversion of a pod sandbox: CRI's PodSandboxConfig (and a listed PodSandbox) to the hooks'
-PodInfo, an edited PodInfo written back into the config, and PodInfo <-> the store's PodRecord.
+"""Every conversion of a pod sandbox: CRI's PodSandboxConfig (and a listed PodSandbox) and NRI's
+PodSandbox to the hooks' PodInfo, an edited PodInfo written back into the config, and PodInfo <->
+the store's PodRecord.
 
 The fields PodInfo and PodRecord share carry the same names, and are copied by that list
 (`_SHARED`), never one by one.
@@ -14,6 +15,7 @@ from typing import Any
 from crihook.hooks.base import PodInfo, PodRecordView
 from crihook.node.records import PodRecord
 from crihook.node.resources import (
+    nri_resources_view,
     plain,
     resources_from_record,
     resources_record,
@@ -22,6 +24,7 @@ from crihook.node.resources import (
     write_resources,
 )
 from crihook.node.status import sandbox_cgroup_parent
+from crihook.proto import nri_v1alpha1_pb2 as nri
 from crihook.proto import runtime_v1_pb2 as cri
 
 _RESOURCES = ("resources", "overhead")  # LinuxResources in the view, plain mappings in the record
@@ -104,3 +107,21 @@ def listed_pod(s: cri.PodSandbox, status: cri.PodSandboxStatusResponse | None) -
 def unknown_pod(pod_id: str = "") -> PodInfo:
     """The view of a pod crihook has no record of (created before it knew it, and not reconciled)."""
     return PodInfo(name="", namespace="", uid="", id=pod_id)
+
+
+def nri_pod_view(p: nri.PodSandbox) -> PodInfo:
+    """The pod as NRI describes it: kubelet's labels and annotations as RunPodSandbox got them. NRI
+    does not say the attempt; 0, as for a pod the store never saw start."""
+    linux = p.linux
+    return PodInfo(
+        name=p.name,
+        namespace=p.namespace,
+        uid=p.uid,
+        id=p.id,
+        labels=plain(p.labels),
+        annotations=plain(p.annotations),
+        cgroup_parent=linux.cgroup_parent,
+        runtime_handler=p.runtime_handler,
+        resources=nri_resources_view(linux.pod_resources, linux.HasField("pod_resources")),
+        overhead=nri_resources_view(linux.pod_overhead, linux.HasField("pod_overhead")),
+    )

@@ -1,6 +1,6 @@
-"""Linux resources in their three forms: runtime.v1's LinuxContainerResources (a container's, and a
-pod's resources and overhead), the hooks' LinuxResources, and the plain mapping the store keeps.
-Also the protobuf map helpers every conversion here uses."""
+"""Linux resources in their four forms: runtime.v1's LinuxContainerResources (a container's, and a
+pod's resources and overhead), NRI's LinuxResources, the hooks' LinuxResources, and the plain
+mapping the store keeps. Also the protobuf map helpers every conversion here uses."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from crihook.hooks.base import RESOURCE_FIELDS, LinuxResources, resource_values
+from crihook.proto import nri_v1alpha1_pb2 as nri
 from crihook.proto import runtime_v1_pb2 as cri
 
 
@@ -65,3 +66,37 @@ def resources_from_record(raw: Mapping[str, Any]) -> LinuxResources | None:
     if any(type(getattr(res, f)) is not type(getattr(defaults, f)) for f in RESOURCE_FIELDS):
         return None
     return res
+
+
+# NRI's LinuxResources: the hooks' field -> (group, field) of an Optional* wrapper, or of a plain string
+_NRI_RESOURCES = {
+    "cpu_period": ("cpu", "period"),
+    "cpu_quota": ("cpu", "quota"),
+    "cpu_shares": ("cpu", "shares"),
+    "memory_limit_in_bytes": ("memory", "limit"),
+    "memory_swap_limit_in_bytes": ("memory", "swap"),
+}
+_NRI_STRINGS = {"cpuset_cpus": "cpus", "cpuset_mems": "mems"}
+
+
+def nri_resources_view(msg: nri.LinuxResources, present: bool, oom_score_adj: int = 0) -> LinuxResources | None:
+    """NRI's resources as the hooks see CRI's: unset wrappers read 0, as proto3 scalars do."""
+    if not present:
+        return None
+    values: dict[str, Any] = {f: getattr(getattr(msg, g), n).value for f, (g, n) in _NRI_RESOURCES.items()}
+    values.update({f: getattr(msg.cpu, n) for f, n in _NRI_STRINGS.items()})
+    return LinuxResources(**values, oom_score_adj=oom_score_adj, unified=plain(msg.unified))
+
+
+def write_nri_resources(msg: nri.LinuxResources, before: LinuxResources | None, after: LinuxResources) -> None:
+    """What changed of the resources (oom_score_adj aside: the adjustment carries it elsewhere)."""
+    base = before or LinuxResources()
+    for f, (g, n) in _NRI_RESOURCES.items():
+        if getattr(after, f) != getattr(base, f):
+            getattr(getattr(msg, g), n).value = getattr(after, f)
+    for f, n in _NRI_STRINGS.items():
+        if getattr(after, f) != getattr(base, f):
+            setattr(msg.cpu, n, getattr(after, f))
+    for k, v in after.unified.items():
+        if base.unified.get(k) != v:
+            msg.unified[k] = v

@@ -1,0 +1,178 @@
+"""NRI's PodSandbox and Container as the hooks see them, and the hooks' result as a ContainerAdjustment.
+The round trip plays the runtime: the adjustment applied to the NRI container the way containerd's
+spec generator applies it (env and devices set by key, "-" marks on mounts and annotations), read
+back, is what the hooks decided whenever nothing had to be refused."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given
+
+from crihook.base.spec import Device, Mount
+from crihook.hooks.base import ContainerInfo, LinuxResources
+from crihook.node.container import (
+    DeviceNode,
+    nri_adjustment,
+    nri_allow_rules,
+    nri_container_view,
+    nri_device_nodes,
+    nri_listed_container,
+)
+from crihook.node.nriruntime import nri_runtime, unapplied
+from crihook.node.pod import nri_pod_view
+from crihook.proto import nri_v1alpha1_pb2 as nri
+from tests.node.test_nriruntime import edited
+
+RUNTIME = nri_runtime("containerd", "2.1.9+unknown")
+
+
+def node_of(path: str) -> tuple[DeviceNode, int]:
+    digits = "".join(ch for ch in path if ch.isdigit())
+    return ("c", 195, int(digits or 255)), 0o666
+
+
+def as_nri(c: ContainerInfo) -> nri.Container:
+    """A container as containerd would show it to NRI (the test's inverse of nri_container_view)."""
+    msg = nri.Container(id="c1", pod_sandbox_id="p1", name=c.name, env=[f"{k}={v}" for k, v in c.envs])
+    msg.annotations.update(c.annotations)
+    for m in c.mounts:
+        msg.mounts.add(
+            destination=m.container_path,
+            source=m.host_path,
+            type="bind",
+            options=["rbind", "rprivate", "ro" if m.readonly else "rw"],
+        )
+    for d in c.devices:
+        (kind, major, minor), mode = node_of(d.host_path)
+        dev = msg.linux.devices.add(path=d.container_path, type=kind, major=major, minor=minor)
+        dev.file_mode.value = mode
+    msg.CDI_devices.extend(nri.CDIDevice(name=n) for n in c.cdi_devices)
+    return msg
+
+
+def apply(msg: nri.Container, adj: nri.ContainerAdjustment) -> nri.Container:
+    """pkg/runtime-tools/generate/generate.go's Adjust, on the fields crihook writes."""
+    out = nri.Container()
+    out.CopyFrom(msg)
+    for k, v in adj.annotations.items():
+        if k.startswith("-"):
+            out.annotations.pop(k[1:], None)
+        else:
+            out.annotations[k] = v
+    env = dict(e.split("=", 1) for e in out.env)
+    env.update({kv.key: kv.value for kv in adj.env})
+    del out.env[:]
+    out.env.extend(f"{k}={v}" for k, v in env.items())
+    for m in adj.mounts:
+        kept = [x for x in out.mounts if x.destination != m.destination.lstrip("-")]
+        del out.mounts[:]
+        out.mounts.extend(kept + ([] if m.destination.startswith("-") else [m]))
+    for d in adj.linux.devices:
+        kept_d = [x for x in out.linux.devices if x.path != d.path]
+        del out.linux.devices[:]
+        out.linux.devices.extend([*kept_d, d])
+    out.CDI_devices.extend(adj.CDI_devices)
+    return out
+
+
+@given(edited())
+def test_the_adjustment_makes_the_runtime_build_what_the_hooks_decided(
+    pair: tuple[ContainerInfo, ContainerInfo],
+) -> None:
+    before_info, after = pair
+    msg = as_nri(before_info)
+    before = nri_container_view(msg)
+    after = replace(after, id=before.id, annotations=dict(after.annotations))
+    if unapplied(before, after, RUNTIME):
+        return
+    built = nri_container_view(apply(msg, nri_adjustment(before, after, node_of)))
+    assert dict(built.envs) == dict(after.envs)
+    assert {m.container_path: (m.host_path, m.readonly) for m in built.mounts} == {
+        m.container_path: (m.host_path, m.readonly) for m in after.mounts
+    }
+    assert {d.container_path for d in built.devices} == {d.container_path for d in after.devices}
+    assert set(built.cdi_devices) == set(after.cdi_devices)
+
+
+def test_nothing_changed_is_an_empty_adjustment() -> None:
+    c = ContainerInfo(name="main", envs=(("A", "1"),), devices=(Device("/dev/nvidia0", "/dev/nvidia0"),))
+    assert nri_adjustment(c, c, node_of) == nri.ContainerAdjustment()
+
+
+def test_container_view() -> None:
+    msg = nri.Container(
+        id="c1", pod_sandbox_id="p1", name="cuda", env=["PATH=/bin", "OPTS=a=b", "EMPTY="], state=nri.CONTAINER_RUNNING
+    )
+    msg.annotations.update({"io.kubernetes.container.restartCount": "2", "io.kubernetes.cri.image-name": "cuda:12"})
+    msg.labels["io.kubernetes.container.name"] = "cuda"
+    msg.mounts.add(destination="/data", source="/srv/data", options=["rbind", "rslave", "ro"])
+    dev = msg.linux.devices.add(path="/dev/nvidia3", type="c", major=195, minor=3)
+    dev.file_mode.value = 0o644
+    msg.linux.resources.devices.add(allow=True, type="c", access="rw").major.value = 195
+    msg.linux.resources.devices[0].minor.value = 3
+    msg.linux.resources.devices.add(allow=False, type="a", access="rwm")
+    msg.linux.resources.memory.limit.value = 1 << 30
+    msg.linux.oom_score_adj.value = 900
+    view = nri_container_view(msg)
+    assert (view.name, view.attempt, view.id, view.image) == ("cuda", 2, "c1", "cuda:12")
+    assert view.envs == (("PATH", "/bin"), ("OPTS", "a=b"), ("EMPTY", ""))
+    assert view.mounts == (Mount("/data", "/srv/data", readonly=True, propagation=1),)
+    assert view.devices == (Device("/dev/nvidia3", "/dev/nvidia3", "rw"),)
+    assert view.resources == LinuxResources(memory_limit_in_bytes=1 << 30, oom_score_adj=900)
+    assert nri_device_nodes(msg) == [("c", 195, 3)]
+    assert nri_allow_rules(msg) == [("c", 195, 3)]  # the deny-all wildcard is no grant
+    rec = nri_listed_container(msg)
+    assert (rec.id, rec.pod_id, rec.state, rec.attempt, rec.envs["OPTS"]) == ("c1", "p1", "running", 2, "a=b")
+
+
+def test_adjustment_fields() -> None:
+    before = ContainerInfo(
+        name="main",
+        annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=1", "keep": "1"},
+        envs=(("NVIDIA_VISIBLE_DEVICES", "all"),),
+        mounts=(Mount("/old", "/srv/old"),),
+        resources=LinuxResources(cpu_shares=2),
+    )
+    after = replace(
+        before,
+        annotations={"keep": "1"},
+        envs=(("NVIDIA_VISIBLE_DEVICES", "GPU-1"), ("CUDA_DEVICE_ORDER", "PCI_BUS_ID")),
+        mounts=(Mount("/usr/lib/hami", "/opt/hami", readonly=True),),
+        devices=(Device("/dev/nvidia5", "/dev/nvidia5", "rw"),),
+        cdi_devices=("nvidia.com/gpu=GPU-1",),
+        resources=LinuxResources(cpu_shares=2, cpuset_cpus="0-3", oom_score_adj=10),
+    )
+    adj = nri_adjustment(before, after, node_of)
+    assert dict(adj.annotations) == {"-cdi.k8s.io/gpu": ""}
+    assert [(kv.key, kv.value) for kv in adj.env] == [
+        ("NVIDIA_VISIBLE_DEVICES", "GPU-1"),
+        ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
+    ]
+    assert [(m.destination, m.source, list(m.options)) for m in adj.mounts] == [
+        ("/usr/lib/hami", "/opt/hami", ["rbind", "rprivate", "ro"]),
+        ("-/old", "", []),
+    ]
+    (dev,) = adj.linux.devices
+    assert (dev.path, dev.type, dev.major, dev.minor, dev.file_mode.value) == ("/dev/nvidia5", "c", 195, 5, 0o666)
+    assert [d.name for d in adj.CDI_devices] == ["nvidia.com/gpu=GPU-1"]
+    assert adj.linux.resources.cpu.cpus == "0-3" and not adj.linux.resources.cpu.HasField("shares")
+    assert adj.linux.oom_score_adj.value == 10
+
+
+def test_pod_view() -> None:
+    p = nri.PodSandbox(id="p1", name="trainer", uid="u1", namespace="ml", runtime_handler="runc")
+    p.annotations["scheduling.koordinator.sh/device-allocated"] = '{"gpu":[{"minor":3}]}'
+    p.labels["app"] = "t"
+    p.linux.cgroup_parent = "/kubepods/podu1"
+    p.linux.pod_resources.cpu.shares.value = 1024
+    view = nri_pod_view(p)
+    assert (view.ref, view.uid, view.id, view.cgroup_parent, view.runtime_handler) == (
+        "ml/trainer",
+        "u1",
+        "p1",
+        "/kubepods/podu1",
+        "runc",
+    )
+    assert view.annotations == {"scheduling.koordinator.sh/device-allocated": '{"gpu":[{"minor":3}]}'}
+    assert view.resources == LinuxResources(cpu_shares=1024) and view.overhead is None
