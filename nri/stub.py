@@ -404,7 +404,7 @@ class Plugin:
                 serving.result()
         except (ConnectionLost, RpcError, TimeoutError) as e:
             why = "registration timed out" if isinstance(e, TimeoutError) else str(e)
-            log.warning("connection to the runtime lost", extra={"plugin": self.name, "error": why})
+            log.warning("connection to the runtime lost", extra={"plugin": f"{self.index}-{self.name}", "error": why})
         finally:
             self._conn = None
             stopping.cancel()
