@@ -426,8 +426,7 @@ def _gpu_processes(index: int, since: Mapping[str, int]) -> tuple[GpuState, list
     """One GPU's state, its processes and the newest utilisation timestamp read."""
     handle = pynvml.nvmlDeviceGetHandleByIndex(index)
     uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
-    memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-    gpu = GpuState(uuid, int(pynvml.nvmlDeviceGetMinorNumber(handle)), int(memory.total), int(memory.used))
+    minor = int(pynvml.nvmlDeviceGetMinorNumber(handle))
     try:
         mig = pynvml.nvmlDeviceGetMigMode(handle)[0] == pynvml.NVML_DEVICE_MIG_ENABLE
     except pynvml.NVMLError as e:
@@ -457,7 +456,8 @@ def _gpu_processes(index: int, since: Mapping[str, int]) -> tuple[GpuState, list
             for p in _listed(query, h):
                 pid = int(p.pid)
                 procs.append(GpuProcess(pid, uuid, device, int(p.usedGpuMemory or 0), sm.get(pid)))
-    return gpu, procs, newest
+    memory = pynvml.nvmlDeviceGetMemoryInfo(handle)  # after the lists: its total includes what they hold
+    return GpuState(uuid, minor, int(memory.total), int(memory.used)), procs, newest
 
 
 class GpuIndex:

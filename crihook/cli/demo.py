@@ -21,15 +21,17 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from crihook.simnode.fakenvml import TOPOLOGIES
 
 NODE = "demo-node"
 GiB = 1 << 30
+DEMO_USAGE = "\n[usage]\ninterval_seconds = 0.25\n"  # the demo waits for a collection: make it soon
+T = TypeVar("T")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -233,21 +235,41 @@ def schedule(plugin: Any, pod_json: dict[str, Any]) -> tuple[dict[str, str], str
     return annotations, ", ".join(parts)
 
 
-def container_view(cri: Any, cid: str) -> dict[str, Any]:
+@dataclass
+class Started:
+    """A container the demo started, as its GPU processes are placed: its cgroup as the runtime
+    reports it (the OCI spec's linux.cgroupsPath) and the GPUs crihook made visible to it."""
+
+    pod: str
+    container: str
+    cgroups_path: str
+    gpus: list[str]
+
+
+def container_view(cri: Any, cid: str) -> tuple[dict[str, Any], str]:
+    """What the container got (env, device nodes, mounts), and its cgroupsPath."""
     spec = json.loads(cri.container_status(cid, verbose=True).info["info"])["runtimeSpec"]
     env = dict(e.split("=", 1) for e in spec["process"]["env"])
     shown = {k: v for k, v in sorted(env.items()) if k.startswith(("NVIDIA_", "CUDA_", "LD_PRELOAD"))}
     devices = sorted(d["path"] for d in spec["linux"].get("devices", []) if d["path"].startswith("/dev/nvidia"))
     mounts = sorted(m["destination"] for m in spec.get("mounts", []) if "vgpu" in m["destination"])
-    return {"env": shown, "devices": devices, "mounts": mounts}
+    return {"env": shown, "devices": devices, "mounts": mounts}, str(spec["linux"].get("cgroupsPath", ""))
 
 
 def run_pods(
-    address: str, runtime: Runtime, plugin: Any, pods: list[tuple[str, dict[str, Any]]], forged: str
-) -> list[Outcome]:
+    address: str,
+    runtime: Runtime,
+    plugin: Any,
+    pods: list[tuple[str, dict[str, Any]]],
+    forged: str,
+    observe: Callable[[list[Started]], T],
+) -> tuple[list[Outcome], T]:
+    """Every pod through the scheduler and crihook; `observe` sees the started containers before
+    everything is removed."""
     from crihook.simnode.cri import Cri
 
     out: list[Outcome] = []
+    started: list[Started] = []
     with Cri(address) as cri:
         try:
             for shows, pod_json in pods:
@@ -257,20 +279,26 @@ def run_pods(
                 if outcome.scheduled.startswith(("rejected", "unschedulable")):
                     out.append(outcome)
                     continue
-                run_one(cri, runtime, pod_json, annotations, outcome)
+                run_one(cri, runtime, pod_json, annotations, outcome, started)
                 out.append(outcome)
             outcome = Outcome("forged", "an allocation the scheduler never made (minor 99)")
             outcome.scheduled = "not scheduled by crihook: annotation written by hand"
             forged_pod = _pod("forged", {"main": {}})
-            run_one(cri, runtime, forged_pod, {"scheduling.koordinator.sh/device-allocated": forged}, outcome)
+            run_one(cri, runtime, forged_pod, {"scheduling.koordinator.sh/device-allocated": forged}, outcome, started)
             out.append(outcome)
+            seen = observe(started)
         finally:
             cri.remove_all()
-    return out
+    return out, seen
 
 
 def run_one(
-    cri: Any, runtime: Runtime, pod_json: dict[str, Any], annotations: dict[str, str], outcome: Outcome
+    cri: Any,
+    runtime: Runtime,
+    pod_json: dict[str, Any],
+    annotations: dict[str, str],
+    outcome: Outcome,
+    started: list[Started],
 ) -> None:
     from crihook.simnode.cri import CriError, container_config, pod_config
 
@@ -290,9 +318,80 @@ def run_one(
             cc = container_config(c["name"], cfg, image=runtime.image, envs={"NVIDIA_VISIBLE_DEVICES": "all"})
             cid = cri.create_container(pod_id, cc, cfg)
             cri.start_container(cid)
-            outcome.containers[c["name"]] = container_view(cri, cid)
+            view, cgroups_path = container_view(cri, cid)
+            outcome.containers[c["name"]] = view
+            visible = view["env"].get("NVIDIA_VISIBLE_DEVICES", "")
+            gpus = [u for u in visible.split(",") if u.startswith("GPU-")]
+            started.append(Started(meta["name"], c["name"], cgroups_path, gpus))
     except CriError as e:
         outcome.refused = str(e)
+
+
+# -- what the containers do on their GPUs ---------------------------------------------------------
+
+# (pod, container) -> memory each of its processes holds on each of its GPUs (a share of the GPU's
+# memory, or bytes), and its SM utilisation in percent
+GPU_USE: dict[tuple[str, str], tuple[float | int, int]] = {
+    ("train-4", "main"): (0.75, 90),
+    ("split", "a"): (0.5, 60),
+    ("split", "b"): (0.25, 30),
+    ("share-half", "main"): (0.3, 40),
+    ("koord-gpu", "main"): (0.2, 25),
+    ("share-hami", "main"): (5 * GiB, 20),  # above its 4Gi grant: reported, nothing stopped
+    ("by-type", "main"): (0.1, 15),
+}
+FIRST_PID = 40000
+HOST_PROCESS = {"pid": 39999, "used_memory": 256 << 20}  # a host daemon holding a context on the first GPU
+HOST_CGROUP = "0::/system.slice/nvidia-persistenced.service\n"
+USAGE_TIMEOUT = 30.0
+
+
+def run_gpu_processes(node: Any, started: list[Started]) -> set[int]:
+    """Each started GPU container gets a process on each of its GPUs, as the fake NVML lists them
+    (the library re-reads its file), with a /proc/<pid>/cgroup in the container's cgroup as the
+    runtime made it; plus one host process. Returns the pids."""
+    from crihook.devices.usage import cgroup_dir
+
+    gpus = {g["uuid"]: g for g in node.doc["gpus"]}
+    pids = {int(HOST_PROCESS["pid"])}
+    procs: dict[str, list[dict[str, Any]]] = {node.doc["gpus"][0]["uuid"]: [dict(HOST_PROCESS)]}
+    _cgroup_file(node.proc_root, int(HOST_PROCESS["pid"]), HOST_CGROUP)
+    for pid, s in enumerate((s for s in started if (s.pod, s.container) in GPU_USE), FIRST_PID):
+        memory, sm = GPU_USE[(s.pod, s.container)]
+        _cgroup_file(node.proc_root, pid, f"0::{cgroup_dir(s.cgroups_path)}\n")
+        pids.add(pid)
+        for uuid in s.gpus:
+            used = int(gpus[uuid]["memory_total"] * memory) if isinstance(memory, float) else memory
+            procs.setdefault(uuid, []).append({"pid": pid, "used_memory": used, "sm_util": sm})
+    for uuid, g in gpus.items():
+        g["processes"] = procs.get(uuid, [])
+    tmp = node.config.with_name(node.config.name + ".tmp")
+    tmp.write_text(json.dumps(node.doc))
+    os.replace(tmp, node.config)
+    return pids
+
+
+def _cgroup_file(proc_root: Path, pid: int, text: str) -> None:
+    (proc_root / str(pid)).mkdir(parents=True, exist_ok=True)
+    (proc_root / str(pid) / "cgroup").write_text(text)
+
+
+def collected_usage(state_dir: Path, pids: set[int]) -> Any:
+    """The daemon's first usage collection that saw every process: what `crihook top` reads."""
+    from crihook.cli.top import read_state
+    from crihook.devices.usage import StateError
+
+    deadline = time.monotonic() + USAGE_TIMEOUT
+    while True:
+        try:
+            state = read_state(str(state_dir))
+            if pids <= {p for r in state.rows for p in r.pids}:
+                return state
+        except (OSError, StateError):
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"crihook demo: crihook reported no GPU usage within {USAGE_TIMEOUT:.0f}s")
+        time.sleep(0.1)
 
 
 # -- output ---------------------------------------------------------------------------------------
@@ -326,21 +425,27 @@ def run(args: argparse.Namespace) -> int:
     runtime = choose_runtime(args.runtime)
     work = Path(tempfile.mkdtemp(prefix="crihook-demo-"))
     try:
-        outcomes = demo(work, args.topology, runtime)
+        outcomes, usage_state = demo(work, args.topology, runtime)
     finally:
         if args.keep:
             print(f"crihook demo: work directory kept at {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
+    from crihook.cli import top
+
+    now = time.time()
     if args.json:
         for o in outcomes:
             print(json.dumps(o.__dict__, sort_keys=True))
+        print(json.dumps({"top": top.rows_json(usage_state, now)["rows"]}, sort_keys=True))
     else:
         print(render(outcomes, runtime, args.topology, time.monotonic() - started))
+        print("\nwhat the containers' GPU processes used, as `crihook top --once` showed it before the removal:\n")
+        print(top.render(usage_state, usage_state.taken_at), end="")
     return 0
 
 
-def demo(work: Path, topology: str, runtime: str) -> list[Outcome]:
+def demo(work: Path, topology: str, runtime: str) -> tuple[list[Outcome], Any]:
     from crihook.scheduler.devices import node_from_device
     from crihook.scheduler.plugin import DeviceShare
     from crihook.simnode.daemon import running_crihook
@@ -360,11 +465,18 @@ def demo(work: Path, topology: str, runtime: str) -> list[Outcome]:
     with (
         backend as where,
         running_crihook(
-            where.address, work / "crihook", node.proxy_config(library, NODE), {CONFIG_ENV: str(node.config)}
+            where.address,
+            work / "crihook",
+            node.proxy_config(library, NODE, proc_root=node.proc_root, kubelet_in_proc=False) + DEMO_USAGE,
+            {CONFIG_ENV: str(node.config)},
         ) as proxy,
     ):
+
+        def observe(started: list[Started]) -> Any:
+            return collected_usage(proxy.state_dir, run_gpu_processes(node, started))
+
         try:
-            return run_pods(proxy.address, where, plugin, demo_pods(model), forged)
+            return run_pods(proxy.address, where, plugin, demo_pods(model), forged, observe)
         except Exception:
             print(proxy.log_tail(), file=sys.stderr)
             raise

@@ -602,9 +602,14 @@ nvmlReturn_t nvmlDeviceGetPciInfo_v3(void *device, nvmlPciInfo_t *pci) {
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(void *device, nvmlMemory_t *memory) {
     LIVE_DEVICE(device, memory);
+    /* the driver's own reservation (memory_used) and what its processes hold */
+    unsigned long long used = g->memory_used;
+    for (int i = 0; i < g->nprocs; i++)
+        if (g->procs[i].used_memory != NOT_AVAILABLE_ULL) used += g->procs[i].used_memory;
+    if (used > g->memory_total) used = g->memory_total;
     memory->total = g->memory_total;
-    memory->used = g->memory_used;
-    memory->free = g->memory_total - g->memory_used;
+    memory->used = used;
+    memory->free = g->memory_total - used;
     LEAVE(NVML_SUCCESS);
 }
 

@@ -95,6 +95,11 @@ class SimNode:
         return self.kubelet / "device-plugins" / "kubelet_internal_checkpoint"
 
     @property
+    def proc_root(self) -> Path:
+        """A /proc holding only the processes the simulated GPUs run (their cgroup files)."""
+        return self.root / "proc"
+
+    @property
     def hami(self) -> Path:
         return self.root / "hami"
 
@@ -104,12 +109,16 @@ class SimNode:
     def memory(self, minor: int) -> int:
         return int(next(g["memory_total"] for g in self.doc["gpus"] if g["minor"] == minor))
 
-    def proxy_config(self, nvml_library: Path, node_name: str = "", proc_root: Path | None = None) -> str:
+    def proxy_config(
+        self, nvml_library: Path, node_name: str = "", proc_root: Path | None = None, kubelet_in_proc: bool = True
+    ) -> str:
         """crihook's [node] and [hooks] configuration for this node (TOML). Without a `proc_root`
-        whose kubelet names its --root-dir, the pods dir is configured."""
+        whose kubelet names its --root-dir (`kubelet_in_proc`), the pods dir is configured."""
         name = f'name = "{node_name}"\n' if node_name else ""
         proc = f'proc_root = "{proc_root}"\n' if proc_root else ""
-        pods = "" if proc_root else f'kubelet_pods_dir = "{self.kubelet}/pods"  # no kubelet to tell its root dir'
+        pods = f'kubelet_pods_dir = "{self.kubelet}/pods"  # no kubelet to tell its root dir'
+        if proc_root and kubelet_in_proc:
+            pods = ""
         return f"""
 [node]
 {name}{proc}dev_root = "{self.dev_root}"

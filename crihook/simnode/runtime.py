@@ -46,16 +46,20 @@ def _text(b: bytes | str) -> str:
     return b.decode("utf-8", "replace") if isinstance(b, bytes) else b
 
 
-def container_spec(config: api.ContainerConfig) -> dict[str, object]:
+def container_spec(config: api.ContainerConfig, cgroups_path: str) -> dict[str, object]:
     """The parts of the OCI runtime spec a device hook decides, shaped as containerd reports them in
-    its verbose ContainerStatus (process.env, mounts, linux.devices)."""
+    its verbose ContainerStatus (process.env, mounts, linux.devices), and the container's cgroup
+    (linux.cgroupsPath), which attributes its processes' GPU use."""
     return {
         "process": {"env": [f"{_text(kv.key)}={_text(kv.value)}" for kv in config.envs]},
         "mounts": [
             {"destination": m.container_path, "source": m.host_path, "options": ["ro" if m.readonly else "rw"]}
             for m in config.mounts
         ],
-        "linux": {"devices": [{"path": d.container_path, "hostPath": d.host_path} for d in config.devices]},
+        "linux": {
+            "devices": [{"path": d.container_path, "hostPath": d.host_path} for d in config.devices],
+            "cgroupsPath": cgroups_path,
+        },
         "cdiDevices": [c.name for c in config.CDI_devices],
     }
 
@@ -248,7 +252,11 @@ class EmbeddedRuntime(api_grpc.RuntimeServiceServicer):
             mounts=cfg.mounts,
             resources=api.ContainerResources(linux=c.resources),
         )
-        info = {"info": json.dumps({"runtimeSpec": container_spec(cfg)})} if request.verbose else {}
+        pod = self.pods.get(c.pod_id)
+        # containerd's cgroupfs driver: the sandbox's cgroup parent joined with the container id
+        parent = pod.config.linux.cgroup_parent if pod is not None else ""
+        spec = container_spec(cfg, f"{parent.rstrip('/')}/{c.id}")
+        info = {"info": json.dumps({"runtimeSpec": spec})} if request.verbose else {}
         return api.ContainerStatusResponse(status=status, info=info)
 
     async def UpdateContainerResources(
