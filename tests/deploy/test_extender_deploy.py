@@ -1,4 +1,5 @@
-"""deploy/: every manifest parses and fits a minimal schema of its kind (the fields the API server or
+"""The cluster manifests, deploy/ and the chart's rendering of every documented value combination:
+every manifest parses and fits a minimal schema of its kind (the fields the API server or
 kube-scheduler would refuse it without), the pieces agree with each other and with the code (names,
 ports, paths, verbs, resource names, RBAC against what the scheduler calls), and every example pod
 goes through the admission webhook and the allocator's PreFilter."""
@@ -8,6 +9,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +21,13 @@ from crihook.scheduler import ha, server, webhook
 from crihook.scheduler.extender import Extender
 from crihook.scheduler.pod import pod_from_json
 from crihook.scheduler.request import DEVICE_RESOURCES
+from tests.support import helm
 from tests.support.extender import cluster_plugin
 from tests.support.fakekube import json_patch
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-SCHEDULER = DEPLOY / "scheduler"
 EXAMPLES = DEPLOY / "examples"
+Docs = list[tuple[str, dict[str, Any]]]
 
 NAME = {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", "maxLength": 253}
 META = {"type": "object", "required": ["name"], "properties": {"name": NAME, "namespace": NAME}}
@@ -193,44 +196,112 @@ def all_docs(root: Path) -> list[tuple[Path, dict[str, Any]]]:
     return [(p, d) for p in sorted(root.glob("*.yaml")) for d in docs(p)]
 
 
-def one(kind: str) -> dict[str, Any]:
-    (doc,) = [d for _, d in all_docs(SCHEDULER) if d["kind"] == kind]
-    return doc
+SOURCES = ["deploy", *helm.COMBOS]
 
 
-@pytest.mark.parametrize(
-    "path", sorted(SCHEDULER.glob("*.yaml")) + sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name
-)
-def test_manifest_schema(path: Path) -> None:
+@pytest.fixture(params=SOURCES)
+def manifests(request: pytest.FixtureRequest) -> Docs:
+    """deploy/, or the chart rendered with one documented combination of values."""
+    return helm.deploy_documents() if request.param == "deploy" else helm.rendered(request.param)
+
+
+def checked_documents(found: Docs) -> Docs:
+    """The documents this file has a schema for, with the kube-scheduler configurations out of
+    their ConfigMaps."""
+    configs = [(f"{w} (config.yaml)", c) for w, d in found for c in helm.scheduler_configs([(w, d)])]
+    return [(w, d) for w, d in found if (d.get("apiVersion"), d.get("kind")) in SCHEMAS] + configs
+
+
+def test_manifest_schema(manifests: Docs) -> None:
+    found = checked_documents(manifests)
+    kinds = {d["kind"] for _, d in found}
+    assert {"Deployment", "Service", "KubeSchedulerConfiguration", "MutatingWebhookConfiguration"} <= kinds
+    for where, doc in found:
+        try:
+            jsonschema.validate(doc, {"type": "object", **SCHEMAS[(doc["apiVersion"], doc["kind"])]})
+        except jsonschema.ValidationError as e:
+            pytest.fail(f"{where}: {e.message}")
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_example_schema(path: Path) -> None:
     found = docs(path)
     assert found, f"{path.name} is empty"
     for doc in found:
-        key = (doc.get("apiVersion"), doc.get("kind"))
-        assert key in SCHEMAS, f"{path.name}: no schema for {key}"
-        jsonschema.validate(doc, {"type": "object", **SCHEMAS[key]})
+        jsonschema.validate(doc, {"type": "object", **SCHEMAS[(doc["apiVersion"], doc["kind"])]})
 
 
-def test_deployment_service_and_server_agree() -> None:
-    dep, svc = one("Deployment"), one("Service")
+@dataclass(frozen=True)
+class Scheduler:
+    """The objects of `crihook scheduler`: found by the container that runs it, then by name."""
+
+    deployment: dict[str, Any]
+    container: dict[str, Any]
+    service: dict[str, Any]
+    account: dict[str, Any]
+    cluster_role: dict[str, Any]
+    cluster_binding: dict[str, Any]
+    leader_role: dict[str, Any]
+    leader_binding: dict[str, Any]
+
+
+def scheduler_objects(found: Docs) -> Scheduler:
+    ((dep, c),) = [
+        (d, c)
+        for d in helm.of_kind(found, "Deployment")
+        for c in d["spec"]["template"]["spec"]["containers"]
+        if (c.get("args") or [""])[0] == "scheduler"
+    ]
+    account = dep["spec"]["template"]["spec"]["serviceAccountName"]
+    ns = dep["metadata"]["namespace"]
+    subject = {"kind": "ServiceAccount", "name": account, "namespace": ns}
+
+    def only(kind: str, where: dict[str, Any] | None = None, **meta: str) -> dict[str, Any]:
+        (doc,) = [
+            d
+            for d in helm.of_kind(found, kind)
+            if meta.items() <= d["metadata"].items() and (where is None or subject in d.get("subjects", []))
+        ]
+        return doc
+
+    (svc,) = [s for s in helm.of_kind(found, "Service") if ha.LEADER_LABEL in s["spec"].get("selector", {})]
+    crb = only("ClusterRoleBinding", subject)
+    rb = only("RoleBinding", subject)
+    return Scheduler(
+        dep,
+        c,
+        svc,
+        only("ServiceAccount", name=account, namespace=ns),
+        only("ClusterRole", name=crb["roleRef"]["name"]),
+        crb,
+        only("Role", name=rb["roleRef"]["name"], namespace=ns),
+        rb,
+    )
+
+
+def test_deployment_service_and_server_agree(manifests: Docs) -> None:
+    s = scheduler_objects(manifests)
+    dep, svc, c = s.deployment, s.service, s.container
     labels = dep["spec"]["template"]["metadata"]["labels"]
-    assert dep["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    selector = dep["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= labels.items()
     # replicas with leader election (docs/scheduler.md, "Leadership"): the Service selects the label
     # the leader puts on its own pod, and learns the pod's name from the downward API
-    assert svc["spec"]["selector"] == {**labels, ha.LEADER_LABEL: "true"}
-    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert svc["spec"]["selector"] == {**selector, ha.LEADER_LABEL: "true"}
+    assert svc["metadata"]["namespace"] == dep["metadata"]["namespace"]
     env = {e["name"]: e for e in c["env"]}
     assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert "--pod-name" not in " ".join(c["args"])  # ha.add_arguments reads $POD_NAME
     # every replica that serves is Ready, so the rollout and the PDB may take one at a time, and no
     # surge: the anti-affinity wants a node per replica
     strategy = dep["spec"]["strategy"]
-    assert dep["spec"]["replicas"] == 2 and strategy["type"] == "RollingUpdate"
+    assert dep["spec"]["replicas"] >= 2 and strategy["type"] == "RollingUpdate"
     assert strategy["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
     anti = dep["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]
-    assert anti[0]["labelSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
-    pdb = one("PodDisruptionBudget")
+    assert anti[0]["labelSelector"]["matchLabels"] == selector
+    (pdb,) = helm.of_kind(manifests, "PodDisruptionBudget")
     assert pdb["spec"]["selector"] == dep["spec"]["selector"] and pdb["spec"]["maxUnavailable"] == 1
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert svc["spec"]["ports"][0]["targetPort"] in ports
@@ -240,20 +311,24 @@ def test_deployment_service_and_server_agree() -> None:
         server.check_listen(args["--listen"], server.TlsFiles(args["--tls-cert"], args["--tls-key"]), False)[1]
         == ports["https"]
     )
-    sa = one("ServiceAccount")
-    assert dep["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+    sa = s.account
     assert args["--scheduler-user"] == f"system:serviceaccount:{sa['metadata']['namespace']}:{sa['metadata']['name']}"
-    assert args["--scheduler-user"] == server.DEFAULT_SCHEDULER_USER
+    if sa["metadata"] == {**sa["metadata"], "namespace": "kube-system", "name": "crihook-scheduler"}:
+        assert args["--scheduler-user"] == server.DEFAULT_SCHEDULER_USER
     for probe in ("readinessProbe", "livenessProbe"):
         assert c[probe]["httpGet"]["scheme"] == "HTTPS"
     # Ready while serving, standby too: with readiness tied to leadership the PDB never let the leader go
     assert c["readinessProbe"]["httpGet"]["path"] == c["livenessProbe"]["httpGet"]["path"] == "/healthz"
 
 
-def test_rbac_is_exactly_what_the_scheduler_uses() -> None:
-    role = one("ClusterRole")
+def test_rbac_is_exactly_what_the_scheduler_uses(manifests: Docs) -> None:
+    s = scheduler_objects(manifests)
     granted = {
-        (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+        (g, r, v)
+        for rule in s.cluster_role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
     }
     watched = {
         (g, r, v)
@@ -261,33 +336,32 @@ def test_rbac_is_exactly_what_the_scheduler_uses() -> None:
         for v in ("get", "list", "watch")
     }
     assert granted == watched | {("", "pods", "patch"), ("", "pods/binding", "create")}
-    leader = one("Role")  # leader election: the Lease scheduler/leader.py reads, creates and replaces
-    lease = {
+    args = dict(a.split("=", 1) for a in s.container["args"][1:])
+    lease_name = args.get("--lease-name", ha.DEFAULT_LEASE)
+    lease = {  # leader election: the Lease scheduler/leader.py reads, creates and replaces
         (g, r, v, tuple(rule.get("resourceNames", ())))
-        for rule in leader["rules"]
+        for rule in s.leader_role["rules"]
         for g in rule["apiGroups"]
         for r in rule["resources"]
         for v in rule["verbs"]
     }
     assert lease == {("coordination.k8s.io", "leases", "create", ())} | {
-        ("coordination.k8s.io", "leases", v, (ha.DEFAULT_LEASE,)) for v in ("get", "update")
+        ("coordination.k8s.io", "leases", v, (lease_name,)) for v in ("get", "update")
     }
-    rb = one("RoleBinding")
-    assert (
-        rb["roleRef"]["name"] == leader["metadata"]["name"] and rb["subjects"] == one("ClusterRoleBinding")["subjects"]
-    )
-    (c,) = one("Deployment")["spec"]["template"]["spec"]["containers"]
-    assert f"--lease-namespace={leader['metadata']['namespace']}" in c["args"]
-    binding, sa = one("ClusterRoleBinding"), one("ServiceAccount")
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": sa["metadata"]["namespace"]}
+    assert s.leader_binding["subjects"] == s.cluster_binding["subjects"]
+    assert args["--lease-namespace"] == s.leader_role["metadata"]["namespace"]
+    assert s.cluster_binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": s.account["metadata"]["name"],
+            "namespace": s.account["metadata"]["namespace"],
+        }
     ]
 
 
-def test_scheduler_config_extender_stanza() -> None:
-    (ext,) = one("KubeSchedulerConfiguration")["extenders"]
-    svc = one("Service")
+def test_scheduler_config_extender_stanza(manifests: Docs) -> None:
+    ((ext,),) = [c["extenders"] for c in helm.scheduler_configs(manifests)]
+    svc = scheduler_objects(manifests).service
     assert ext["urlPrefix"] == (
         f"https://{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc:{svc['spec']['ports'][0]['port']}"
     )
@@ -299,21 +373,27 @@ def test_scheduler_config_extender_stanza() -> None:
     assert all(m["ignoredByScheduler"] is True for m in ext["managedResources"])
 
 
-def test_webhooks_point_at_the_server() -> None:
-    svc = one("Service")
+def test_webhooks_point_at_the_server(manifests: Docs) -> None:
+    svc = scheduler_objects(manifests).service
+    ns = svc["metadata"]["namespace"]
     paths = {}
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
-        for wh in one(kind)["webhooks"]:
+        (config,) = helm.of_kind(manifests, kind)
+        for wh in config["webhooks"]:
             s = wh["clientConfig"]["service"]
             assert (s["name"], s["namespace"], s["port"]) == (
                 svc["metadata"]["name"],
-                svc["metadata"]["namespace"],
+                ns,
                 svc["spec"]["ports"][0]["port"],
             )
             assert wh["rules"][0]["resources"] == ["pods"]
-            assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]} in (
-                wh["namespaceSelector"]["matchExpressions"]
-            )
+            # the scheduler's own namespace and kube-system never wait for the webhooks
+            (excluded,) = [
+                e["values"]
+                for e in wh["namespaceSelector"]["matchExpressions"]
+                if e["key"] == "kubernetes.io/metadata.name" and e["operator"] == "NotIn"
+            ]
+            assert {ns, "kube-system"} <= set(excluded)
             paths[kind] = (s["path"], wh["rules"][0]["operations"])
     assert paths == {
         "MutatingWebhookConfiguration": ("/mutate", ["CREATE"]),

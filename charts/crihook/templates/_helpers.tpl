@@ -1,0 +1,131 @@
+{{/* Names: "crihook" for a release named crihook, else "<release>-crihook"; DNS labels, 63 at most
+(the longest suffix below, "-kube-scheduler", keeps every name within 63). */}}
+{{- define "crihook.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 48 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "crihook.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 48 | trimSuffix "-" }}
+{{- else }}
+{{- $name := include "crihook.name" . }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 48 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 48 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "crihook.scheduler" -}}{{ include "crihook.fullname" . }}-scheduler{{- end }}
+{{- define "crihook.kubeScheduler" -}}{{ include "crihook.fullname" . }}-kube-scheduler{{- end }}
+{{- define "crihook.node" -}}{{ include "crihook.fullname" . }}-node{{- end }}
+
+{{/* The scheduler's TLS Secret. */}}
+{{- define "crihook.tlsSecret" -}}
+{{- if eq .Values.tls.mode "secret" }}
+{{- required "tls.secret.name: the Secret holding tls.crt and tls.key (tls.mode=secret)" .Values.tls.secret.name }}
+{{- else }}
+{{- include "crihook.scheduler" . }}-tls
+{{- end }}
+{{- end }}
+
+{{/* The Service's DNS names, which the certificate must name. */}}
+{{- define "crihook.serviceNames" -}}
+{{- $svc := include "crihook.scheduler" . -}}
+{{- list $svc (printf "%s.%s" $svc .Release.Namespace) (printf "%s.%s.svc" $svc .Release.Namespace) (printf "%s.%s.svc.cluster.local" $svc .Release.Namespace) | toJson }}
+{{- end }}
+
+{{/* Labels on every object; selectorLabels on the pods (kept short: Services select on them). */}}
+{{- define "crihook.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/part-of: crihook
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "crihook.selectorLabels" -}}
+{{- $root := index . 0 -}}
+app.kubernetes.io/name: {{ include "crihook.name" $root }}
+app.kubernetes.io/instance: {{ $root.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{- define "crihook.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{/* The kube-scheduler image: the cluster's own version unless a tag is given. */}}
+{{- define "crihook.kubeSchedulerImage" -}}
+{{- $d := .Values.kubeScheduler.deployment.image }}
+{{- if $d.tag }}
+{{- printf "%s:%s" $d.repository $d.tag }}
+{{- else }}
+{{- $v := semver .Capabilities.KubeVersion.Version }}
+{{- printf "%s:v%d.%d.%d" $d.repository $v.Major $v.Minor $v.Patch }}
+{{- end }}
+{{- end }}
+
+{{/* The extender's URL: the Service unless given. */}}
+{{- define "crihook.urlPrefix" -}}
+{{- .Values.kubeScheduler.urlPrefix | default (printf "https://%s.%s.svc:443" (include "crihook.scheduler" .) .Release.Namespace) }}
+{{- end }}
+
+{{/* The scheduler's service account as the API server names it (it alone writes allocations). */}}
+{{- define "crihook.schedulerUser" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "crihook.scheduler" . }}
+{{- end }}
+
+{{/* The generated CA and certificate as the Secret's data: from the cluster when the Secret is
+already there (so `helm upgrade` keeps them and the caBundle still matches), else new. Made once per
+render and kept in the values for the other templates (the Secret and both webhook configurations
+must hold the same CA). */}}
+{{- define "crihook.generatedTLS" -}}
+{{- if not (hasKey .Values.tls.generate "made") }}
+{{- $name := include "crihook.tlsSecret" . }}
+{{- $old := lookup "v1" "Secret" .Release.Namespace $name }}
+{{- $data := dict }}
+{{- if and $old $old.data (hasKey $old.data "ca.crt") (hasKey $old.data "tls.crt") (hasKey $old.data "tls.key") }}
+{{- $data = pick $old.data "ca.crt" "tls.crt" "tls.key" }}
+{{- else }}
+{{- $days := int .Values.tls.generate.days }}
+{{- $ca := genCA (printf "%s-ca" (include "crihook.scheduler" .)) $days }}
+{{- $names := include "crihook.serviceNames" . | fromJsonArray }}
+{{- $cert := genSignedCert (index $names 2) nil $names $days $ca }}
+{{- $data = dict "ca.crt" ($ca.Cert | b64enc) "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc) }}
+{{- end }}
+{{- $_ := set .Values.tls.generate "made" $data }}
+{{- end }}
+{{- index .Values.tls.generate "made" | toJson }}
+{{- end }}
+
+{{/* The webhooks' caBundle (base64 PEM), or nothing where cert-manager injects it or none is given. */}}
+{{- define "crihook.caBundle" -}}
+{{- if eq .Values.tls.mode "generate" }}
+{{- index (include "crihook.generatedTLS" . | fromJson) "ca.crt" }}
+{{- else if and (eq .Values.tls.mode "secret") .Values.tls.secret.caBundle }}
+{{- .Values.tls.secret.caBundle | b64enc }}
+{{- end }}
+{{- end }}
+
+{{/* A map as TOML: (list "" $map). Numbers go through toJson so that 16777216 stays an integer
+(values hold every number as a float, which toToml would write as 1.6777216e+07); keys first,
+then each table. */}}
+{{- define "crihook.toml" -}}
+{{- $prefix := index . 0 }}
+{{- $table := index . 1 }}
+{{- range $k, $v := $table }}
+{{- if not (kindIs "map" $v) }}
+{{ $k }} = {{ $v | toJson }}
+{{- end }}
+{{- end }}
+{{- range $k, $v := $table }}
+{{- if kindIs "map" $v }}
+{{- $name := ternary $k (printf "%s.%s" $prefix $k) (eq $prefix "") }}
+
+[{{ $name }}]
+{{- include "crihook.toml" (list $name $v) }}
+{{- end }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,451 @@
+"""charts/crihook through the real helm (tests/helm.sh fetches it; without it these are skipped with
+the reason): `helm lint --strict` and `helm template` of the defaults and of every documented value
+combination (tests/support/helm.py, COMBOS), each document valid for the API server of the newest
+Kubernetes kubernetes-validate knows and of the oldest the chart admits; values.yaml documented and
+mirrored by the schema that makes a misspelt key fail; the packaged archive; deploy/ in sync with
+the chart; the generated certificate; what `helm upgrade` restarts; and the node and kube-scheduler
+workloads against the commands they run. test_extender_deploy.py and test_manifests.py check every
+rendering against what `crihook scheduler` serves."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import importlib
+import json
+import re
+import shutil
+import subprocess
+import tarfile
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from crihook import __version__
+from crihook.base import config as crihook_config
+from crihook.cli import COMMANDS
+from tests.support import helm
+from tests.support.helm import CHART, COMBOS, NEWEST, OLDEST, Combo
+from tests.support.image_build import offline
+
+Docs = list[tuple[str, dict[str, Any]]]
+WORKLOADS = ("Deployment", "DaemonSet")
+
+
+def lint(*args: str) -> subprocess.CompletedProcess[str]:
+    return helm.run("lint", "--strict", str(CHART), "--kube-version", NEWEST, *args, check=False)
+
+
+@pytest.mark.parametrize("name", COMBOS)
+def test_lint_strict(name: str) -> None:
+    combo = COMBOS[name]
+    out = lint("--namespace", combo.namespace, *helm.values_args(combo.values))
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"scheduler": {"replicass": 3}},  # a misspelt key
+        {"tls": {"mode": "selfSigned"}},  # a value no template knows
+        {"scheduler": {"replicas": "two"}},  # the wrong type
+        {"nodes": {"enabled": False}},  # a misspelt top-level key
+        {"node": {"nri": {"pluginIndex": "7"}}},  # NRI wants two digits
+    ],
+    ids=json.dumps,
+)
+def test_lint_refuses_what_the_schema_does_not_allow(values: dict[str, Any]) -> None:
+    out = lint(*helm.values_args(values))
+    assert out.returncode != 0 and "schema" in (out.stdout + out.stderr).lower(), out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("version", [NEWEST, OLDEST])
+@pytest.mark.parametrize("name", COMBOS)
+def test_rendering_is_valid_for_the_api_server(name: str, version: str) -> None:
+    docs = helm.rendered(name, version)
+    assert docs
+    problems = [f"{where}: {p}" for where, d in docs if (p := helm.api_problem(d, version))]
+    assert not problems, "\n".join(problems)
+
+
+def test_validation_can_fail() -> None:
+    """The renderings are checked for real: a misspelt field, and a cert-manager one, are refused."""
+    docs = helm.rendered("cert-manager")
+    (dep, *_) = helm.of_kind(docs, "Deployment")
+    dep = json.loads(json.dumps(dep))
+    dep["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+    assert helm.api_problem(dep, NEWEST)
+    cert = json.loads(json.dumps(next(c for c in helm.of_kind(docs, "Certificate") if "dnsNames" in c["spec"])))
+    cert["spec"]["dnsName"] = cert["spec"].pop("dnsNames")
+    assert helm.api_problem(cert, NEWEST)
+
+
+def test_chart_admits_managed_clusters_but_not_older_ones() -> None:
+    """kubeVersion admits a provider's suffixed version and names it for kube-scheduler without the
+    suffix; a version below the floor is refused before anything renders."""
+    text = helm.template_text(Combo(), "v1.29.3-eks-1a2b3c")
+    (ks,) = [d for d in helm.of_kind(helm.documents_of(text, "eks"), "Deployment") if "kube-scheduler" in str(d)]
+    assert ks["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.k8s.io/kube-scheduler:v1.29.3"
+    major, minor, _ = OLDEST.split(".")
+    below = helm.run("template", "x", str(CHART), "--kube-version", f"{major}.{int(minor) - 1}.0", check=False)
+    assert below.returncode != 0 and "kubeVersion" in below.stderr, below.stderr
+
+
+def test_versions_and_image_are_the_projects() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["version"] == chart["appVersion"] == __version__ == offline.version()
+    for name in COMBOS:
+        for dep in [d for k in WORKLOADS for d in helm.of_kind(helm.rendered(name), k)]:
+            for c in dep["spec"]["template"]["spec"]["containers"]:
+                if c["name"] != "kube-scheduler":
+                    assert c["image"] == offline.ref(), (name, dep["metadata"]["name"], c["name"])
+
+
+def test_package_makes_the_archive_that_installs(tmp_path: Path) -> None:
+    out = helm.run("package", str(CHART), "--destination", str(tmp_path))
+    archive = tmp_path / f"crihook-{__version__}.tgz"
+    assert archive.is_file(), out.stdout
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+    assert {f"crihook/{n}" for n in ("Chart.yaml", "values.yaml", "values.schema.json", "templates/NOTES.txt")} <= names
+    assert helm.run("lint", "--strict", str(archive)).returncode == 0
+    from_archive = helm.run("template", "crihook", str(archive), "--namespace", "crihook", "--kube-version", NEWEST)
+    kinds = {d["kind"] for _, d in helm.documents_of(from_archive.stdout, "archive")}
+    assert {"CustomResourceDefinition", "Deployment", "DaemonSet", "MutatingWebhookConfiguration"} <= kinds
+
+
+def test_deploy_is_the_charts_rendering() -> None:
+    assert helm.render.render(helm.helm()) == helm.render.on_disk(), (
+        "deploy/ is stale: python3 deploy/render.py rewrites it from the chart"
+    )
+
+
+# -- values.yaml and its schema ---------------------------------------------------------------------
+
+
+def keys_with_comments(text: str) -> list[tuple[str, bool]]:
+    """(dotted key, whether a comment line stands right above it) for every key of values.yaml's
+    nested maps (not inside list items, which are examples of a value)."""
+    out: list[tuple[str, bool]] = []
+    path: list[str] = []
+    commented, item_indent = False, -1
+    for line in text.splitlines():
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip())
+        if not stripped:
+            commented = False
+            continue
+        if stripped.startswith("#"):
+            commented = True
+            continue
+        if stripped.startswith("- ") or (item_indent >= 0 and indent > item_indent):
+            item_indent = indent if stripped.startswith("- ") and item_indent < 0 else item_indent
+            commented = False
+            continue
+        item_indent = -1
+        m = re.match(r"^( *)([A-Za-z][\w./-]*):", line)
+        assert m is not None, line
+        path = [*path[: len(m[1]) // 2], m[2]]
+        out.append((".".join(path), commented))
+        commented = False
+    return out
+
+
+def test_every_value_is_documented() -> None:
+    """Each key of the first two levels has its own comment; a deeper key is covered by the comment
+    of the block it sits in."""
+    keys = dict(keys_with_comments((CHART / "values.yaml").read_text()))
+    assert "node.nri.pluginIndex" in keys and not any(k.startswith("node.tolerations.") for k in keys)
+
+    def documented(key: str) -> bool:
+        parts = key.split(".")
+        if keys[key]:
+            return True
+        return len(parts) > 2 and any(keys[".".join(parts[:n])] for n in range(2, len(parts)))
+
+    undocumented = [k for k in keys if not documented(k)]
+    assert not undocumented, f"values.yaml keys without a comment: {undocumented}"
+
+
+def schema_paths(schema: dict[str, Any], prefix: str = "") -> set[str]:
+    out = set()
+    for key, sub in schema.get("properties", {}).items():
+        out.add(prefix + key)
+        if sub.get("type") == "object" and sub.get("additionalProperties") is False:
+            out |= schema_paths(sub, f"{prefix}{key}.")
+    return out
+
+
+def value_paths(values: dict[str, Any], schema: dict[str, Any], prefix: str = "") -> set[str]:
+    out = set()
+    for key, v in values.items():
+        out.add(prefix + key)
+        sub = schema.get("properties", {}).get(key, {})
+        if isinstance(v, dict) and sub.get("additionalProperties") is False:
+            # an empty default ({}) of fixed keys is a place for optional ones
+            out |= value_paths(v, sub, f"{prefix}{key}.") if v else schema_paths(sub, f"{prefix}{key}.")
+    return out
+
+
+def test_schema_is_closed_and_mirrors_values_yaml() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert value_paths(values, schema) == schema_paths(schema)
+
+    def closed(s: dict[str, Any], where: str) -> None:  # every object of fixed keys refuses others
+        if "properties" in s:
+            assert s.get("additionalProperties") is False, where
+        for k, sub in s.get("properties", {}).items():
+            closed(sub, f"{where}.{k}")
+
+    closed(schema, "values")
+
+
+# -- the generated certificate ----------------------------------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_generated_certificate_is_the_webhooks_ca_and_names_the_service(tmp_path: Path) -> None:
+    docs = helm.rendered("defaults")
+    (secret,) = helm.of_kind(docs, "Secret")
+    data = {k: base64.b64decode(v) for k, v in secret["data"].items()}
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        (config,) = helm.of_kind(docs, kind)
+        assert base64.b64decode(config["webhooks"][0]["clientConfig"]["caBundle"]) == data["ca.crt"]
+    (tmp_path / "ca.crt").write_bytes(data["ca.crt"])
+    (tmp_path / "tls.crt").write_bytes(data["tls.crt"])
+    verify = subprocess.run(
+        ["openssl", "verify", "-CAfile", tmp_path / "ca.crt", tmp_path / "tls.crt"], capture_output=True, text=True
+    )
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    svc = next(s for s in helm.of_kind(docs, "Service") if s["metadata"]["name"].endswith("-scheduler"))
+    name = f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc"
+    check = subprocess.run(
+        ["openssl", "x509", "-noout", "-checkhost", name, "-in", tmp_path / "tls.crt"], capture_output=True, text=True
+    )
+    assert "does match" in check.stdout, check.stdout + check.stderr
+    (dep,) = [d for d in helm.of_kind(docs, "Deployment") if d["metadata"]["name"] == svc["metadata"]["name"]]
+    assert dep["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"] == secret["metadata"]["name"]
+
+
+def test_given_certificate_ca_goes_to_the_webhooks_and_kube_scheduler() -> None:
+    docs = helm.rendered("given-certificate")
+    assert not helm.of_kind(docs, "Secret")  # the user's Secret is theirs
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        (config,) = helm.of_kind(docs, kind)
+        assert base64.b64decode(config["webhooks"][0]["clientConfig"]["caBundle"]).decode() == helm.GIVEN_CA
+    (cm,) = [c for c in helm.of_kind(docs, "ConfigMap") if "ca.crt" in c["data"]]
+    assert cm["data"]["ca.crt"] == helm.GIVEN_CA
+    secrets = {
+        v["secret"]["secretName"]
+        for d in helm.of_kind(docs, "Deployment")
+        for v in d["spec"]["template"]["spec"]["volumes"]
+        if "secret" in v
+    }
+    assert secrets == {"corp-tls"}
+
+
+def test_cert_manager_injects_the_ca() -> None:
+    docs = helm.rendered("cert-manager")
+    (serving,) = [c for c in helm.of_kind(docs, "Certificate") if not c["spec"].get("isCA")]
+    ns = serving["metadata"]["namespace"]
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        (config,) = helm.of_kind(docs, kind)
+        assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == (
+            f"{ns}/{serving['metadata']['name']}"
+        )
+        assert "caBundle" not in config["webhooks"][0]["clientConfig"]
+    issuers = {(i["kind"], i["metadata"]["name"]) for i in helm.of_kind(docs, "Issuer")}
+    assert (serving["spec"]["issuerRef"]["kind"], serving["spec"]["issuerRef"]["name"]) in issuers
+    given = helm.rendered("cert-manager-issuer")
+    assert not helm.of_kind(given, "Issuer")
+    (cert,) = helm.of_kind(given, "Certificate")
+    assert cert["spec"]["issuerRef"] == {"group": "cert-manager.io", "kind": "ClusterIssuer", "name": "corp-ca"}
+
+
+# -- helm upgrade -------------------------------------------------------------------------------------
+
+
+def pod_templates(docs: Docs) -> dict[str, Any]:
+    return {d["metadata"]["name"]: d["spec"]["template"] for k in WORKLOADS for d in helm.of_kind(docs, k)}
+
+
+def changed(values: dict[str, Any]) -> set[str]:
+    """The workloads whose pods `helm upgrade` from the defaults to these values would replace."""
+    base = pod_templates(helm.documents_of(helm.template_text(Combo(), NEWEST), "a"))
+    new = pod_templates(helm.documents_of(helm.template_text(Combo(values), NEWEST), "b"))
+    assert base.keys() == new.keys()
+    return {name.removeprefix("crihook-") for name in base if base[name] != new[name]}
+
+
+def test_upgrade_restarts_only_what_changed() -> None:
+    """Pod templates hold nothing random (a new certificate is no restart: the scheduler reloads
+    it), and each configuration change reaches the pods that read it through a checksum."""
+    assert changed({}) == set()
+    assert changed({"node": {"config": {"proxy": {"log_level": "debug"}}}}) == {"node"}
+    assert changed({"kubeScheduler": {"weight": 10}}) == {"kube-scheduler"}
+    assert changed({"scheduler": {"strategy": "binpack"}}) == {"scheduler"}
+    assert changed({"webhooks": {"timeoutSeconds": 10}}) == set()
+
+
+# -- the node DaemonSet and the second kube-scheduler against what they run -----------------------------
+
+
+def parse_args(command: str, args: list[str]) -> argparse.Namespace:
+    """A container's args as `crihook <command>` parses them (an unknown flag exits)."""
+    parser = argparse.ArgumentParser(prog=f"crihook {command}")
+    importlib.import_module(COMMANDS[command][0]).add_arguments(parser)
+    return parser.parse_args(args)
+
+
+def node_pod(name: str = "defaults") -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Any]]:
+    """(pod spec, containers by name, the crihook config file) of the node DaemonSet."""
+    docs = helm.rendered(name)
+    (ds,) = helm.of_kind(docs, "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    (cm,) = [
+        c for c in helm.of_kind(docs, "ConfigMap") if c["metadata"]["name"] == spec["volumes"][0]["configMap"]["name"]
+    ]
+    return spec, {c["name"]: c for c in spec["containers"]}, tomllib.loads(cm["data"]["config.toml"])
+
+
+def host_paths(spec: dict[str, Any], container: dict[str, Any]) -> dict[str, tuple[str, bool]]:
+    """host path -> (where the container sees it, read-only)."""
+    hosts = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    return {
+        hosts[m["name"]]: (m["mountPath"], m.get("readOnly", False))
+        for m in container["volumeMounts"]
+        if m["name"] in hosts
+    }
+
+
+def test_node_pods_mount_exactly_what_they_need() -> None:
+    spec, containers, config = node_pod()
+    assert set(containers) == {"nri", "report"}
+    assert host_paths(spec, containers["nri"]) == {
+        "/var/run/nri": ("/var/run/nri", False),
+        "/var/lib/kubelet/device-plugins": ("/var/lib/kubelet/device-plugins", True),
+        "/var/lib/kubelet/pods": ("/var/lib/kubelet/pods", True),
+        "/dev": ("/dev", True),
+        "/var/lib/crihook": ("/var/lib/crihook", False),
+        "/usr/lib/x86_64-linux-gnu": ("/run/crihook/nvml", True),
+    }
+    assert host_paths(spec, containers["report"]) == {
+        "/var/lib/kubelet/device-plugins": ("/var/lib/kubelet/device-plugins", True),
+        "/dev": ("/dev", True),
+        "/sys": ("/sys", True),
+        "/usr/lib/x86_64-linux-gnu": ("/run/crihook/nvml", True),
+    }
+    # kubelet must still be able to unmount pod volumes under the pods directory
+    (pods,) = [m for m in containers["nri"]["volumeMounts"] if m["mountPath"] == "/var/lib/kubelet/pods"]
+    assert pods["mountPropagation"] == "HostToContainer"
+    # the config file names the paths as mounted, and crihook accepts it
+    crihook_config.parse(config, "config.toml")
+    assert config["hooks"]["gpu"]["kubelet_pods_dir"] == "/var/lib/kubelet/pods"
+    assert config["node"]["nvml_library"].startswith("/run/crihook/nvml/")
+    # the token reaches the reporter alone; crihook's own hooks skip these pods
+    assert spec["automountServiceAccountToken"] is False
+    token = [c for c in containers.values() for m in c["volumeMounts"] if m["name"] == "kube-api"]
+    assert token == [containers["report"]]
+    (ds,) = helm.of_kind(helm.rendered("defaults"), "DaemonSet")
+    assert ds["spec"]["template"]["metadata"]["labels"]["runtimeproxy.koordinator.sh/skip-hookserver"] == "true"
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+
+
+def test_node_without_reporter_has_no_api_access() -> None:
+    name = "node-without-reporter"
+    spec, containers, _ = node_pod(name)
+    assert set(containers) == {"nri"}
+    assert "serviceAccountName" not in spec and "hostNetwork" not in spec
+    roles = [d for k in ("ClusterRole", "ClusterRoleBinding") for d in helm.of_kind(helm.rendered(name), k)]
+    assert not [r for r in roles if r["metadata"]["name"].endswith("-node")]
+    assert "/run/crihook/nvml" not in {m["mountPath"] for m in containers["nri"]["volumeMounts"]}
+
+
+def test_node_config_keeps_integers_and_merges_user_keys() -> None:
+    values = {"node": {"config": {"proxy": {"max_message_bytes": 16777216, "drain_seconds": 2.5}}}}
+    docs = helm.documents_of(helm.template_text(Combo(values), NEWEST), "config")
+    (cm,) = [c for c in helm.of_kind(docs, "ConfigMap") if "config.toml" in c["data"]]
+    config = tomllib.loads(cm["data"]["config.toml"])
+    parsed = crihook_config.parse(config, "config.toml")
+    assert parsed.proxy.max_message_bytes == 16777216 and parsed.proxy.drain_seconds == 2.5
+    assert config["hooks"]["gpu"]["kubelet_pods_dir"] == "/var/lib/kubelet/pods"
+
+
+def test_report_container_runs_crihook_report() -> None:
+    _, containers, _ = node_pod()
+    args = containers["report"]["args"]
+    assert args[0] == "report"
+    parsed = parse_args("report", args[1:])
+    assert parsed.kubeconfig == "in-cluster" and parsed.config == "/etc/crihook/config.toml"
+
+
+@pytest.mark.skipif("nri" not in COMMANDS, reason="crihook has no nri command yet")
+def test_nri_container_runs_crihook_nri() -> None:
+    _, containers, _ = node_pod()
+    args = containers["nri"]["args"]
+    assert args[0] == "nri"
+    parse_args("nri", args[1:])
+
+
+def test_nri_container_flags_are_the_documented_ones() -> None:
+    """`crihook nri`'s flags as the design fixes them (--config, --nri-socket, --plugin-name,
+    --plugin-index, --state-dir), with the socket in the directory mounted from the host."""
+    _, containers, _ = node_pod()
+    args = dict(a.split("=", 1) for a in containers["nri"]["args"][1:])
+    assert args == {
+        "--config": "/etc/crihook/config.toml",
+        "--nri-socket": "/var/run/nri/nri.sock",
+        "--plugin-name": "crihook",
+        "--plugin-index": "10",
+        "--state-dir": "/var/lib/crihook",
+    }
+    mounts = {m["mountPath"] for m in containers["nri"]["volumeMounts"]}
+    assert str(Path(args["--nri-socket"]).parent) in mounts and args["--state-dir"] in mounts
+
+
+def test_second_kube_scheduler_is_the_clusters_and_gets_the_gpu_pods() -> None:
+    docs = helm.rendered("defaults")
+    deps = {d["metadata"]["name"]: d for d in helm.of_kind(docs, "Deployment")}
+    ks, sched = deps["crihook-kube-scheduler"], deps["crihook-scheduler"]
+    (c,) = ks["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == f"registry.k8s.io/kube-scheduler:v{NEWEST}"
+    (config,) = helm.scheduler_configs(docs)
+    (profile,) = config["profiles"]
+    # the webhook hands GPU pods of the default scheduler to this one
+    assert f"--scheduler-name={profile['schedulerName']}" in sched["spec"]["template"]["spec"]["containers"][0]["args"]
+    # its config and CA as the stanza names them
+    assert "--config=/etc/kubernetes/crihook/config.yaml" in c["command"]
+    assert config["extenders"][0]["tlsConfig"]["caFile"] == "/etc/kubernetes/crihook/ca.crt"
+    (mount,) = c["volumeMounts"]
+    assert mount["mountPath"] == "/etc/kubernetes/crihook"
+    # leader election on a Lease its Role covers
+    lease = config["leaderElection"]["resourceName"]
+    roles = [r for r in helm.of_kind(docs, "Role") if any(lease in x.get("resourceNames", []) for x in r["rules"])]
+    assert len(roles) == 1
+    pinned = helm.of_kind(helm.rendered("everything-set"), "Deployment")
+    assert "registry.k8s.io/kube-scheduler:v1.33.2" in {
+        c["image"] for d in pinned for c in d["spec"]["template"]["spec"]["containers"]
+    }
+    extender_only = helm.of_kind(helm.rendered("extender-stanza"), "Deployment")
+    assert [d["metadata"]["name"] for d in extender_only] == ["crihook-scheduler"]
+
+
+def test_service_monitor_only_where_the_cluster_has_it() -> None:
+    assert not helm.of_kind(helm.rendered("defaults"), "ServiceMonitor")
+    docs = helm.rendered("service-monitor")
+    (sm,) = helm.of_kind(docs, "ServiceMonitor")
+    wanted = sm["spec"]["selector"]["matchLabels"].items()
+    (svc,) = [s for s in helm.of_kind(docs, "Service") if s["metadata"]["labels"].items() >= wanted]
+    (dep,) = [d for d in helm.of_kind(docs, "Deployment") if d["metadata"]["name"] == "crihook-scheduler"]
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]  # every replica, not just the leader
+
+
+def test_notes_say_how_to_check_the_install() -> None:
+    out = helm.run("install", "crihook", str(CHART), "--dry-run=client", "--namespace", "crihook").stdout
+    notes = out.split("NOTES:", 1)[1]
+    for what in ("kubectl get devices", "scheduler.crihook.io/leader=true", "crihook doctor", "get lease"):
+        assert what in notes, what
