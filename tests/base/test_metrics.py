@@ -317,3 +317,24 @@ async def test_silent_client_is_dropped(endpoint: int, monkeypatch: pytest.Monke
     monkeypatch.setattr(metrics, "REQUEST_TIMEOUT", 0.1)
     reply = await _request(endpoint, b"GET /metrics HTTP/1.1\r\n")  # never finishes its headers
     assert reply == b""
+
+
+def test_replace_swaps_every_series_and_checks_new_labels() -> None:
+    reg = Registry()
+    g = Gauge("t_used_bytes", "used", ("pod", "gpu"), registry=reg)
+    g.set(1, "a", "0")
+    g.replace({("b", "0"): 2, ("c", "1"): 3})
+    assert (g.value("a", "0"), g.value("b", "0"), g.value("c", "1")) == (0, 2, 3)
+    assert 't_used_bytes{pod="a"' not in reg.render().decode()
+    with pytest.raises(ValueError, match="takes labels"):
+        g.replace({("only-one",): 1})
+    g.replace({})
+    assert list(g.samples()) == []
+
+
+def test_every_metric_is_listed_in_the_docs() -> None:
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    for m in metrics.REGISTRY:
+        assert f"| `{m.name}` |" in page, f"docs/metrics.md does not list {m.name}"
