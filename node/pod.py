@@ -125,3 +125,14 @@ def nri_pod_view(p: nri.PodSandbox) -> PodInfo:
         resources=nri_resources_view(linux.pod_resources, linux.HasField("pod_resources")),
         overhead=nri_resources_view(linux.pod_overhead, linux.HasField("pod_overhead")),
     )
+
+
+def nri_listed_pod(p: nri.PodSandbox) -> PodRecord:
+    """The store's record of a pod Synchronize lists (the runtime lists live sandboxes only)."""
+    view = nri_pod_view(p)
+    return PodRecord(
+        **{name: getattr(view, name) for name in _SHARED},
+        state="ready",
+        resources=resources_record(view.resources),
+        overhead=resources_record(view.overhead),
+    )

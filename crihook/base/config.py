@@ -167,12 +167,22 @@ class UsageConfig:
 
 
 @dataclass(frozen=True)
+class NriConfig:
+    """`crihook nri` (docs/nri.md). At every (re)connection the runtime lists every container; one
+    that reaches a GPU nobody granted it (created while crihook was away) is evicted, so kubelet
+    makes it again through crihook, or with "report" only logged and counted."""
+
+    synchronize: Literal["evict", "report"] = "evict"
+
+
+@dataclass(frozen=True)
 class Config:
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
     node: NodeConfig = field(default_factory=NodeConfig)
     hooks: HooksConfig = field(default_factory=HooksConfig)
     reporter: ReporterConfig = field(default_factory=ReporterConfig)
     usage: UsageConfig = field(default_factory=UsageConfig)
+    nri: NriConfig = field(default_factory=NriConfig)
     source: str = ""  # the file it came from, for messages
 
 
@@ -234,7 +244,7 @@ def _kind(value: Any) -> str:
 
 
 def parse(data: Mapping[str, Any], source: str = "") -> Config:
-    unknown = set(data) - {"proxy", "node", "hooks", "reporter", "usage"}
+    unknown = set(data) - {"proxy", "node", "hooks", "reporter", "usage", "nri"}
     if unknown:
         raise ConfigError(source, f"unknown section(s) {', '.join(sorted(unknown))}")
     hooks_table = dict(data.get("hooks", {}))
@@ -248,6 +258,7 @@ def parse(data: Mapping[str, Any], source: str = "") -> Config:
         hooks=hooks,
         reporter=check_table(ReporterConfig, data.get("reporter", {}), source, "reporter"),
         usage=check_table(UsageConfig, data.get("usage", {}), source, "usage"),
+        nri=check_table(NriConfig, data.get("nri", {}), source, "nri"),
         source=source,
     )
 

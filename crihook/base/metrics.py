@@ -356,6 +356,12 @@ ORPHAN_TASKS = Counter(
     "Tasks containerd kept for containers CRI holds as created or exited, by result (cleared, failed).",
     ("result",),
 )
+NRI_UNGRANTED = Counter(
+    "crihook_nri_ungranted_total",
+    "Containers `crihook nri` found at Synchronize reaching a GPU nobody granted them, by action"
+    " (evicted, reported, evict_failed).",
+    ("action",),
+)
 SCHEDULER_REQUESTS = Counter(
     "crihook_scheduler_requests_total",
     "Requests `crihook scheduler` answered (extender verbs, admission reviews), by path and HTTP status.",

@@ -1,7 +1,8 @@
 """`crihook nri`: crihook as an NRI plugin of the container runtime (crihook.nri). It dials the
 runtime's NRI socket and stays registered, dialing again after every drop; started by the runtime
 as a pre-registered plugin (`NRI_PLUGIN_SOCKET` set), it serves the socket it was given and exits
-when that closes. For now it runs the pass-through handler: registered, nothing adjusted."""
+when that closes. The hook chain, config file and store are `crihook serve`'s (nri/handler.py);
+systemd hears READY=1 once the first Synchronize rebuilt the store."""
 
 from __future__ import annotations
 
@@ -10,11 +11,19 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Sequence
 
 from crihook.base import config as cfgmod
 from crihook.base import log as logmod
+from crihook.base import metrics
 from crihook.base.config import ConfigError
-from crihook.nri.stub import ConnectionLost, PassThrough, Plugin, inherited_socket
+from crihook.hooks.chain import build_chain
+from crihook.node.store import Store
+from crihook.nri.handler import HookHandler
+from crihook.nri.stub import ConnectionLost, Plugin, inherited_socket
+from crihook.proto import nri_v1alpha1_pb2 as api
+from crihook.proxy import systemd
+from crihook.proxy.serve import attach_store
 
 log = logging.getLogger("crihook.nri")
 
@@ -34,37 +43,94 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", dest="log_level", choices=logmod.LEVELS)
 
 
-def plugin_from(args: argparse.Namespace) -> Plugin:
+def plugin_from(args: argparse.Namespace, handler: HookHandler) -> Plugin:
     """The plugin these flags and the environment describe; the runtime's NRI_PLUGIN_* win."""
     inherited = inherited_socket()
     if inherited is None:
-        return Plugin(PassThrough(), args.plugin_name, args.plugin_index, socket_path=args.nri_socket)
+        return Plugin(handler, args.plugin_name, args.plugin_index, socket_path=args.nri_socket)
     fd, name, index = inherited
-    return Plugin(PassThrough(), name or args.plugin_name, index or args.plugin_index, fd=fd)
+    return Plugin(handler, name or args.plugin_name, index or args.plugin_index, fd=fd)
 
 
-async def serve(plugin: Plugin) -> None:
+def handler_from(cfg: cfgmod.Config) -> HookHandler:
+    """The hook chain and store of `crihook serve`, behind the NRI handler."""
+    chain = build_chain(cfg.hooks, cfg.node)
+    store = Store(cfg.proxy.state_dir)
+    state = store.load()
+    log.info("store loaded", extra={"file": state})
+    attach_store(chain, store)
+    inject = cfg.hooks.options.get("gpu", {}).get("inject")
+    return HookHandler(chain, store, synchronize_action=cfg.nri.synchronize, cdi_inject=inject == "cdi")
+
+
+async def serve(cfg: cfgmod.Config, args: argparse.Namespace) -> int:
+    handler = handler_from(cfg)
+    plugin = plugin_from(args, handler)
+
+    async def evict(evictions: Sequence[api.ContainerEviction]) -> object:
+        return await plugin.update_containers(evict=evictions)
+
+    handler.evict = evict
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, plugin.stop)
+    tasks = [loop.create_task(_ready(handler))]
+    interval = systemd.watchdog_interval()
+    if interval:
+        tasks.append(loop.create_task(systemd.watchdog(interval)))
+    metrics_server = await metrics.serve(cfg.proxy.metrics_listen) if cfg.proxy.metrics_listen else None
     where = f"fd {plugin.fd}" if plugin.fd is not None else plugin.socket_path
-    log.info("NRI plugin starting", extra={"plugin": f"{plugin.index}-{plugin.name}", "socket": where})
-    await plugin.run()
+    log.info(
+        "NRI plugin starting",
+        extra={
+            "plugin": f"{plugin.index}-{plugin.name}",
+            "socket": where,
+            "hooks": ",".join(h.hook.name for h in handler.chain.hooks),
+        },
+    )
+    runner = loop.create_task(plugin.run())
+    while not runner.done():
+        await asyncio.wait([runner], timeout=0.5)
+        if handler.refused is not None:
+            plugin.stop()
+    try:
+        runner.result()
+    finally:
+        systemd.notify("STOPPING=1")
+        for t in tasks:
+            t.cancel()
+        await handler.close()
+        await handler.chain.close()
+        await handler.store.close()
+        if metrics_server is not None:
+            metrics_server.close()
+    if handler.refused is not None:
+        log.error(
+            "refusing to serve this runtime", extra={"runtime": handler.runtime.ref, "reason": str(handler.refused)}
+        )
+        return 1
+    return 0
+
+
+async def _ready(handler: HookHandler) -> None:
+    await handler.synchronized.wait()
+    systemd.notify("READY=1\nSTATUS=registered with the runtime")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = cfgmod.load(args.config, {"proxy": {"state_dir": args.state_dir, "log_level": args.log_level}})
         logmod.setup(cfg.proxy.log_level)
-        plugin = plugin_from(args)
     except (ConfigError, ValueError) as e:
         print(f"crihook: {e}", file=sys.stderr)
         return 2
     try:
         import uvloop
 
-        uvloop.run(serve(plugin))
+        return uvloop.run(serve(cfg, args))
+    except (ConfigError, ValueError) as e:
+        print(f"crihook: {e}", file=sys.stderr)
+        return 2
     except ConnectionLost as e:
         log.error("cannot serve the runtime", extra={"error": str(e)})
         return 1
-    return 0

@@ -1,9 +1,10 @@
-"""`crihook serve` as kubelet meets it: a real daemon process in front of a runtime socket.
+"""`crihook serve` as kubelet meets it: a real daemon process in front of a runtime socket; or, with
+`nri_socket`, `crihook nri` as the runtime's NRI plugin (kubelet then talks to the runtime itself).
 
 `crihook demo` and the tests start it with `running_crihook(backend, work_dir, config=...)` (or the
-`crihook_proxy` fixture) and talk CRI to `proxy.address`. The daemon runs as its own process with
-uvloop, signals and the systemd notify protocol, exactly as under systemd; its log is kept for the
-failure message.
+`crihook_proxy` fixture) and talk CRI to `proxy.address`, which in NRI mode is the runtime's. The
+daemon runs as its own process with uvloop, signals and the systemd notify protocol, exactly as
+under systemd; its log is kept for the failure message.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Crihook:
     backend: str  # unix:///path of the runtime
     config_text: str = ""  # extra TOML appended to the generated [proxy] table
     env: dict[str, str] = field(default_factory=dict)
+    nri_socket: Path | None = None  # NRI mode: `crihook nri` registers with the runtime there
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     notify_socket: socket.socket | None = field(default=None, repr=False)
 
@@ -39,7 +41,12 @@ class Crihook:
 
     @property
     def address(self) -> str:
-        return f"unix://{self.socket_path}"
+        """Where kubelet's calls go: crihook's socket, or in NRI mode the runtime's."""
+        return self.backend if self.nri_socket is not None else f"unix://{self.socket_path}"
+
+    @property
+    def mode(self) -> str:
+        return "proxy" if self.nri_socket is None else "nri"
 
     @property
     def state_dir(self) -> Path:
@@ -74,7 +81,8 @@ class Crihook:
         self.config_path.write_text(proxy + "\n" + self.config_text)
 
     def start(self, timeout: float = 30.0) -> None:
-        """Start the daemon and return once it told systemd READY=1 (store rebuilt, socket bound)."""
+        """Start the daemon and return once it told systemd READY=1 (store rebuilt, socket bound; in
+        NRI mode: registered with the runtime and synchronized)."""
         if self.pid is not None:
             raise CrihookError(f"crihook already runs as pid {self.pid}")
         (self.work / "run").mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -85,9 +93,12 @@ class Crihook:
         self.notify_socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.notify_socket.bind(str(notify_path))
         env = {**os.environ, **self.env, "NOTIFY_SOCKET": str(notify_path)}
+        command = ["serve", "--config", str(self.config_path)]
+        if self.nri_socket is not None:
+            command = ["nri", "--config", str(self.config_path), "--nri-socket", str(self.nri_socket)]
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "crihook.cli", "serve", "--config", str(self.config_path)],
+                [sys.executable, "-m", "crihook.cli", *command],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -154,9 +165,12 @@ class Crihook:
 
 
 @contextmanager
-def running_crihook(backend: str, work: Path, config: str = "", env: dict[str, str] | None = None) -> Iterator[Crihook]:
-    """A started crihook in `work` forwarding to `backend`; stopped (by its pid) on exit."""
-    proxy = Crihook(work, backend, config, dict(env or {}))
+def running_crihook(
+    backend: str, work: Path, config: str = "", env: dict[str, str] | None = None, nri_socket: Path | None = None
+) -> Iterator[Crihook]:
+    """A started crihook in `work` forwarding to `backend` (or, with `nri_socket`, the runtime's NRI
+    plugin); stopped (by its pid) on exit."""
+    proxy = Crihook(work, backend, config, dict(env or {}), nri_socket)
     proxy.write_config()
     proxy.start()
     try:

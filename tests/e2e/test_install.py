@@ -407,7 +407,7 @@ def test_config_template_documents_every_key_with_its_default() -> None:
         if re.match(r"^\[(\w+)\]$", line):
             section = line.strip("[]")
         m = re.match(r"^# (\w+) = (.*)$", line)
-        if m and section in {"proxy", "node", "hooks", "reporter"}:
+        if m and section in {"proxy", "node", "hooks", "reporter", "usage", "nri"}:
             documented.add((section, m.group(1)))
             line = f"{m.group(1)} = {m.group(2)}"
         lines.append(line)

@@ -1,0 +1,146 @@
+"""The gpu hook in NRI mode: `crihook nri` (a real process) registered with the test containerd
+(1.7.24 with NRI turned on, and sid's 2.x), kubelet's part played over CRI straight to containerd,
+the same simulated node as the proxy-mode tests (tests/e2e/test_gpu_containerd.py). What crihook
+decides reaches the container whenever the runtime can apply it; what it can not apply is refused,
+never dropped (docs/nri.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from crihook.simnode import fakenvml
+from crihook.simnode.node import NVIDIA_MAJOR, NVIDIACTL_MINOR, UVM_MAJOR, make_sim_node
+from tests.e2e import test_gpu_containerd as proxy_mode
+from tests.e2e.test_gpu_containerd import (
+    TOPOLOGY,
+    GpuNode,
+    allocated,
+    allowed,
+    env_of,
+    gpu_devices,
+    leaky,
+    spec_of,
+)
+from tests.support.containerd import Containerd
+from tests.support.cri import Cri, CriError, container_config, pod_config
+from tests.support.daemon import running_crihook
+from tests.support.gpu_fixtures import Entry, write_checkpoint
+
+pytestmark = [pytest.mark.containerd, pytest.mark.runtimes("1.7", "2")]
+cri = proxy_mode.cri  # the proxy tests' client fixture, here on this module's gpu_node
+
+
+@pytest.fixture(scope="module")
+def gpu_node(containerd: Containerd, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpuNode]:
+    if not containerd.nri:
+        pytest.skip(f"containerd {containerd.runtime.name} has no NRI")
+    node = make_sim_node(tmp_path_factory.mktemp("nri-node"), TOPOLOGY, char_devices=True)
+    env = {fakenvml.CONFIG_ENV: str(node.config)}
+    config = node.proxy_config(fakenvml.build())
+    with running_crihook(containerd.address, node.root / "crihook", config, env, containerd.nri_socket) as plugin:
+        yield GpuNode(node, plugin)
+
+
+def refused(cri: Cri, pod_id: str, config: object, pod: object) -> str:
+    with pytest.raises(CriError) as err:
+        cri.create_container(pod_id, config, pod)  # type: ignore[arg-type]
+    assert cri.list_containers(pod_id) == []  # containerd created nothing
+    return err.value.details
+
+
+def test_scheduled_gpus_reach_the_container_and_an_image_all_is_overwritten(gpu_node: GpuNode, cri: Cri) -> None:
+    node = gpu_node.node
+    pod = pod_config("trainer", annotations=allocated({"minor": 0, "id": node.uuid(0)}, {"minor": 3}))
+    cuda = container_config("cuda", pod, envs={"NVIDIA_VISIBLE_DEVICES": "all"})
+    with cri.pod(pod) as pod_id, cri.container(pod_id, cuda, pod) as cid:
+        assert env_of(cri, cid)["NVIDIA_VISIBLE_DEVICES"] == f"{node.uuid(3)},{node.uuid(0)}"
+        spec = spec_of(cri, cid)
+        assert gpu_devices(spec) == {
+            "/dev/nvidia3": ("c", NVIDIA_MAJOR, 3),
+            "/dev/nvidia0": ("c", NVIDIA_MAJOR, 0),
+            "/dev/nvidiactl": ("c", NVIDIA_MAJOR, NVIDIACTL_MINOR),
+            "/dev/nvidia-uvm": ("c", UVM_MAJOR, 0),
+            "/dev/nvidia-uvm-tools": ("c", UVM_MAJOR, 1),
+        }
+        assert {(major, minor) for major, minor, _ in allowed(spec)} == {
+            (NVIDIA_MAJOR, 3),
+            (NVIDIA_MAJOR, 0),
+            (NVIDIA_MAJOR, NVIDIACTL_MINOR),
+            (UVM_MAJOR, 0),
+            (UVM_MAJOR, 1),
+        }
+        assert {"nvidia0", "nvidia3"} <= set(cri.output(cid, "ls", "/dev").split())
+    assert "container created" in gpu_node.proxy.log_text()
+
+
+def test_pod_without_allocation_gets_void(gpu_node: GpuNode, cri: Cri) -> None:
+    pod = pod_config("web")
+    with cri.pod(pod) as pod_id:
+        app = container_config("app", pod, envs={"NVIDIA_VISIBLE_DEVICES": "all"})
+        with cri.container(pod_id, app, pod) as cid:
+            assert env_of(cri, cid)["NVIDIA_VISIBLE_DEVICES"] == "void"
+            assert gpu_devices(spec_of(cri, cid)) == {}
+
+
+def test_a_device_the_runtime_can_not_take_away_is_refused(gpu_node: GpuNode, containerd: Containerd, cri: Cri) -> None:
+    """A device plugin's node for a GPU the scheduler did not choose: NRI drops device removals and
+    can not touch its cgroup rule, so the container is refused, naming the runtime."""
+    pod = pod_config("trainer", annotations=allocated({"minor": 2}))
+    with cri.pod(pod) as pod_id:
+        why = refused(cri, pod_id, leaky("cuda", pod, gpu_node.node.dev_root), pod)
+    assert "removing device /dev/nvidia1 (no NRI version applies device removals)" in why
+    assert "c 195:1" in why and "proxy mode can" in why
+    assert "container cuda of pod default/trainer" in why
+    assert "containerd 1.7.24" in why or "containerd 2." in why
+
+
+def test_forged_allocation_is_refused_naming_the_pod(gpu_node: GpuNode, cri: Cri) -> None:
+    pod = pod_config("forged", annotations=allocated({"minor": 7}))
+    with cri.pod(pod) as pod_id:
+        why = refused(cri, pod_id, container_config("main", pod), pod)
+    assert "pod default/forged container main" in why and "gpu minor 7: no such GPU on this node" in why
+
+
+def test_cdi_annotation_for_an_ungranted_gpu_does_not_reach_it(gpu_node: GpuNode, cdi_spec_dir: Path, cri: Cri) -> None:
+    """containerd resolves the annotation before crihook is asked; its node and rule are refused."""
+    node = gpu_node.node
+    spec = {
+        "cdiVersion": "0.5.0",
+        "kind": "nvidia.com/gpu",
+        "devices": [
+            {
+                "name": node.uuid(1),
+                "containerEdits": {
+                    "deviceNodes": [{"path": "/dev/nvidia1", "hostPath": str(node.dev_root / "nvidia1")}]
+                },
+            }
+        ],
+    }
+    (cdi_spec_dir / "gpus.json").write_text(json.dumps(spec))
+    time.sleep(1.5)  # containerd picks a new spec up within about a second (runtimes.md)
+    pod = pod_config("cdi", annotations=allocated({"minor": 2}))
+    sneaky = container_config("main", pod, annotations={"cdi.k8s.io/sneaky": f"nvidia.com/gpu={node.uuid(1)}"})
+    with cri.pod(pod) as pod_id:
+        why = refused(cri, pod_id, sneaky, pod)
+    assert "/dev/nvidia1" in why and "c 195:1" in why
+
+
+def test_device_plugin_env_is_replaced_by_the_schedulers_choice(gpu_node: GpuNode, cri: Cri) -> None:
+    """NVIDIA's device plugin in its default strategy injects only NVIDIA_VISIBLE_DEVICES."""
+    node = gpu_node.node
+    pod = pod_config("plugin", annotations=allocated({"minor": 2}))
+    write_checkpoint(node.checkpoint, [Entry(pod.metadata.uid, "main", [node.uuid(1)])])
+    (node.kubelet / "pods" / pod.metadata.uid).mkdir(parents=True, exist_ok=True)
+    main = container_config("main", pod, envs={"NVIDIA_VISIBLE_DEVICES": node.uuid(1)})
+    try:
+        with cri.pod(pod) as pod_id, cri.container(pod_id, main, pod) as cid:
+            assert env_of(cri, cid)["NVIDIA_VISIBLE_DEVICES"] == node.uuid(2)
+            assert set(gpu_devices(spec_of(cri, cid))) & {"/dev/nvidia1", "/dev/nvidia2"} == {"/dev/nvidia2"}
+    finally:
+        os.rmdir(node.kubelet / "pods" / pod.metadata.uid)
