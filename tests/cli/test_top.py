@@ -98,3 +98,51 @@ def test_nothing_to_read_is_said(tmp_path: Path) -> None:
     (tmp_path / usage.STATE_FILE).write_text('{"version": 99}')
     done = run_top("--state-dir", str(tmp_path), "--once")
     assert done.returncode == 1 and "not a version 1 usage file" in done.stderr
+
+
+def test_a_running_daemon_reports_a_container_it_adopted_at_start(tmp_path: Path) -> None:
+    """A GPU container created before crihook started (straight on the runtime), with a process on
+    its GPU: the daemon adopts it at start, and `crihook top` shows it under its pod with its grant."""
+    import os
+
+    from crihook.base.allocation import DEVICE_ALLOCATED
+    from crihook.cli.demo import container_view, embedded_runtime
+    from crihook.simnode.cri import Cri, container_config, pod_config
+    from crihook.simnode.daemon import running_crihook
+    from crihook.simnode.fakenvml import CONFIG_ENV, build, compiler
+    from crihook.simnode.node import make_sim_node
+
+    if compiler() is None:
+        import pytest
+
+        pytest.skip("no C compiler (gcc) to build the fake NVML library")
+    node = make_sim_node(tmp_path / "node", "dgx-h100", char_devices=False)
+    gpu = node.doc["gpus"][2]
+    alloc = json.dumps(
+        {"gpu": [{"minor": gpu["minor"], "id": gpu["uuid"], "resources": {"koordinator.sh/gpu-core": 100}}]}
+    )
+    with embedded_runtime(tmp_path) as runtime, Cri(runtime.address) as cri:
+        pod = pod_config("adopted", namespace="ml", uid="uid-adopted", annotations={DEVICE_ALLOCATED: alloc})
+        cid = cri.create_container(cri.run_pod(pod), container_config("main", pod, image="busybox"), pod)
+        cri.start_container(cid)
+        _, cgroups_path = container_view(cri, cid)
+        (node.proc_root / "4242").mkdir(parents=True)
+        (node.proc_root / "4242" / "cgroup").write_text(f"0::{usage.cgroup_dir(cgroups_path)}\n")
+        gpu["processes"] = [{"pid": 4242, "used_memory": 3 * GiB, "sm_util": 55}]
+        node.config.write_text(json.dumps(node.doc))
+        config = node.proxy_config(build(), proc_root=node.proc_root, kubelet_in_proc=False)
+        env = {CONFIG_ENV: str(node.config)}
+        with running_crihook(
+            runtime.address, tmp_path / "crihook", config + "\n[usage]\ninterval_seconds = 0.2\n", env
+        ) as proxy:
+            for _ in range(300):  # the first collection follows the start at once; bounded wait
+                done = run_top("--config", str(proxy.config_path), "--once", "--json")
+                rows = json.loads(done.stdout)["rows"] if done.returncode == 0 else []
+                if rows:
+                    break
+                os.sched_yield()
+        cri.remove_all()
+    (row,) = rows
+    assert (row["namespace"], row["pod"], row["container"], row["container_id"]) == ("ml", "adopted", "main", cid)
+    assert (row["used_memory"], row["sm_util"], row["granted_core"]) == (3 * GiB, 55.0, 100)
+    assert row["granted_memory"] == gpu["memory_total"] and row["gpus"] == [str(gpu["minor"])]
