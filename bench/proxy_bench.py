@@ -1,38 +1,37 @@
 """What crihook costs kubelet: the same client, in the same process, against the same containerd,
-straight and through crihook (and through a bare grpc-aio forwarder, the design we did not pick, and a
-byte relay that parses nothing, the floor of any Python proxy), with targets interleaved call by call so
-machine noise hits all of them alike.
+straight and through crihook, beside the anchors (a byte relay that parses nothing, the bare grpc-aio
+forwarder crihook did not pick, and with `--socat` Debian's socat), targets interleaved call by call
+so machine noise hits all of them alike.
 
-    python bench/proxy_bench.py [--runtime 1.6|1.7|2] [--rounds 2000] [--creates 400] [--seconds 2]
-                                [--pods 20] [--gap 0] [--profile crihook.pstats] [--socat] [--floor]
-                                [--targets floor,least]
+    TMPDIR=/dev/shm python bench/proxy_bench.py [--runtime 1.6|1.7|2] [--node gpu|cpu] [--rounds 2000]
+        [--creates 400] [--pods 20] [--seconds 2] [--gap 0] [--socat] [--targets byte-relay,socat]
+        [--baseline PYTHON] [--profile crihook.pstats]
 
 Needs root, containerd and runc (the test suite's private containerd is started and stopped here,
-its root in TMPDIR like everything the bench writes);
-`--runtime 1.7` or `2` runs Debian trixie's or sid's containerd as fetched by tests/runtimes.sh.
-crihook runs on a simulated 8-GPU node (the fake NVML library with the dgx-h100 topology, device
-nodes made with mknod): every CreateContainer, alone or in a pod start, is for a pod the scheduler
-gave all 8 GPUs, so the gpu hook does its whole job. The other targets are sent the request crihook
-forwards (worked out in this process by the same hooks, outside the timing), so containerd does the
-same work for every target and the difference is the proxy's.
-Prints p50/p99 latency added per method (after each, in brackets, its 95 % bootstrap interval: a
-p50 of a hundred calls moves by a fraction of a millisecond from run to run, a p99 by far more), pod
-start latency, throughput at 1/16/64 concurrent callers as a ratio of direct, crihook's and the byte
-relay's CPU per call, and crihook's resident
-memory. `--profile` runs crihook under cProfile and writes its stats there on exit.
+its root in TMPDIR like everything the bench writes); `--runtime 1.7` or `2` runs Debian trixie's or
+sid's containerd as fetched by tests/runtimes.sh. containerd syncs its metadata database on every
+change, so on a disk its CreateContainer varies by milliseconds; `TMPDIR=/dev/shm` narrows the
+intervals about tenfold, and the proxies' work is the same either way.
 
-containerd keeps its metadata in a database it syncs to disk on every change, so on a disk its
-CreateContainer varies by milliseconds and a p50 of 1,000 calls by ±0.3 ms; with TMPDIR on a tmpfs
-(`TMPDIR=/dev/shm`) the same run resolves ±0.03 ms. The proxies' work is the same either way: the
-tmpfs run is the one to compare them by, the disk run the one closer to a node's.
+The node crihook runs on (`--node`):
+- gpu (default): a simulated 8-GPU node (the fake NVML library with the dgx-h100 topology, device
+  nodes made with mknod); every pod is given all 8 GPUs, so the gpu hook does its whole job.
+- cpu: a node without NVML (the library path names no file) where kubelet's device-plugins
+  directory does not exist (kubelet not started yet, or a machine without kubelet); the pods ask
+  for no GPU, and the gpu hook hides the node's GPUs from their containers.
+The other targets are sent the request crihook forwards (worked out in this process by the same
+hooks, outside the timing), so containerd does the same work for every target.
 
-`--floor` adds a second crihook whose CreateContainer, past a pod's first, does only what any
-interception in Python must: decode the request, merge in the answer its pod's first call got,
-encode (the least `pre` of bench/intercept_instructions.py, in the daemon). No hook runs and nothing
-is checked, so it is not something crihook could ship: it is the least an intercepted call can cost
-kubelet through this relay, end to end, beside crihook's real cost in the same run. With it runs
-bench/least_intercept.py ("least"): the same answer merged by the least interception written from
-nothing, none of crihook's relay around it.
+Prints p50/p99 latency added per method over direct (in brackets, the 95 % bootstrap interval:
+a p50 of a hundred calls moves by a fraction of a millisecond from run to run), CreateContainer
+into a running pod, pod start in kubelet's order (RunPodSandbox, the pod's CreateContainer at
+once, StartContainer) and that CreateContainer alone, throughput at 1/16/64 concurrent callers
+as a ratio of direct, the proxies' CPU per call and crihook's resident memory.
+
+`--baseline PYTHON`: the interpreter of another crihook install (a checkout of the code before a
+change, with its own venv) runs `crihook serve` with the same configuration as the target
+"baseline", sent kubelet's own requests as crihook is: before and after, side by side in one run.
+`--profile` runs crihook under cProfile and writes its stats there on exit.
 """
 
 from __future__ import annotations
@@ -41,7 +40,6 @@ import argparse
 import asyncio
 import atexit
 import contextlib
-import inspect
 import os
 import random
 import shutil
@@ -52,7 +50,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -68,7 +66,7 @@ from crihook.proto import runtime_v1_pb2 as api  # noqa: E402
 from crihook.proxy.intercept import HANDLERS, Interceptor  # noqa: E402
 from crihook.simnode import fakenvml  # noqa: E402
 from crihook.simnode.node import SimNode, make_sim_node  # noqa: E402
-from tests.support.containerd import RUNTIMES, Runtime, running_containerd, runtime  # noqa: E402
+from tests.support.containerd import RUNTIMES, running_containerd, runtime  # noqa: E402
 from tests.support.cri import container_config, pod_config  # noqa: E402
 
 RUNTIME = "/runtime.v1.RuntimeService/"
@@ -89,59 +87,24 @@ def wait_socket(path: str, proc: subprocess.Popen[bytes], timeout: float = 30) -
 
 
 TOPOLOGY = "dgx-h100"  # 8 GPUs on NVSwitch
-OPTIONAL = ("aio-forwarder", "byte-relay", "socat", "floor", "least")  # targets beside direct and crihook
-LEAST = "least-answer.pb"  # in the work dir: what bench/least_intercept.py merges into each CreateContainer
+OPTIONAL = ("aio-forwarder", "byte-relay", "socat")  # anchors beside direct and crihook
+KUBELETS = ("crihook", "baseline")  # the targets sent kubelet's own CreateContainer
 
 
-def added_config(before: api.ContainerConfig, after: api.ContainerConfig) -> bytes:
-    """What a rewrite added to a container's config (appended to its repeated fields, keys new to its
-    annotations), as a ContainerConfig to merge into the next one: the floor's and the least
-    interception's answer."""
-    grant = api.ContainerConfig()
-    for name in ("envs", "mounts", "devices", "CDI_devices"):
-        getattr(grant, name).extend(getattr(after, name)[len(getattr(before, name)) :])
-    for k, v in after.annotations.items():
-        if k not in before.annotations:
-            grant.annotations[k] = v
-    return grant.SerializeToString()
+def crihook_config(work: Path, node: str, state: str) -> str:
+    """What `crihook serve` is given: a state dir of its own in the bench's work dir and the node's
+    [node] (and [hooks]) tables."""
+    return f'[proxy]\nstate_dir = "{work}/{state}"\nmetrics_listen = ""\nlog_level = "warning"\n' + node
 
 
-# Loaded into the floor target at start-up (a `sitecustomize` module): a pod's first CreateContainer
-# runs crihook's own pre, and what that added to the config is that pod's answer; the pod's later
-# CreateContainers only merge it in.
-FLOOR_PROBE = (
-    """
-from crihook.proto import runtime_v1_pb2 as api
-from crihook.proxy import intercept
-
-_pre = intercept.Interceptor.pre
-_answers = {}
-"""
-    + inspect.getsource(added_config)
-    + """
-def pre(self, call, request, deadline=None):
-    if call.handler.name != "CreateContainer":
-        return _pre(self, call, request, deadline)
-    msg = api.CreateContainerRequest.FromString(request)
-    answer = _answers.get(msg.pod_sandbox_id)
-    if answer is None:
-        out = _pre(self, call, request, deadline)
-        if isinstance(out, bytes):
-            _answers[msg.pod_sandbox_id] = added_config(msg.config, api.CreateContainerRequest.FromString(out).config)
-        return out
-    msg.config.MergeFromString(answer)
-    return msg.SerializeToString()
-
-intercept.Interceptor.pre = pre
-"""
-)
-
-
-def crihook_config(work: Path, node: SimNode, state: str = "state") -> str:
-    """What `crihook serve` is given: a state dir in the bench's work dir and the simulated node's
-    [node] and [hooks]."""
-    proxy = f'[proxy]\nstate_dir = "{work}/{state}"\nmetrics_listen = ""\nlog_level = "warning"\n'
-    return proxy + node.proxy_config(fakenvml.build())
+def cpu_node(work: Path) -> str:
+    """The [node] table of a node without NVML and without kubelet's device-plugins directory;
+    everything else as crihook's defaults have it."""
+    root = work / "cpu-node"
+    return (
+        f'[node]\nnvml_library = "{root}/libnvidia-ml.so.1"\n'
+        f'kubelet_checkpoint = "{root}/kubelet/device-plugins/kubelet_internal_checkpoint"\n'
+    )
 
 
 def all_gpus(node: SimNode) -> dict[str, str]:
@@ -173,13 +136,14 @@ class Rewriter:
 
 
 def serve(
-    config: Path, sock: str, backend: str, env: dict[str, str], profile: str | None = None
+    config: Path, sock: str, backend: str, env: dict[str, str], profile: str | None = None, python: str | None = None
 ) -> subprocess.Popen[bytes]:
-    """`crihook serve` with this config in front of `backend`."""
+    """`crihook serve` with this config in front of `backend`, run by `python` (default: this
+    interpreter), in the config's directory: a baseline's install must not see this checkout."""
     profiler = ["-m", "cProfile", "-o", profile] if profile else []
     return subprocess.Popen(
         [
-            sys.executable,
+            python or sys.executable,
             *profiler,
             "-m",
             "crihook.cli",
@@ -192,6 +156,7 @@ def serve(
             f"unix://{backend}",
         ],
         env={**os.environ, **env},
+        cwd=config.parent,
     )
 
 
@@ -199,46 +164,34 @@ def serve(
 def daemons(
     work: Path,
     backend: str,
-    config_text: str,
+    node: str,
     env: dict[str, str],
     profile: str | None,
     socat: bool = False,
-    floor_config: str | None = None,
+    baseline: str | None = None,
 ) -> Iterator[dict[str, tuple[str, int | None]]]:
-    """crihook, the aio forwarder and the byte relay in front of `backend`, and with `socat` Debian's
+    """crihook, the aio forwarder and the byte relay in front of `backend`; with `socat` Debian's
     socat relaying the same socket (a hop through a process in C: what any proxy costs, in whatever
-    language); with `floor_config` (a state dir of its own), crihook with FLOOR_PROBE loaded and
-    bench/least_intercept.py, whose answer the caller writes to work/LEAST. Yields target -> (socket,
-    pid)."""
-    cfg = work / "crihook.toml"
-    cfg.write_text(config_text)
-    names = ("crihook", "aio-forwarder", "byte-relay", "socat", "floor", "least")
-    socks = {name: str(work / f"{name}.sock") for name in names}
-    procs = {
-        "crihook": serve(cfg, socks["crihook"], backend, env, profile),
-        "aio-forwarder": subprocess.Popen(
-            [sys.executable, str(ROOT / "bench" / "aio_forwarder.py"), socks["aio-forwarder"], backend],
-            stdout=subprocess.DEVNULL,
-        ),
-        "byte-relay": subprocess.Popen(
-            [sys.executable, str(ROOT / "bench" / "byte_relay.py"), socks["byte-relay"], backend],
-            stdout=subprocess.DEVNULL,
-        ),
-    }
-    if socat:
-        # one process per connection (fork); the bench keeps one connection per target
-        procs["socat"] = subprocess.Popen(["socat", f"UNIX-LISTEN:{socks['socat']},fork", f"UNIX-CONNECT:{backend}"])
-    if floor_config is not None:
-        (work / "floor.toml").write_text(floor_config)
-        (work / "floor-probe").mkdir(exist_ok=True)
-        (work / "floor-probe" / "sitecustomize.py").write_text(FLOOR_PROBE)
-        probe = {"PYTHONPATH": os.pathsep.join(filter(None, (str(work / "floor-probe"), env.get("PYTHONPATH"))))}
-        procs["floor"] = serve(work / "floor.toml", socks["floor"], backend, {**env, **probe})
-        procs["least"] = subprocess.Popen(
-            [sys.executable, str(ROOT / "bench" / "least_intercept.py"), socks["least"], backend, str(work / LEAST)],
-            stdout=subprocess.DEVNULL,
-        )
+    language); with `baseline` (an interpreter) another crihook install on the same node, with a
+    state dir of its own. Yields target -> (socket, pid)."""
+    socks = {name: str(work / f"{name}.sock") for name in (*KUBELETS, *OPTIONAL)}
+    configs = {name: work / f"{name}.toml" for name in KUBELETS}
+    for name, path in configs.items():
+        path.write_text(crihook_config(work, node, f"{name}-state"))
+    procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
+        procs["crihook"] = serve(configs["crihook"], socks["crihook"], backend, env, profile)
+        for name, script in (("aio-forwarder", "aio_forwarder.py"), ("byte-relay", "byte_relay.py")):
+            procs[name] = subprocess.Popen(
+                [sys.executable, str(ROOT / "bench" / script), socks[name], backend], stdout=subprocess.DEVNULL
+            )
+        if baseline is not None:
+            procs["baseline"] = serve(configs["baseline"], socks["baseline"], backend, env, python=baseline)
+        if socat:
+            # one process per connection (fork); the bench keeps one connection per target
+            procs["socat"] = subprocess.Popen(
+                ["socat", f"UNIX-LISTEN:{socks['socat']},fork", f"UNIX-CONNECT:{backend}"]
+            )
         for name, proc in procs.items():
             wait_socket(socks[name], proc)
         yield {"direct": (backend, None)} | {
@@ -246,67 +199,12 @@ def daemons(
         }
     finally:
         for name, p in procs.items():
-            if name in ("crihook", "floor"):
+            if name in KUBELETS:
                 p.send_signal(signal.SIGINT)  # crihook stops as on SIGTERM, and cProfile writes its stats
             else:
                 p.terminate()
         for p in procs.values():
             p.wait(30)
-
-
-@dataclass
-class Alone:
-    """crihook alone in front of the suite's containerd, on the simulated 8-GPU node: what
-    call_spacing and loop_phases measure."""
-
-    runtime: Runtime
-    sock: str
-    backend: str
-    pid: int
-    node: SimNode
-    work: Path  # removed afterwards
-
-    def gpu_pod(self, name: str) -> Callable[[str], bytes]:
-        """Start a pod the scheduler gave all 8 GPUs, through crihook; returns create(container),
-        which makes a container in it through crihook and answers containerd's response."""
-        ch = grpc.insecure_channel(f"unix://{self.sock}", options=LIMITS)
-        run = ch.unary_unary(RUNTIME + "RunPodSandbox", request_serializer=ident, response_deserializer=ident)
-        create = ch.unary_unary(RUNTIME + "CreateContainer", request_serializer=ident, response_deserializer=ident)
-        cfg = pod_config(name, annotations=all_gpus(self.node))
-        raw = run(api.RunPodSandboxRequest(config=cfg).SerializeToString(), timeout=60)
-        pod_id = api.RunPodSandboxResponse.FromString(raw).pod_sandbox_id
-
-        def create_one(container: str) -> bytes:
-            req = api.CreateContainerRequest(
-                pod_sandbox_id=pod_id, config=container_config(container, cfg), sandbox_config=cfg
-            )
-            return bytes(create(req.SerializeToString(), timeout=60))
-
-        return create_one
-
-
-@contextlib.contextmanager
-def crihook_alone(
-    runtime_name: str, prefix: str, extra_env: Callable[[Path], dict[str, str]] | None = None
-) -> Iterator[Alone]:
-    """`extra_env(work dir)`: more environment for crihook's process. Exits with the reason when the
-    containerd release is not here."""
-    rt = runtime(runtime_name)
-    if (why := rt.unavailable()) is not None:
-        raise SystemExit(why)
-    work = Path(tempfile.mkdtemp(prefix=prefix))
-    try:
-        node = make_sim_node(work / "node", TOPOLOGY, char_devices=True)
-        env = {fakenvml.CONFIG_ENV: str(node.config), **(extra_env(work) if extra_env else {})}
-        with (
-            running_containerd(runtime=rt) as ctrd,
-            daemons(work, str(ctrd.socket), crihook_config(work, node), env, None) as targets,
-        ):
-            sock, pid = targets["crihook"]
-            assert pid is not None
-            yield Alone(rt, sock, str(ctrd.socket), pid, node, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -392,8 +290,8 @@ def report_latency(
         if name != "direct":
             (lo, hi), (lo99, hi99) = (added_interval(s, samples["direct"], q) for q in (0.5, 0.99))
             extra = (
-                f" (+{(p50 - base50) * 1e3:.3f} [{lo * 1e3:+.3f}, {hi * 1e3:+.3f}]"
-                f" / +{(p99 - base99) * 1e3:.3f} [{lo99 * 1e3:+.3f}, {hi99 * 1e3:+.3f}])"
+                f" ({(p50 - base50) * 1e3:+.3f} [{lo * 1e3:+.3f}, {hi * 1e3:+.3f}]"
+                f" / {(p99 - base99) * 1e3:+.3f} [{lo99 * 1e3:+.3f}, {hi99 * 1e3:+.3f}])"
             )
         cells.append(f"{name} {p50 * 1e3:.3f}/{p99 * 1e3:.3f}{extra}")
     per_call = ""
@@ -403,6 +301,15 @@ def report_latency(
         total, loop = cpu_seconds(pids[name])
         per_call += f" | {name} CPU {(total - total0) / n:.3f} ms/call (event loop {(loop - loop0) / n:.3f})"
     print(f"{title:<34} p50/p99 ms: " + " | ".join(cells) + per_call, flush=True)
+
+
+def report_change(title: str, samples: dict[str, list[float]]) -> None:
+    """With a baseline: crihook's p50 over the baseline's, measured side by side (before and after)."""
+    if "baseline" not in samples:
+        return
+    lo, hi = added_interval(samples["crihook"], samples["baseline"], 0.5)
+    over = pct(samples["crihook"], 0.5) - pct(samples["baseline"], 0.5)
+    print(f"{title} p50, crihook over baseline: {over * 1e3:+.3f} ms [{lo * 1e3:+.3f}, {hi * 1e3:+.3f}]", flush=True)
 
 
 async def throughput(sock: str, concurrency: int, seconds: float) -> float:
@@ -442,7 +349,7 @@ def rss_mib(pid: int) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=2000, help="calls per target of Version and ImageStatus")
     ap.add_argument("--seconds", type=float, default=2.0, help="per throughput slice")
     ap.add_argument("--creates", type=int, default=400, help="CreateContainers per target (default %(default)s)")
     ap.add_argument("--pods", type=int, default=20, help="pod starts per target")
@@ -459,61 +366,63 @@ def main() -> None:
         " (default: every one started)",
     )
     ap.add_argument("--runtime", choices=RUNTIMES, default="1.6", help="containerd release (default %(default)s)")
+    ap.add_argument(
+        "--node", choices=("gpu", "cpu"), default="gpu", help="the node crihook runs on (default %(default)s)"
+    )
+    ap.add_argument("--baseline", metavar="PYTHON", help="another crihook install's interpreter, run as 'baseline'")
     ap.add_argument("--profile", help="run crihook under cProfile, stats to this file")
     ap.add_argument(
         "--socat", action="store_true", help="also measure Debian's socat relaying the socket (apt-get install socat)"
-    )
-    ap.add_argument(
-        "--floor", action="store_true", help="also measure crihook with its CreateContainer answered as at the least"
     )
     args = ap.parse_args()
     measure = set(args.targets.split(",")) if args.targets else set(OPTIONAL)
     if unknown := measure - set(OPTIONAL):
         raise SystemExit(f"--targets: no target {', '.join(sorted(unknown))} (one of {', '.join(OPTIONAL)})")
-    if args.targets and not args.floor and measure & {"floor", "least"}:
-        raise SystemExit("--targets: floor and least run with --floor")
     if args.targets and not args.socat and "socat" in measure:
         raise SystemExit("--targets: socat runs with --socat")
     if args.socat and shutil.which("socat") is None:
         raise SystemExit("--socat: socat is not installed (apt-get install socat)")
+    baseline = shutil.which(args.baseline) if args.baseline is not None else None
+    if args.baseline is not None and baseline is None:
+        raise SystemExit(f"--baseline: no interpreter {args.baseline}")
     rt = runtime(args.runtime)
     if (why := rt.unavailable()) is not None:
         raise SystemExit(why)
-    tmp = tempfile.mkdtemp(prefix="proxy-bench-")
-    print(f"containerd {rt.name}: {rt.package_version()} (Debian {rt.suite}), in {fs_type(tmp)}", flush=True)
+    tmp = Path(tempfile.mkdtemp(prefix="proxy-bench-"))
+    print(f"containerd {rt.name}: {rt.package_version()} (Debian {rt.suite}), in {fs_type(str(tmp))}", flush=True)
     atexit.register(shutil.rmtree, tmp, True)
-    node = make_sim_node(Path(tmp) / "node", TOPOLOGY, char_devices=True)
-    config_text = crihook_config(Path(tmp), node)
-    env = {fakenvml.CONFIG_ENV: str(node.config)}
-    os.environ.update(env)  # the rewriter's hooks read the same fake NVML
-    rewrite = Rewriter(config_text, Path(tmp) / "rewriter")
+    if args.node == "gpu":
+        sim = make_sim_node(tmp / "node", TOPOLOGY, char_devices=True)
+        node, pod_annotations = sim.proxy_config(fakenvml.build()), all_gpus(sim)
+        env = {fakenvml.CONFIG_ENV: str(sim.config)}
+    else:
+        node, pod_annotations, env = cpu_node(tmp), {}, {}
+    os.environ.update(env)  # the rewriter's hooks read the same node
+    rewrite = Rewriter(crihook_config(tmp, node, "rewriter-state"), tmp / "rewriter")
     atexit.register(rewrite.close)
-    gpu_pod = all_gpus(node)
     profile = str(Path(args.profile).resolve()) if args.profile else None
-    floor_config = crihook_config(Path(tmp), node, "floor-state") if args.floor else None
-    kubelets = ("crihook", "floor", "least")  # the targets sent kubelet's own CreateContainer
     with (
         running_containerd(runtime=rt) as ctrd,
-        daemons(Path(tmp), str(ctrd.socket), config_text, env, profile, args.socat, floor_config) as started_all,
+        daemons(
+            tmp, str(ctrd.socket), node, env, profile, args.socat, baseline and os.path.abspath(baseline)
+        ) as started_all,
     ):
-        t = {name: v for name, v in started_all.items() if name in ("direct", "crihook") or name in measure}
+        t = {name: v for name, v in started_all.items() if name in ("direct", *KUBELETS) or name in measure}
         chans = {name: grpc.insecure_channel(f"unix://{sock}", options=LIMITS) for name, (sock, _) in t.items()}
         crihook_pid = t["crihook"][1]
         assert crihook_pid is not None
-        profiled = ("crihook", "floor", "least", "byte-relay")
-        measured = {name: pid for name, (_, pid) in t.items() if name in profiled and pid}
+        measured = {name: pid for name, (_, pid) in t.items() if name in (*KUBELETS, "byte-relay") and pid}
 
-        def caller(service: str, method: str, request: object) -> dict[str, Callable[[], object]]:
+        def method(name: str, path: str) -> Callable[[bytes], bytes]:
+            call = chans[name].unary_unary(path, request_serializer=ident, response_deserializer=ident)
+            return lambda body: bytes(call(body, timeout=60))
+
+        def caller(service: str, name: str, request: object) -> dict[str, Callable[[], object]]:
             body = request.SerializeToString()  # type: ignore[attr-defined]
-
-            def bound(ch: grpc.Channel) -> Callable[[], object]:
-                call = ch.unary_unary(service + method, request_serializer=ident, response_deserializer=ident)
-                return lambda: call(body, timeout=30)
-
-            return {name: bound(ch) for name, ch in chans.items()}
+            return {target: partial(method(target, service + name), body) for target in chans}
 
         print(
-            f"crihook proxy benchmark: {args.rounds} rounds, targets interleaved call by call;"
+            f"crihook proxy benchmark, {args.node} node: targets interleaved call by call;"
             f" load average {os.getloadavg()[0]:.1f} at start",
             flush=True,
         )
@@ -527,63 +436,50 @@ def main() -> None:
             report_latency(title, samples, cpu, measured)
 
         # ListContainers over 200 containers (created, not started: the list is what matters)
-        direct = chans["direct"]
-        run_pod = direct.unary_unary(RUNTIME + "RunPodSandbox", request_serializer=ident, response_deserializer=ident)
-        pod_cfg = pod_config("bench-list")
-        pod_id = api.RunPodSandboxResponse.FromString(
-            run_pod(api.RunPodSandboxRequest(config=pod_cfg).SerializeToString(), timeout=60)
-        ).pod_sandbox_id
-        create = {
-            name: ch.unary_unary(RUNTIME + "CreateContainer", request_serializer=ident, response_deserializer=ident)
-            for name, ch in chans.items()
-        }
-        remove = direct.unary_unary(RUNTIME + "RemoveContainer", request_serializer=ident, response_deserializer=ident)
+        run_pod = {name: method(name, RUNTIME + "RunPodSandbox") for name in chans}
+        create = {name: method(name, RUNTIME + "CreateContainer") for name in chans}
+        start = {name: method(name, RUNTIME + "StartContainer") for name in chans}
+        remove = method("direct", RUNTIME + "RemoveContainer")
+        stop_pod = method("direct", RUNTIME + "StopPodSandbox")
+        remove_pod = method("direct", RUNTIME + "RemovePodSandbox")
+
+        def new_pod(through: str, name: str) -> tuple[str, api.PodSandboxConfig]:
+            cfg = pod_config(name, annotations=pod_annotations)
+            raw = run_pod[through](api.RunPodSandboxRequest(config=cfg).SerializeToString())
+            return api.RunPodSandboxResponse.FromString(raw).pod_sandbox_id, cfg
+
+        list_pod, list_cfg = new_pod("direct", "bench-list")
         for i in range(200):
             req = api.CreateContainerRequest(
-                pod_sandbox_id=pod_id, config=container_config(f"c{i}", pod_cfg), sandbox_config=pod_cfg
+                pod_sandbox_id=list_pod, config=container_config(f"c{i}", list_cfg), sandbox_config=list_cfg
             )
-            create["direct"](req.SerializeToString(), timeout=60)
+            create["direct"](req.SerializeToString())
         fns = caller(RUNTIME, "ListContainers", api.ListContainersRequest())
         interleaved(fns, 50)
         report_latency("ListContainers (200 containers)", interleaved(fns, max(200, args.rounds // 4)))
 
-        # CreateContainer in a pod given all 8 GPUs: each target creates a container, removed untimed after the
-        # round. The pod is started through crihook, as kubelet starts every pod: crihook knows it, as on a node
-        # (the floor's, for its containers, through the floor: it knows its pod as crihook does).
-        def run_gpu_pod(through: str) -> tuple[str, api.PodSandboxConfig]:
-            cfg = pod_config("bench-gpu" if through == "crihook" else f"bench-gpu-{through}", annotations=gpu_pod)
-            run = chans[through].unary_unary(
-                RUNTIME + "RunPodSandbox", request_serializer=ident, response_deserializer=ident
-            )
-            raw = run(api.RunPodSandboxRequest(config=cfg).SerializeToString(), timeout=60)
-            return api.RunPodSandboxResponse.FromString(raw).pod_sandbox_id, cfg
-
-        gpu_pods = {name: run_gpu_pod(name) for name in kubelets if name in chans}
-        if "least" in chans:  # its answer: what crihook adds to a container of a pod given every GPU
-            least_pod, least_cfg = gpu_pods["least"]
-            sent = api.CreateContainerRequest(
-                pod_sandbox_id=least_pod, config=container_config("least", least_cfg), sandbox_config=least_cfg
-            )
-            rewritten = api.CreateContainerRequest.FromString(rewrite(sent.SerializeToString()))
-            (Path(tmp) / LEAST).write_bytes(added_config(sent.config, rewritten.config))
+        # CreateContainer into a running pod: each target creates a container, removed untimed after
+        # the round. The pod is started through crihook (and the baseline, for its own containers), as
+        # kubelet starts every pod: it knows the pod, as on a node.
+        pods = {name: new_pod(name, f"bench-{name}") for name in KUBELETS if name in chans}
         created: list[bytes] = []
         counter = iter(range(10**9))
 
         def create_request(name: str, pod_id: str, cfg: api.PodSandboxConfig, container: str) -> bytes:
-            """kubelet's request for crihook; for the others, what crihook forwards."""
+            """kubelet's request for crihook and the baseline; for the others, what crihook forwards."""
             req = api.CreateContainerRequest(
                 pod_sandbox_id=pod_id, config=container_config(container, cfg), sandbox_config=cfg
             ).SerializeToString()
-            return req if name in kubelets else rewrite(req)
+            return req if name in KUBELETS else rewrite(req)
 
         def create_one(name: str) -> Callable[[], object]:
-            pod_id, cfg = gpu_pods.get(name, gpu_pods["crihook"])
+            pod_id, cfg = pods.get(name, pods["crihook"])
 
-            def fn() -> None:
+            def fn() -> float:
                 body = create_request(name, pod_id, cfg, f"{name}-{next(counter)}")
-                start = time.perf_counter()
-                created.append(create[name](body, timeout=60))
-                return time.perf_counter() - start
+                began = time.perf_counter()
+                created.append(create[name](body))
+                return time.perf_counter() - began
 
             return fn
 
@@ -592,59 +488,55 @@ def main() -> None:
             holding thousands of containers makes every create slower, 2.x's most."""
             for raw in created:
                 cid = api.CreateContainerResponse.FromString(raw).container_id
-                remove(api.RemoveContainerRequest(container_id=cid).SerializeToString(), timeout=60)
+                remove(api.RemoveContainerRequest(container_id=cid).SerializeToString())
             created.clear()
 
         cpu = cpu_now(measured)
         samples = interleaved({name: create_one(name) for name in chans}, args.creates, remove_created, args.gap)
         report_latency("CreateContainer", samples, cpu, measured)
-        if "floor" in samples:  # what the hooks' work adds, the relay's own cost set aside
-            lo, hi = added_interval(samples["crihook"], samples["floor"], 0.5)
-            over = pct(samples["crihook"], 0.5) - pct(samples["floor"], 0.5)
-            print(
-                f"CreateContainer p50, crihook over the floor: {over * 1e3:+.3f} ms [{lo * 1e3:+.3f}, {hi * 1e3:+.3f}]"
-            )
+        report_change("CreateContainer", samples)
 
-        # pod start: RunPodSandbox -> CreateContainer -> StartContainer, torn down untimed
+        # pod start in kubelet's order: RunPodSandbox, the pod's CreateContainer as soon as it is
+        # answered (its image is on the node), StartContainer; torn down untimed
+        started: list[str] = []
+        creates_in_start: dict[str, list[float]] = {name: [] for name in chans}
+
         def pod_start(name: str) -> Callable[[], object]:
-            ch = chans[name]
-            run = ch.unary_unary(RUNTIME + "RunPodSandbox", request_serializer=ident, response_deserializer=ident)
-            start = ch.unary_unary(RUNTIME + "StartContainer", request_serializer=ident, response_deserializer=ident)
-
             def fn() -> float:
-                cfg = pod_config(f"bench-{name}-{next(counter)}", annotations=gpu_pod)
+                cfg = pod_config(f"bench-{name}-{next(counter)}", annotations=pod_annotations)
                 run_body = api.RunPodSandboxRequest(config=cfg).SerializeToString()
                 began = time.perf_counter()
-                pid = api.RunPodSandboxResponse.FromString(run(run_body, timeout=60)).pod_sandbox_id
+                pod_id = api.RunPodSandboxResponse.FromString(run_pod[name](run_body)).pod_sandbox_id
                 ran = time.perf_counter()
-                body = create_request(name, pid, cfg, "app")  # untimed for all: see create_request
+                body = create_request(name, pod_id, cfg, "app")  # untimed for all: see create_request
                 resumed = time.perf_counter()
-                cid = api.CreateContainerResponse.FromString(create[name](body, timeout=60)).container_id
-                start(api.StartContainerRequest(container_id=cid).SerializeToString(), timeout=60)
-                started.append(pid)
+                cid = api.CreateContainerResponse.FromString(create[name](body)).container_id
+                made = time.perf_counter()
+                start[name](api.StartContainerRequest(container_id=cid).SerializeToString())
+                started.append(pod_id)
+                creates_in_start[name].append(made - resumed)
                 return (ran - began) + (time.perf_counter() - resumed)
 
             return fn
 
-        started: list[str] = []
         cpu = cpu_now(measured)
         samples = interleaved({name: pod_start(name) for name in chans}, args.pods, gap=args.gap)
         report_latency("pod start (run+create+start)", samples, cpu, measured)
-        for name in ("direct",):
-            ch = chans[name]
-            stop = ch.unary_unary(RUNTIME + "StopPodSandbox", request_serializer=ident, response_deserializer=ident)
-            rm = ch.unary_unary(RUNTIME + "RemovePodSandbox", request_serializer=ident, response_deserializer=ident)
-            for pid in [*started, pod_id, *(p for p, _ in gpu_pods.values())]:
-                stop(api.StopPodSandboxRequest(pod_sandbox_id=pid).SerializeToString(), timeout=60)
-                rm(api.RemovePodSandboxRequest(pod_sandbox_id=pid).SerializeToString(), timeout=60)
+        report_latency("CreateContainer in pod start", creates_in_start)
+        report_change("pod start", samples)
+        report_change("CreateContainer in pod start", creates_in_start)
+        for pod_id in [*started, list_pod, *(p for p, _ in pods.values())]:
+            stop_pod(api.StopPodSandboxRequest(pod_sandbox_id=pod_id).SerializeToString())
+            remove_pod(api.RemovePodSandboxRequest(pod_sandbox_id=pod_id).SerializeToString())
         d50 = statistics.median(samples["direct"])
-        c50 = statistics.median(samples["crihook"])
-        lo, hi = added_interval(samples["crihook"], samples["direct"], 0.5)
-        print(
-            f"pod start through crihook: {(c50 / d50 - 1) * 100:+.1f} % vs direct (median;"
-            f" 95 % interval {lo / d50 * 100:+.1f} to {hi / d50 * 100:+.1f} %)",
-            flush=True,
-        )
+        for name in (n for n in KUBELETS if n in samples):
+            c50 = statistics.median(samples[name])
+            lo, hi = added_interval(samples[name], samples["direct"], 0.5)
+            print(
+                f"pod start through {name}: {(c50 / d50 - 1) * 100:+.1f} % vs direct (median;"
+                f" 95 % interval {lo / d50 * 100:+.1f} to {hi / d50 * 100:+.1f} %)",
+                flush=True,
+            )
 
         for concurrency in (1, 16, 64):
             totals = {name: 0.0 for name in t}

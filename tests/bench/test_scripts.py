@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.containerd import missing_requirements
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 SCRIPTS = sorted(BENCH.glob("*.py"))
 
@@ -69,3 +71,18 @@ def test_the_allocation_table_runs_on_a_small_trace(tmp_path: Path) -> None:
     assert plotted.returncode == 0, plotted.stderr[-2000:]
     assert "| default |" in plotted.stdout
     assert (tmp_path / "plots" / "allocation_curve.png").stat().st_size > 0
+
+
+def test_the_proxy_bench_runs_every_section_briefly() -> None:
+    """On the node without NVML, with a baseline install (this one again), a few calls each. In the
+    default TMPDIR, which the bench empties: containerd's socket paths under pytest's would be too long."""
+    if (why := missing_requirements()) is not None:
+        pytest.skip(why)
+    args = ("--node", "cpu", "--rounds", "3", "--creates", "2", "--pods", "2", "--seconds", "0.05")
+    done = run(sys.executable, BENCH / "proxy_bench.py", *args, "--baseline", sys.executable)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    for section in ("Version", "CreateContainer ", "pod start (run+create+start)", "CreateContainer in pod start"):
+        line = next(line for line in out.splitlines() if line.startswith(section))
+        assert "| crihook " in line and "| baseline " in line, line
+    assert "pod start through baseline:" in out and "crihook RSS" in out
