@@ -11,9 +11,11 @@ thread where `handle` does the real reads and fills the memo.
 
 inotify events are queued by the kernel inside the syscall that makes the change, so once kubelet's
 write or rename of a file returned, the next `sync` sees it: an answer is never used after a change
-kubelet made before sending the call. Where inotify is unavailable (no watches left, a file system
-that does not support it, the directory missing) nothing is remembered and every call takes the
-worker thread, as before.
+kubelet made before sending the call. A directory that does not exist (yet) is answered for too:
+its nearest existing ancestor is watched for the name on the way down, so kubelet creating it (crihook
+starts first; a node without kubelet never has it) drops what was said about it. Where inotify is
+unavailable (no watches left, a file system that does not support it) nothing is remembered and every
+call takes the worker thread.
 """
 
 from __future__ import annotations
@@ -94,6 +96,10 @@ class FsMemo:
         self._mask: dict[str, int] = {}  # directory -> events asked for
         self._dirs: dict[int, str] = {}
         self._generation: dict[str, int] = {}  # directory -> changes seen, to spot a change mid-read
+        # a missing directory -> (its nearest watched ancestor, the name there on the way to it), and
+        # back: what appears or goes under that name may change every answer about the directory
+        self._missing: dict[str, tuple[str, str]] = {}
+        self._waiting: dict[tuple[str, str], set[str]] = {}
         self._memo: dict[tuple[str, str], tuple[Any, BaseException | None]] = {}  # (dir, name) -> answer
 
     @property
@@ -164,24 +170,63 @@ class FsMemo:
             have = self._mask.get(directory, 0)
             generation = self._generation.get(directory, 0)
         if have & mask != mask:
-            wd = self._libc.inotify_add_watch(fd, os.fsencode(directory), mask | have | IN_MASK_ADD)
+            wd = self._add_watch(fd, directory, mask)
+            if wd in (-errno.ENOENT, -errno.ENOTDIR):
+                return self._watch_missing(fd, directory, mask)
             if wd < 0:
-                err = ctypes.get_errno()
-                if err not in (errno.ENOENT, errno.ENOTDIR, errno.ENOSPC, errno.EACCES, errno.EBADF):
-                    raise OSError(err, os.strerror(err), directory)
                 return None
-            with self._lock:
-                self._wd[directory] = wd
-                self._dirs[wd] = directory
-                self._mask[directory] = self._mask.get(directory, 0) | have | mask
         return generation
+
+    def _add_watch(self, fd: int, directory: str, mask: int) -> int:
+        """The watch descriptor, or minus errno for a directory that can not be watched."""
+        wd: int = self._libc.inotify_add_watch(fd, os.fsencode(directory), mask | IN_MASK_ADD)
+        if wd < 0:
+            err = ctypes.get_errno()
+            if err not in (errno.ENOENT, errno.ENOTDIR, errno.ENOSPC, errno.EACCES, errno.EBADF):
+                raise OSError(err, os.strerror(err), directory)
+            return -err
+        with self._lock:
+            self._wd[directory] = wd
+            self._dirs[wd] = directory
+            self._mask[directory] = self._mask.get(directory, 0) | mask
+        return wd
+
+    def _watch_missing(self, fd: int, directory: str, mask: int) -> int | None:
+        """`directory` does not exist: its nearest existing ancestor is watched for the name on the
+        way down, and that name is looked at once the watch is set: still no directory, its making will
+        be reported; made meanwhile, the directory itself is tried again."""
+        for _ in range(3):
+            below = directory
+            while True:
+                above = os.path.dirname(below)
+                if above == below or not above:
+                    return None
+                wd = self._add_watch(fd, above, ENTRIES)
+                if wd >= 0:
+                    break
+                if wd not in (-errno.ENOENT, -errno.ENOTDIR):
+                    return None
+                below = above
+            name = os.path.basename(below)
+            with self._lock:
+                self._missing[directory] = (above, name)
+                self._waiting.setdefault((above, name), set()).add(directory)
+                generation = self._generation.get(directory, 0)
+            if not os.path.isdir(below):
+                return generation
+            wd = self._add_watch(fd, directory, mask)
+            if wd >= 0:
+                return generation
+            if wd not in (-errno.ENOENT, -errno.ENOTDIR):
+                return None
+        return None
 
     def _keep(self, head: str, name: str, generation: int | None, answer: tuple[Any, BaseException | None]) -> None:
         if generation is None:
             return
         with self._lock:
             self._drain()  # a change made while compute() ran is counted before we compare
-            if self._generation.get(head, 0) == generation and head in self._wd:
+            if self._generation.get(head, 0) == generation and (head in self._wd or head in self._missing):
                 self._memo[(head, name)] = answer
 
     def _drain(self) -> None:
@@ -205,8 +250,12 @@ class FsMemo:
                 self._generation[directory] = self._generation.get(directory, 0) + 1
                 if mask & _SELF or not name:
                     self._forget_dir(wd, directory, unwatch=bool(mask & _SELF))
+                    for key in [k for k in self._waiting if k[0] == directory]:
+                        self._appeared(key)
                 else:
                     self._memo.pop((directory, os.fsdecode(name)), None)
+                    if self._waiting:
+                        self._appeared((directory, os.fsdecode(name)))
 
     def _forget_dir(self, wd: int, directory: str, unwatch: bool) -> None:
         for key in [k for k in self._memo if k[0] == directory]:
@@ -218,7 +267,18 @@ class FsMemo:
             if self._libc is not None and self._fd is not None:
                 self._libc.inotify_rm_watch(self._fd, wd)
 
+    def _appeared(self, key: tuple[str, str]) -> None:
+        """A name on the way to missing directories changed: their answers go, and the next real
+        read watches them afresh."""
+        for directory in self._waiting.pop(key, ()):
+            self._generation[directory] = self._generation.get(directory, 0) + 1
+            self._missing.pop(directory, None)
+            for k in [k for k in self._memo if k[0] == directory]:
+                del self._memo[k]
+
     def _forget_all(self) -> None:
         self._memo.clear()
-        for directory in self._wd:
+        for directory in [*self._wd, *self._missing]:
             self._generation[directory] = self._generation.get(directory, 0) + 1
+        self._missing.clear()
+        self._waiting.clear()

@@ -105,7 +105,7 @@ def test_a_change_during_the_read_is_not_remembered(memo: FsMemo, tmp_path: Path
         memo.recall(path)
 
 
-def test_errors_are_remembered_and_missing_directories_are_not(memo: FsMemo, tmp_path: Path) -> None:
+def test_errors_are_remembered(memo: FsMemo, tmp_path: Path) -> None:
     f = str(tmp_path / "bad")
 
     def fail() -> None:
@@ -115,10 +115,57 @@ def test_errors_are_remembered_and_missing_directories_are_not(memo: FsMemo, tmp
         memo.answer(f, fail, contents=True)
     with pytest.raises(ValueError, match="damaged"):
         memo.recall(f)
-    gone = str(tmp_path / "no-such-dir" / "x")
-    assert memo.answer(gone, lambda: os.path.exists(gone)) is False
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_a_missing_directory_is_answered_for_until_it_appears(memo: FsMemo, tmp_path: Path, depth: int) -> None:
+    """kubelet's checkpoint directory on a node where kubelet has not started (or never runs): the
+    answer is remembered, so calls stay on the event loop, until the way to it changes."""
+    top = tmp_path / "kubelet"
+    d = top.joinpath(*["sub"] * (depth - 1))
+    path = str(d / "checkpoint")
+    assert memo.answer(path, lambda: os.path.exists(path), contents=True) is False
+    (tmp_path / "other").mkdir()  # another name beside the way down: the answer stands
+    memo.sync()
+    assert memo.recall(path) is False
+    d.mkdir(parents=True)
+    memo.sync()
     with pytest.raises(NotCached):
-        memo.recall(gone)
+        memo.recall(path)
+    assert memo.answer(path, lambda: os.path.exists(path), contents=True) is False  # watched for real now
+    (d / "checkpoint").write_text("{}")
+    memo.sync()
+    with pytest.raises(NotCached):
+        memo.recall(path)
+
+
+def test_a_missing_directory_made_while_it_is_read_is_not_remembered(memo: FsMemo, tmp_path: Path) -> None:
+    d = tmp_path / "device-plugins"
+    path = str(d / "checkpoint")
+
+    def racing() -> bool:
+        seen = os.path.exists(path)
+        d.mkdir()
+        (d / "checkpoint").touch()
+        return seen
+
+    assert memo.answer(path, racing) is False
+    memo.sync()
+    with pytest.raises(NotCached):
+        memo.recall(path)
+
+
+def test_a_path_under_a_file_is_answered_for_until_the_file_goes(memo: FsMemo, tmp_path: Path) -> None:
+    blocker = tmp_path / "kubelet"
+    blocker.write_text("not a directory")
+    path = str(blocker / "device-plugins" / "checkpoint")
+    assert memo.answer(path, lambda: os.path.exists(path)) is False
+    memo.sync()
+    assert memo.recall(path) is False
+    blocker.unlink()
+    memo.sync()
+    with pytest.raises(NotCached):
+        memo.recall(path)
 
 
 def test_a_removed_directory_drops_its_answers(memo: FsMemo, tmp_path: Path) -> None:
@@ -279,8 +326,14 @@ def gpu_chain(hook: GpuHook, timeout_ms: int = 300) -> Any:
     return build_chain(cfg, NodeConfig(), factories={"gpu": lambda options, node: hook})
 
 
-async def test_a_warm_gpu_hook_runs_on_the_event_loop(memo: FsMemo, tmp_path: Path) -> None:
-    hook = Node(tmp_path).hook(memo)
+@pytest.mark.parametrize("kubelet_started", [True, False])
+async def test_a_warm_gpu_hook_runs_on_the_event_loop(memo: FsMemo, tmp_path: Path, kubelet_started: bool) -> None:
+    """Also before kubelet has made its device-plugins directory (or on a node without kubelet):
+    the missing directory is an answer too."""
+    node = Node(tmp_path)
+    if not kubelet_started:
+        node.checkpoint.parent.rmdir()
+    hook = node.hook(memo)
     threads: list[int] = []
     real = hook.handle
     hook.handle = lambda c: (threads.append(threading.get_ident()), real(c))[1]  # type: ignore[method-assign]
