@@ -396,20 +396,25 @@ def _ask(query: Callable[[object], Any], handle: object, problems: list[str], wh
 def _mig_devices(handle: object, problems: list[str]) -> tuple[tuple[int, str], ...]:
     """The MIG devices of a GPU in MIG mode, by index. NVML numbers the slots up to the GPU's
     maximum and answers NOT_FOUND for an empty one, as the device plugin's own enumeration expects."""
-    found = []
     try:
-        for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
-            try:
-                mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
-            except pynvml.NVMLError as e:
-                if e.value == pynvml.NVML_ERROR_NOT_FOUND:
-                    continue
-                raise
-            found.append((j, pynvml.nvmlDeviceGetUUID(mig)))
+        return tuple((j, pynvml.nvmlDeviceGetUUID(mig)) for j, mig in _mig_handles(handle))
     except pynvml.NVMLError as e:
         # the pods holding its MIG devices through the plugin could not be told apart
         problems.append(f"MIG devices: {_error_text(e)}")
-    return tuple(found)
+        return ()
+
+
+def _mig_handles(handle: object) -> list[tuple[int, object]]:
+    """(slot, handle) of each MIG device configured on a GPU in MIG mode. NVML numbers the slots up
+    to the GPU's maximum and answers NOT_FOUND for an empty one."""
+    found = []
+    for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+        try:
+            found.append((j, pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)))
+        except pynvml.NVMLError as e:
+            if e.value != pynvml.NVML_ERROR_NOT_FOUND:
+                raise
+    return found
 
 
 def _listed(query: Callable[[object], Any], handle: object) -> list[Any]:
@@ -433,17 +438,7 @@ def _gpu_processes(index: int, since: Mapping[str, int]) -> tuple[GpuState, list
         if e.value not in _NOT_THERE:
             raise
         mig = False
-    devices = [(uuid, handle)]
-    if mig:
-        devices = []
-        for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
-            try:
-                h = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
-            except pynvml.NVMLError as e:
-                if e.value == pynvml.NVML_ERROR_NOT_FOUND:
-                    continue
-                raise
-            devices.append((_text(pynvml.nvmlDeviceGetUUID(h)), h))
+    devices = [(_text(pynvml.nvmlDeviceGetUUID(h)), h) for _, h in _mig_handles(handle)] if mig else [(uuid, handle)]
     sm: dict[int, float] = {}
     newest = 0
     if not mig:

@@ -24,6 +24,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def state_dir(args: argparse.Namespace, command: str) -> str | None:
+    """The state dir a reading command (`inspect`, `top`) looks in: --state-dir, else the config's
+    proxy.state_dir; None, with the reason printed, when the config can not be read."""
+    from crihook.base.config import ConfigError, load
+
+    try:
+        return str(args.state_dir or load(args.config).proxy.state_dir)
+    except ConfigError as e:
+        print(f"crihook {command}: {e}", file=sys.stderr)
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="crihook", description="GPU and RDMA scheduling at the CRI boundary")
     parser.add_argument("--version", action="version", version=f"crihook {__version__}")

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from crihook.base.config import DEFAULT_CONFIG, ConfigError, load
+from crihook.base.config import DEFAULT_CONFIG
+from crihook.cli import state_dir as cli_state_dir
 
 # Labels and annotations crihook's hooks read; the rest of a pod's metadata is noise here.
 RELEVANT_PREFIXES = (
@@ -178,10 +179,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from crihook.node.storefile import StoreFileError, read_file
 
-    try:
-        state_dir = args.state_dir or load(args.config).proxy.state_dir
-    except ConfigError as e:
-        print(f"crihook inspect: {e}", file=sys.stderr)
+    state_dir = cli_state_dir(args, "inspect")
+    if state_dir is None:
         return 2
     path = Path(state_dir) / "store.json"
     try:

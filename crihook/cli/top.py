@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from crihook.base.config import DEFAULT_CONFIG, ConfigError, load
+from crihook.base.config import DEFAULT_CONFIG
+from crihook.cli import state_dir as cli_state_dir
 from crihook.devices import usage
 
 GiB = 1 << 30
@@ -126,10 +127,8 @@ def read_state(state_dir: str) -> usage.State:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        state_dir = args.state_dir or load(args.config).proxy.state_dir
-    except ConfigError as e:
-        print(f"crihook top: {e}", file=sys.stderr)
+    state_dir = cli_state_dir(args, "top")
+    if state_dir is None:
         return 2
     while True:
         try:
