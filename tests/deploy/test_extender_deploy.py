@@ -155,9 +155,54 @@ SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
         "required": ["metadata", "webhooks"],
         "properties": {"metadata": META, "webhooks": {"type": "array", "minItems": 1, "items": WEBHOOK}},
     },
+    # the fields of KubeSchedulerConfiguration, LeaderElectionConfiguration and KubeSchedulerProfile
+    # (k8s.io/kube-scheduler/config/v1/types.go, k8s.io/component-base/config/v1alpha1/types.go):
+    # kube-scheduler's strict decoding refuses any other
     ("kubescheduler.config.k8s.io/v1", "KubeSchedulerConfiguration"): {
         "required": ["extenders"],
+        "additionalProperties": False,
         "properties": {
+            **{
+                k: {}
+                for k in (
+                    "apiVersion",
+                    "kind",
+                    "parallelism",
+                    "clientConnection",
+                    "enableProfiling",
+                    "enableContentionProfiling",
+                    "percentageOfNodesToScore",
+                    "podInitialBackoffSeconds",
+                    "podMaxBackoffSeconds",
+                    "delayCacheUntilActive",
+                )
+            },
+            "leaderElection": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    k: {}
+                    for k in (
+                        "leaderElect",
+                        "leaseDuration",
+                        "renewDeadline",
+                        "retryPeriod",
+                        "resourceLock",
+                        "resourceName",
+                        "resourceNamespace",
+                    )
+                },
+            },
+            "profiles": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        k: {} for k in ("schedulerName", "percentageOfNodesToScore", "plugins", "pluginConfig")
+                    },
+                },
+            },
             "extenders": {
                 "type": "array",
                 "items": {
@@ -182,7 +227,7 @@ SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
                         )
                     },
                 },
-            }
+            },
         },
     },
 }
