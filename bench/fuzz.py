@@ -3,7 +3,8 @@
     python bench/fuzz.py [pytest -k expression]
 
 Runs tests/reliability/test_fuzz_*.py (annotation, checkpoint and store-file mutation, the CRI request decoder,
-malformed HTTP/2 at the daemon's socket; the last needs root and containerd) with
+malformed HTTP/2 at the daemon's socket, which needs root and containerd; NRI's ttrpc and multiplexer
+decoders and the NRI plugin fed arbitrary calls and bytes by a runtime the test plays) with
 CRIHOOK_HYPOTHESIS_PROFILE=fuzz and prints, per target, the cases run and the failing cases
 (crashes) as hypothesis counted them. Exits non-zero when any target failed.
 """

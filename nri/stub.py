@@ -17,9 +17,9 @@ import enum
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
@@ -29,6 +29,7 @@ from crihook.proto import nri_v1alpha1_pb2 as api
 from crihook.proto import ttrpc_pb2
 
 log = logging.getLogger("crihook.nri")
+T = TypeVar("T")
 
 PACKAGE = "nri.pkg.api.v1alpha1"
 PLUGIN_SERVICE = f"{PACKAGE}.Plugin"
@@ -39,6 +40,11 @@ REGISTRATION_TIMEOUT = 5.0
 REQUEST_TIMEOUT = 2.0
 
 READ_SIZE = 64 * 1024
+
+# A call the handler has not answered within this share of the runtime's deadline (the request's
+# timeout_nano) is answered DeadlineExceeded instead: an error fails that one container's creation,
+# while a late answer makes the runtime drop the plugin and create the container unadjusted.
+ANSWER_WITHIN = 0.75
 
 
 class Code(enum.IntEnum):
@@ -190,8 +196,19 @@ class _Service:
             message = cls.FromString(req.payload)
         except DecodeError as e:
             return _error(Code.INVALID_ARGUMENT, f"undecodable {cls.DESCRIPTOR.name} for {req.method}: {e}")
+        limit = req.timeout_nano / 1e9 * ANSWER_WITHIN if req.timeout_nano > 0 else None
         try:
-            return ttrpc_pb2.Response(payload=(await run(message)).SerializeToString())
+            async with asyncio.timeout(limit) as scope:
+                return ttrpc_pb2.Response(payload=(await run(message)).SerializeToString())
+        except TimeoutError as e:
+            if not scope.expired():
+                log.error("handler failed", exc_info=e, extra={"method": req.method})
+                return _error(Code.UNKNOWN, f"{req.method}: {e or 'timed out'}")
+            log.error("handler too slow", extra={"method": req.method, "limit_s": round(limit or 0, 3)})
+            return _error(
+                Code.DEADLINE_EXCEEDED,
+                f"{req.method}: no answer within {limit:.2f} s, refused before the runtime's deadline",
+            )
         except RpcError as e:
             log.warning("call failed", extra={"method": req.method, "error": str(e)})
             return _error(e.code, e.message)
@@ -358,23 +375,36 @@ class Plugin:
 
     async def run(self) -> None:
         delay = self.backoff
+        warned = False  # one warning per outage, not one per try
         while not self._stopping.is_set():
             try:
                 reader, writer = await self._open()
             except OSError as e:
                 if self.fd is not None:
                     raise ConnectionLost(f"the socket on fd {self.fd} is unusable: {e}") from e
-                log.warning("cannot reach the runtime", extra={"socket": self.socket_path, "error": str(e)})
+                level = logging.DEBUG if warned else logging.WARNING
+                log.log(level, "cannot reach the runtime", extra={"socket": self.socket_path, "error": str(e)})
+                warned = True
             else:
-                registered = await self._session(reader, writer)
+                if await self._until_stopped(self._session(reader, writer)):
+                    delay, warned = self.backoff, False
                 if self.fd is not None:
                     return
-                if registered:
-                    delay = self.backoff
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await self._stopping.wait()
+            await self._until_stopped(asyncio.sleep(delay))
             delay = min(delay * 2, self.max_backoff)
+
+    async def _until_stopped(self, work: Coroutine[Any, Any, T]) -> T | None:
+        """`work`'s result, or None when `stop()` came first (`work` is then cancelled)."""
+        task = asyncio.create_task(work)
+        stopping = asyncio.create_task(self._stopping.wait())
+        await asyncio.wait([task, stopping], return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return None
 
     async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self.fd is not None:
@@ -383,10 +413,9 @@ class Plugin:
         return await asyncio.open_unix_connection(self.socket_path)
 
     async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        """Register and serve one connection until it drops or `stop()`; whether it registered."""
+        """Register and serve one connection until it drops; whether it registered."""
         conn = Connection(reader, writer, _Service(self.handler, self._configured))
         serving = asyncio.create_task(conn.serve())
-        stopping = asyncio.create_task(self._stopping.wait())
         registered = False
         try:
             await conn.call(
@@ -399,15 +428,12 @@ class Plugin:
             self.connections += 1
             self._conn = conn
             log.info("registered with the runtime", extra={"plugin": f"{self.index}-{self.name}"})
-            await asyncio.wait([serving, stopping], return_when=asyncio.FIRST_COMPLETED)
-            if serving.done():
-                serving.result()
+            await serving
         except (ConnectionLost, RpcError, TimeoutError) as e:
             why = "registration timed out" if isinstance(e, TimeoutError) else str(e)
             log.warning("connection to the runtime lost", extra={"plugin": f"{self.index}-{self.name}", "error": why})
         finally:
             self._conn = None
-            stopping.cancel()
             serving.cancel()
             with contextlib.suppress(asyncio.CancelledError, ConnectionLost):
                 await serving

@@ -49,7 +49,9 @@ class Peer:
                             await self.requests.put((frame.stream_id, ttrpc_pb2.Request.FromString(frame.payload)))
                         else:
                             assert frame.type == MessageType.RESPONSE
-                            self._pending.pop(frame.stream_id).set_result(ttrpc_pb2.Response.FromString(frame.payload))
+                            waiter = self._pending.pop(frame.stream_id, None)
+                            if waiter is not None:  # else an answer to a call the test sent raw
+                                waiter.set_result(ttrpc_pb2.Response.FromString(frame.payload))
         except (ConnectionError, OSError):
             pass
         finally:
@@ -77,11 +79,13 @@ class Peer:
             response.status.code, response.status.message = code, text
         self.send(mux.RUNTIME_CONN, Frame(stream, MessageType.RESPONSE, response.SerializeToString()))
 
-    async def call_raw(self, method: str, payload: bytes, service: str = PLUGIN_SERVICE) -> ttrpc_pb2.Response:
+    async def call_raw(
+        self, method: str, payload: bytes, service: str = PLUGIN_SERVICE, timeout_nano: int = 0
+    ) -> ttrpc_pb2.Response:
         stream, self._next = self._next, self._next + 2
         waiter: asyncio.Future[ttrpc_pb2.Response] = asyncio.get_running_loop().create_future()
         self._pending[stream] = waiter
-        request = ttrpc_pb2.Request(service=service, method=method, payload=payload)
+        request = ttrpc_pb2.Request(service=service, method=method, payload=payload, timeout_nano=timeout_nano)
         self.send(mux.PLUGIN_CONN, Frame(stream, MessageType.REQUEST, request.SerializeToString()))
         return await asyncio.wait_for(waiter, 10)
 

@@ -103,22 +103,6 @@ def test_a_frame_read_before_a_bad_header_is_delivered() -> None:
         dec.feed(struct.pack(TTRPC_HEADER, 0, 3, 9, 0)[5:])
 
 
-@given(st.binary(max_size=200), st.lists(st.integers(0, 400), max_size=10))
-def test_arbitrary_bytes_give_frames_or_a_frame_error(noise: bytes, cuts: list[int]) -> None:
-    """Fuzz: whatever arrives, the decoder returns frames that re-encode to a prefix of the input or
-    raises FrameError; it never raises anything else and never holds more than it was given."""
-    dec = ttrpc.Decoder()
-    got: list[Frame] = []
-    try:
-        for piece in splits(noise, cuts):
-            got += dec.feed(piece)
-    except ttrpc.FrameError:
-        pass
-    consumed = b"".join(map(ttrpc.encode, got))
-    assert noise.startswith(consumed)
-    assert dec.buffered <= len(noise) - len(consumed)
-
-
 # -- the multiplexer --------------------------------------------------------------------------------
 
 
@@ -186,16 +170,3 @@ def test_ttrpc_messages_cut_across_mux_frames_and_interleaved(
         for conn, payload in demux.feed(piece):
             got[conn] += decoders[conn].feed(payload)
     assert got == {mux.PLUGIN_CONN: server, mux.RUNTIME_CONN: client}
-
-
-@given(st.binary(max_size=200), st.lists(st.integers(0, 400), max_size=10))
-def test_arbitrary_socket_bytes_give_parts_or_a_mux_error(noise: bytes, cuts: list[int]) -> None:
-    dec = mux.Decoder()
-    got: list[tuple[int, bytes]] = []
-    try:
-        for piece in splits(noise, cuts):
-            got += dec.feed(piece)
-    except mux.MuxError:
-        pass
-    consumed = b"".join(struct.pack(MUX_HEADER, c, len(p)) + p for c, p in got)
-    assert noise.startswith(consumed)
