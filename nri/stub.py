@@ -43,8 +43,9 @@ READ_SIZE = 64 * 1024
 
 # A call the handler has not answered within this share of the runtime's deadline (the request's
 # timeout_nano) is answered DeadlineExceeded instead: an error fails that one container's creation,
-# while a late answer makes the runtime drop the plugin and create the container unadjusted.
-ANSWER_WITHIN = 0.75
+# while a late answer makes the runtime drop the plugin and create the container unadjusted. A
+# backstop: a handler that keeps its own, earlier deadline answers with its own message first.
+ANSWER_WITHIN = 0.9
 
 
 class Code(enum.IntEnum):

@@ -199,7 +199,7 @@ async def test_a_slow_handler_is_refused_before_the_runtimes_deadline(sock: Path
         response = await peer.call_raw("CreateContainer", slow, timeout_nano=400_000_000)  # waits 10 s at most
         assert response.status.code == Code.DEADLINE_EXCEEDED
         assert (
-            response.status.message == "CreateContainer: no answer within 0.30 s, refused before the runtime's deadline"
+            response.status.message == "CreateContainer: no answer within 0.36 s, refused before the runtime's deadline"
         )
         quick = api.CreateContainerRequest(container=api.Container(id="quick")).SerializeToString()
         assert (await peer.call_raw("CreateContainer", quick, timeout_nano=400_000_000)).status.code == 0
