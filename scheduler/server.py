@@ -11,12 +11,17 @@ a rotated certificate needs no restart. Plain HTTP is for loopback only (kube-sc
 one pod): a plain listener on any other address is refused unless `--insecure-allow-plain-http`
 says so, because anyone who can reach /bind can place pods.
 
-The HTTP server is our own small HTTP/1.1 server on threads, chosen by measurement over aiohttp
-and uvicorn (docs/scheduler.md, "Serving"): a deep listen backlog, so a burst of new connections is
-queued instead of dropped into TCP's one-second SYN retry; a bounded pool of worker threads that
-run TLS handshakes (OpenSSL releases the GIL, so both cores work on a burst) and requests; and one
-selector thread that accepts and holds idle kept-alive connections, so an idle connection costs a
-file descriptor, not a thread.
+The HTTP server is a small server on threads, chosen by measurement over aiohttp and uvicorn
+(docs/scheduler.md, "Serving"): a deep listen backlog, so a burst of new connections is queued
+instead of dropped into TCP's one-second SYN retry; a bounded pool of worker threads that run TLS
+handshakes (OpenSSL releases the GIL, so both cores work on a burst) and requests; and one selector
+thread that accepts and holds idle kept-alive connections, so an idle connection costs a file
+descriptor, not a thread. Requests are read by h11, a sans-I/O HTTP/1.1 parser (framing,
+pipelining, malformed input), with one parser per request fed what the last one left over; on top
+of its rules this server refuses what a peer in front of it could frame differently: any
+Transfer-Encoding, header lines folded onto the next line (obs-fold), versions other than 1.0 and
+1.1. Answers, whose every byte this server chooses, are written directly: through h11 they cost
+more CPU than the parsing.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import h11
 
 from crihook.base import metrics
 from crihook.base.metrics import is_loopback, parse_listen
@@ -73,6 +80,7 @@ REASONS = {
     500: "Internal Server Error",
     501: "Not Implemented",
     503: "Service Unavailable",
+    505: "HTTP Version Not Supported",
 }
 
 
@@ -218,6 +226,8 @@ class App:
 
 
 class HttpError(Exception):
+    """A request this server refuses: answered with `code` and the message, then the connection closes."""
+
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
@@ -227,20 +237,28 @@ class HttpError(Exception):
 class Request:
     method: str
     path: str
-    headers: dict[str, str]  # names in lower case
     body: bytes
     keep_alive: bool
 
 
+def _parser() -> h11.Connection:
+    return h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+
+
 @dataclass
 class Conn:
-    """One client connection; `buf` holds bytes read past the last request."""
+    """One client connection; its parser holds the bytes read past the last request."""
 
     sock: socket.socket
     peer: str
-    buf: bytearray = field(default_factory=bytearray)
+    http: h11.Connection = field(default_factory=_parser)
     idle_since: float = 0.0
     fresh: bool = True  # TLS handshake still to do
+
+    def buffered(self) -> bool:
+        """Bytes of a next request already read (pipelined), or held by TLS."""
+        pending = self.sock.pending() if isinstance(self.sock, ssl.SSLSocket) else 0
+        return bool(pending or self.http.trailing_data[0])
 
 
 def _recv(conn: Conn, deadline: float) -> bytes:
@@ -251,59 +269,78 @@ def _recv(conn: Conn, deadline: float) -> bytes:
     return conn.sock.recv(1 << 16)
 
 
-def read_request(conn: Conn) -> Request | None:
-    """The next request on `conn`; None when the peer closed between requests."""
-    deadline = time.monotonic() + REQUEST_TIMEOUT
-    while (end := conn.buf.find(b"\r\n\r\n")) < 0:
-        if len(conn.buf) > MAX_HEAD:
-            raise HttpError(431, "request head too large")
+def _next_event(conn: Conn, deadline: float, read: bytearray | None = None) -> Any:
+    """h11's next event, reading from the socket while it needs data; `read` collects what was read.
+    A peer that closes mid-request ends the connection (ConnectionError), not with an answer."""
+    while True:
+        try:
+            event = conn.http.next_event()
+        except h11.RemoteProtocolError as e:
+            raise HttpError(e.error_status_hint, str(e)) from None
+        if event is not h11.NEED_DATA:
+            return event
         data = _recv(conn, deadline)
-        if not data:
-            if conn.buf:
-                raise ConnectionError("closed mid-request")
-            return None
-        conn.buf += data
-    if end > MAX_HEAD:
-        raise HttpError(431, "request head too large")
-    lines = bytes(conn.buf[:end]).decode("latin-1").split("\r\n")
-    del conn.buf[: end + 4]
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        raise HttpError(400, "bad request line")
-    method, target, version = parts
-    headers = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep:
-            raise HttpError(400, "bad header line")
-        headers[name.strip().lower()] = value.strip()
-    if "transfer-encoding" in headers:
-        raise HttpError(411, "send the body with a Content-Length")  # Go's clients do for byte bodies
-    try:
-        length = int(headers.get("content-length", "0"))
-    except ValueError:
-        raise HttpError(400, "bad Content-Length") from None
-    if length < 0:
-        raise HttpError(400, "bad Content-Length")
+        if not data and (conn.http.their_state is not h11.IDLE or conn.http.trailing_data[0]):
+            raise ConnectionError("closed mid-request")
+        if read is not None:
+            read += data
+        conn.http.receive_data(data)
+
+
+def _head_problem(head: bytes, request: h11.Request) -> HttpError | None:
+    """What this server refuses beyond HTTP/1.1's own rules, where a proxy or a peer could frame the
+    same bytes differently (request smuggling)."""
+    if request.http_version not in (b"1.0", b"1.1"):  # h11 reads any digit.digit
+        return HttpError(505, "HTTP/1.0 and HTTP/1.1 only")
+    if len(head) > MAX_HEAD:  # h11 bounds a head that arrives in pieces; this bounds one read whole
+        return HttpError(431, "request head too large")
+    if b"\n " in head or b"\n\t" in head:  # RFC 9112 5.2: reject obs-fold, or replace it
+        return HttpError(400, "header line folded onto the next line (obs-fold)")
+    if any(name == b"transfer-encoding" for name, _ in request.headers):
+        return HttpError(411, "send the body with a Content-Length")  # Go's clients do for byte bodies
+    return None
+
+
+def _keep_alive(request: h11.Request) -> bool:
+    """HTTP/1.1 keeps the connection unless it says close; HTTP/1.0 closes it unless it says keep-alive."""
+    tokens = {t.strip().lower() for n, v in request.headers if n == b"connection" for t in v.split(b",")}
+    return b"close" not in tokens if request.http_version == b"1.1" else b"keep-alive" in tokens
+
+
+def read_request(conn: Conn) -> Request | None:
+    """The next request on `conn`; None when the peer closed between requests. A new parser per
+    request, given what the last one read past its request: h11 would not read another request
+    until it had written the answer."""
+    left = conn.http.trailing_data[0]
+    http = conn.http = _parser()
+    if left:
+        http.receive_data(left)  # (an empty receive_data is the end of the stream)
+    deadline = time.monotonic() + REQUEST_TIMEOUT
+    read = bytearray(left)  # this request's head starts with what was left over
+    head = _next_event(conn, deadline, read)
+    if isinstance(head, h11.ConnectionClosed):
+        return None
+    assert isinstance(head, h11.Request)
+    problem = _head_problem(bytes(read[: len(read) - len(http.trailing_data[0])]), head)
+    if problem is not None:
+        raise problem
+    length = next((int(v) for n, v in head.headers if n == b"content-length"), 0)  # h11 checked the digits
     if length > MAX_BODY:
         raise HttpError(413, "request body too large")
-    if headers.get("expect", "").lower() == "100-continue":
+    if http.they_are_waiting_for_100_continue:
         conn.sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
-    while len(conn.buf) < length:
-        data = _recv(conn, deadline)
-        if not data:
-            raise ConnectionError("closed mid-body")
-        conn.buf += data
-    body = bytes(conn.buf[:length])
-    del conn.buf[:length]
-    connection = headers.get("connection", "").lower()
-    keep = connection != "close" if version == "HTTP/1.1" else connection == "keep-alive"
-    return Request(method, target.split("?", 1)[0], headers, body, keep)
+    body = bytearray()
+    while not isinstance(event := _next_event(conn, deadline), h11.EndOfMessage):
+        body += event.data  # Data: nothing else comes between a Request and its EndOfMessage
+    path = head.target.split(b"?", 1)[0].decode("latin-1")
+    return Request(head.method.decode("latin-1"), path, bytes(body), _keep_alive(head))
 
 
-def response(code: int, body: bytes, ctype: str, keep_alive: bool) -> bytes:
+def response(code: int, body: bytes, ctype: str, keep_alive: bool, with_body: bool = True) -> bytes:
+    """An answer; without `keep_alive` it says the connection closes. An answer to HEAD has no body."""
     head = f"HTTP/1.1 {code} {REASONS.get(code, '')}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-    return (head + ("\r\n" if keep_alive else "Connection: close\r\n\r\n")).encode() + body
+    head += "\r\n" if keep_alive else "Connection: close\r\n\r\n"
+    return head.encode() + body if with_body else head.encode()
 
 
 class Server:
@@ -444,7 +481,7 @@ class Server:
                 try:
                     req = read_request(conn)
                 except HttpError as e:
-                    conn.sock.sendall(response(e.code, f"{e}\n".encode(), TEXT, False))
+                    conn.sock.sendall(response(e.code, f"{e}\n".encode(), TEXT, keep_alive=False))
                     break
                 if req is None:
                     break
@@ -453,11 +490,10 @@ class Server:
                 # answering, so a kept-alive client such as kube-scheduler reconnects through the
                 # Service to the leader instead of staying pinned here
                 keep = req.keep_alive and (req.method != "POST" or self.app.ready())
-                conn.sock.sendall(response(code, body, ctype, keep))
+                conn.sock.sendall(response(code, body, ctype, keep, with_body=req.method != "HEAD"))
                 if not keep or self._stop.is_set():
                     break
-                pending = conn.sock.pending() if isinstance(conn.sock, ssl.SSLSocket) else 0
-                if not conn.buf and not pending and not self._linger(conn):
+                if not conn.buffered() and not self._linger(conn):
                     self._parked.append(conn)
                     self._wake()
                     return

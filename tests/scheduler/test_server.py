@@ -73,30 +73,45 @@ def test_requests_on_one_connection_including_pipelined(plain: srv.Server) -> No
     s.sendall(http_request("/validate", review("uid-2")) + http_request("/mutate", review("uid-3")))
     assert check_review(2, *read_response(s, buf)) == ""
     assert check_review(3, *read_response(s, buf)) == ""
-    assert exchange(s, b"GET /healthz HTTP/1.1\r\n\r\n") == (200, b"ok\n")
+    assert exchange(s, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n") == (200, b"ok\n")
 
 
 @pytest.mark.parametrize(
     ("raw", "code"),
     [
         (b"GARBAGE\r\n\r\n", 400),
-        (b"POST /filter HTTP/1.1\r\nContent-Length: x\r\n\r\n", 400),
-        (b"POST /filter HTTP/1.1\r\nno colon here\r\n\r\n", 400),
-        (f"POST /filter HTTP/1.1\r\nContent-Length: {srv.MAX_BODY + 1}\r\n\r\n".encode(), 413),
-        (b"POST /filter HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 411),
-        (b"GET / HTTP/1.1\r\nX: " + b"a" * (srv.MAX_HEAD + 10) + b"\r\n\r\n", 431),
-        (b"PUT /filter HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 405),
-        (b"GET /nothing HTTP/1.1\r\n\r\n", 404),
-        (b"POST /filter HTTP/1.1\r\nContent-Length: 5\r\n\r\n{nope", 400),
+        (b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: x\r\n\r\n", 400),
+        (b"POST /filter HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n", 400),
+        (f"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: {srv.MAX_BODY + 1}\r\n\r\n".encode(), 413),
+        (b"POST /filter HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", 411),
+        (b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n{}", 411),
+        (b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}", 400),
+        (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX: a\r\n b\r\n\r\n", 400),  # obs-fold
+        (b"GET /healthz HTTP/1.1\r\n\r\n", 400),  # no Host
+        (b"GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n", 505),
+        (b"GET / HTTP/1.1\r\nHost: x\r\nX: " + b"a" * (srv.MAX_HEAD + 10) + b"\r\n\r\n", 431),
+        (b"PUT /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", 405),
+        (b"GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n", 404),
+        (b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n{nope", 400),
     ],
 )
 def test_bad_requests_are_refused(plain: srv.Server, raw: bytes, code: int) -> None:
     assert exchange(dial(plain), raw)[0] == code
 
 
+def test_an_answer_to_head_has_no_body(plain: srv.Server) -> None:
+    s = dial(plain)
+    s.sendall(b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    buf = bytearray()
+    while not buf.endswith(b"ok\n"):
+        buf += s.recv(1000)
+    first, _, second = bytes(buf).partition(b"\r\n\r\n")
+    assert first.startswith(b"HTTP/1.1 405 ") and second.startswith(b"HTTP/1.1 200 ")
+
+
 def test_connection_close_and_http10_close(plain: srv.Server) -> None:
     for raw in (
-        b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
         b"GET /healthz HTTP/1.0\r\n\r\n",
     ):
         s = dial(plain)
@@ -107,7 +122,8 @@ def test_connection_close_and_http10_close(plain: srv.Server) -> None:
 def test_expect_100_continue(plain: srv.Server) -> None:
     s = dial(plain)
     body = review("uid-7")
-    s.sendall(f"POST /validate HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+    head = f"POST /validate HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: {len(body)}\r\n\r\n"
+    s.sendall(head.encode())
     buf = bytearray()
     assert read_response(s, buf)[0] == 100
     s.sendall(body)
@@ -118,9 +134,9 @@ def test_idle_connections_hold_no_worker(plain: srv.Server) -> None:
     """Two workers, twenty kept-alive connections left idle: a new caller is still answered."""
     idle = [dial(plain) for _ in range(20)]
     for s in idle:
-        assert exchange(s, b"GET /healthz HTTP/1.1\r\n\r\n")[0] == 200
-    assert exchange(dial(plain), b"GET /readyz HTTP/1.1\r\n\r\n") == (200, b"ok\n")
-    assert all(exchange(s, b"GET /healthz HTTP/1.1\r\n\r\n")[0] == 200 for s in idle)
+        assert exchange(s, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")[0] == 200
+    assert exchange(dial(plain), b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n") == (200, b"ok\n")
+    assert all(exchange(s, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")[0] == 200 for s in idle)
 
 
 def test_connection_cap_leaves_new_connections_waiting() -> None:
@@ -128,9 +144,9 @@ def test_connection_cap_leaves_new_connections_waiting() -> None:
     try:
         a, b = dial(server), dial(server)
         for s in (a, b):
-            assert exchange(s, b"GET /healthz HTTP/1.1\r\n\r\n")[0] == 200
+            assert exchange(s, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")[0] == 200
         c = dial(server)  # the kernel completes the handshake; we do not accept yet
-        c.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")
+        c.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         c.settimeout(0.5)
         with pytest.raises(TimeoutError):
             c.recv(100)
@@ -145,7 +161,7 @@ def test_connection_cap_leaves_new_connections_waiting() -> None:
 def test_idle_connections_are_closed_after_the_timeout(monkeypatch: pytest.MonkeyPatch, plain: srv.Server) -> None:
     monkeypatch.setattr(srv, "IDLE_TIMEOUT", 0.2)
     s = dial(plain)
-    assert exchange(s, b"GET /healthz HTTP/1.1\r\n\r\n")[0] == 200
+    assert exchange(s, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")[0] == 200
     s.settimeout(5)
     assert s.recv(10) == b""
 
@@ -281,7 +297,7 @@ def test_no_session_tickets(tmp_path: Path, version: ssl.TLSVersion) -> None:
     ctx.maximum_version = version
     try:
         with connect(server.server_address[1], ctx) as sock:
-            assert exchange(sock, b"GET /healthz HTTP/1.1\r\n\r\n")[0] == 200
+            assert exchange(sock, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")[0] == 200
             assert sock.version() == ("TLSv1.3" if version == ssl.TLSVersion.TLSv1_3 else "TLSv1.2")
             assert sock.session is not None and not sock.session.has_ticket
     finally:
@@ -316,7 +332,7 @@ def test_burst_of_admission_reviews_against_crihook_scheduler(tmp_path: Path) ->
             while True:
                 try:
                     with connect(port, ctx) as s:
-                        assert exchange(s, b"GET /readyz HTTP/1.1\r\n\r\n")[0] == 200
+                        assert exchange(s, b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")[0] == 200
                         break
                 except (OSError, AssertionError):
                     assert proc.poll() is None and time.monotonic() < deadline, "crihook scheduler did not start"
