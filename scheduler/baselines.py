@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from crihook.scheduler.frag import Typical
-from crihook.scheduler.score import (
+from crihook.scheduler.memo import ShapeCache
+from crihook.scheduler.placement import (
     Nodes,
-    ShapeCache,
     best_fit_cols,
     bucket,
     growth,

@@ -25,10 +25,10 @@ import numpy as np
 from crihook.scheduler import baselines
 from crihook.scheduler.devices import Gpu, NodeDevices
 from crihook.scheduler.frag import Shape, Typical
+from crihook.scheduler.outlook import model_set, types_of
 from crihook.scheduler.plugin import DeviceShare, PluginConfig
 from crihook.scheduler.pod import Container, Pod
 from crihook.scheduler.request import parse_request
-from crihook.scheduler.score import model_set, types_of
 
 POLICIES = ("default", "fgd", "bestfit", "dotprod", "random")
 TUNE = 1.3

@@ -14,28 +14,15 @@ from hypothesis import strategies as st
 
 from crihook.scheduler.baselines import FGD
 from crihook.scheduler.devices import Gpu, NodeDevices
+from crihook.scheduler.drift import Drift
 from crihook.scheduler.frag import Shape, Typical, stats
+from crihook.scheduler.memo import RowMemo, States, distinct, fit_tag
+from crihook.scheduler.outlook import node_shapes, poisson_tail, pools
+from crihook.scheduler.placement import Nodes, host_cpu, share_options
+from crihook.scheduler.places import BIG, Places, Reach, fixed
 from crihook.scheduler.plugin import DeviceShare, PluginConfig
 from crihook.scheduler.pod import Container, Pod
-from crihook.scheduler.score import (
-    BIG,
-    DefaultPolicy,
-    Drift,
-    Nodes,
-    Places,
-    Reach,
-    RowMemo,
-    States,
-    distinct,
-    fit_tag,
-    fixed,
-    host_cpu,
-    node_shapes,
-    poisson_tail,
-    pools,
-    share_options,
-    soft_deficit,
-)
+from crihook.scheduler.score import DefaultPolicy, soft_deficit
 
 shape_rows = st.lists(
     st.tuples(
@@ -293,17 +280,17 @@ def test_before_any_large_pod_is_seen_the_most_capable_node_is_kept(names: tuple
 
 def test_the_outlook_looks_at_the_most_frequent_shapes_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Requests in a real cluster vary without end; the outlook's cost stays bounded."""
-    from crihook.scheduler import score
+    from crihook.scheduler import outlook
 
-    monkeypatch.setattr(score, "MAX_SHAPES", 2)
-    monkeypatch.setattr(score, "MIN_RARE", 0.0)
-    monkeypatch.setattr(score, "PRIOR", 0.0)  # the node-sized stand-ins are not pods seen
+    monkeypatch.setattr(outlook, "MAX_SHAPES", 2)
+    monkeypatch.setattr(outlook, "MIN_RARE", 0.0)
+    monkeypatch.setattr(outlook, "PRIOR", 0.0)  # the node-sized stand-ins are not pods seen
     ds = DeviceShare()
     ds.set_node(_node("a", 2, 64_000))
     for i, cpu in enumerate([1000] * 5 + [2000] * 3 + [3000, 4000, 5000]):
         ds.pre_filter(_pod(f"p{i}", cpu, 1))
     policy = ds.policy
-    assert isinstance(policy, score.DefaultPolicy)
+    assert isinstance(policy, DefaultPolicy)
     policy.outlook.update(ds.st)
     assert sorted(policy.outlook.places.table[0].tolist()) == [1000, 2000]
 
