@@ -136,3 +136,12 @@ def nri_listed_pod(p: nri.PodSandbox) -> PodRecord:
         resources=resources_record(view.resources),
         overhead=resources_record(view.overhead),
     )
+
+
+def listed_nri_pod(s: cri.PodSandbox) -> nri.PodSandbox:
+    """A sandbox as NRI would show it, from CRI's listing (for what a Synchronize can miss)."""
+    meta = s.metadata
+    out = nri.PodSandbox(id=s.id, name=meta.name, uid=meta.uid, namespace=meta.namespace)
+    out.labels.update(plain(s.labels))
+    out.annotations.update(plain(s.annotations))
+    return out

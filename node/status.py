@@ -57,3 +57,13 @@ def container_created_with(status: cri.ContainerStatusResponse) -> tuple[dict[st
     except json_format.ParseError:
         return envs, {}
     return envs, resources_record(resources_view(linux, True))
+
+
+def runtime_spec(info: Mapping[str, str]) -> dict[str, Any]:
+    """The OCI spec under "info" of a verbose ContainerStatus (containerd's runtimeSpec); {} when
+    it is not there or not readable."""
+    try:
+        spec = json.loads(info.get("info") or "{}").get("runtimeSpec")
+    except (ValueError, AttributeError):
+        return {}
+    return spec if isinstance(spec, dict) else {}

@@ -55,6 +55,7 @@ EVENTS = event_mask(
     api.REMOVE_CONTAINER,
 )
 MARGIN = 0.25  # seconds kept back from the runtime's request timeout for the answer's trip
+CATCH_UP = 2.0  # seconds after a Synchronize before the runtime is listed again over CRI
 _NO_GPU = frozenset({"", "void", "none"})  # NVIDIA_VISIBLE_DEVICES values that name no GPU
 
 
@@ -115,6 +116,9 @@ class HookHandler:
     cdi_inject: bool = False  # gpu.inject = "cdi": refused on runtimes that drop CDI adjustments
     node_of: Callable[[str], tuple[DeviceNode, int]] = stat_node
     evict: Callable[[Sequence[api.ContainerEviction]], Awaitable[Any]] | None = None
+    # the runtime's pods and containers as NRI would show them, listed over CRI: Synchronize's list
+    # can miss a creation that raced it (containerd 1.7), which this catches up with
+    relist: Callable[[], Awaitable[tuple[list[api.PodSandbox], list[api.Container]]]] | None = None
     request_timeout: float = 2.0
     runtime: NriRuntime = field(default_factory=lambda: nri_runtime("", ""))
     refused: StartRefused | None = None
@@ -143,17 +147,43 @@ class HookHandler:
         by_id = {p.id: nri_pod_view(p) for p in pods}
         for pod in by_id.values():
             self.chain.prepare_pod(pod)
+        await self._check(by_id, containers)
+        if self.relist is not None:
+            self._spawn(self._catch_up())
+        self.synchronized.set()
+        return []
+
+    async def _check(self, pods: dict[str, PodInfo], containers: Sequence[api.Container]) -> None:
+        """The escape check on live containers; what it finds is acted on in the background."""
         found = []
         for c in containers:
-            owner = by_id.get(c.pod_sandbox_id)
+            owner = pods.get(c.pod_sandbox_id)
             if owner is not None and c.state in (api.CONTAINER_CREATED, api.CONTAINER_RUNNING, api.CONTAINER_PAUSED):
                 hit = await self._ungranted(owner, c)
                 if hit is not None:
                     found.append(hit)
         if found:
             self._spawn(self._act_on(found))
-        self.synchronized.set()
-        return []
+
+    async def _catch_up(self) -> None:
+        """A while after a Synchronize: pods and containers the runtime has that neither its list nor
+        an event since told crihook of are adopted into the store and checked like the others."""
+        assert self.relist is not None
+        await asyncio.sleep(CATCH_UP)
+        try:
+            pods, containers = await self.relist()
+        except Exception as e:  # the next Synchronize lists them
+            log.warning("listing the runtime over CRI failed", extra={"error": str(e)})
+            return
+        new_pods = [p for p in pods if p.id not in self.store.pods]
+        new = [c for c in containers if c.id not in self.store.containers]
+        for p in new_pods:
+            self.store.put_pod(nri_listed_pod(p))
+        for c in new:
+            self.store.put_container(nri_listed_container(c))
+        if new_pods or new:
+            log.info("store caught up", extra={"pods": len(new_pods), "containers": len(new)})
+            await self._check({p.id: nri_pod_view(p) for p in pods}, new)
 
     async def shutdown(self) -> None:
         log.info("the runtime is shutting down")

@@ -13,15 +13,21 @@ import signal
 import sys
 from collections.abc import Sequence
 
+import grpc
+
 from crihook.base import config as cfgmod
 from crihook.base import log as logmod
 from crihook.base import metrics
 from crihook.base.config import ConfigError
 from crihook.hooks.chain import build_chain
+from crihook.node.container import spec_container
+from crihook.node.pod import listed_nri_pod
 from crihook.node.store import Store
 from crihook.nri.handler import HookHandler
 from crihook.nri.stub import ConnectionLost, Plugin, inherited_socket
 from crihook.proto import nri_v1alpha1_pb2 as api
+from crihook.proto import runtime_v1_pb2 as cri
+from crihook.proto import runtime_v1_pb2_grpc as cri_grpc
 from crihook.proxy import systemd
 from crihook.proxy.serve import attach_store
 
@@ -67,10 +73,13 @@ async def serve(cfg: cfgmod.Config, args: argparse.Namespace) -> int:
     handler = handler_from(cfg)
     plugin = plugin_from(args, handler)
 
-    async def evict(evictions: Sequence[api.ContainerEviction]) -> object:
-        return await plugin.update_containers(evict=evictions)
+    async def evict(evictions: Sequence[api.ContainerEviction]) -> None:
+        await stop_containers(cfg.proxy.runtime_endpoint, [e.container_id for e in evictions])
 
-    handler.evict = evict
+    async def relist() -> tuple[list[api.PodSandbox], list[api.Container]]:
+        return await list_runtime(cfg.proxy.runtime_endpoint)
+
+    handler.evict, handler.relist = evict, relist
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, plugin.stop)
@@ -110,6 +119,32 @@ async def serve(cfg: cfgmod.Config, args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+async def stop_containers(endpoint: str, ids: Sequence[str]) -> None:
+    """Evict: CRI StopContainer with no grace, on the runtime's own socket. NRI's UpdateContainers
+    drops the evictions it carries (containerd applies evictions only from answers to CreateContainer
+    and UpdateContainer; docs/nri.md), and this is what containerd's own eviction does."""
+    async with grpc.aio.insecure_channel(endpoint) as channel:
+        stub = cri_grpc.RuntimeServiceStub(channel)
+        for cid in ids:
+            await stub.StopContainer(cri.StopContainerRequest(container_id=cid, timeout=0), timeout=30)
+
+
+async def list_runtime(endpoint: str) -> tuple[list[api.PodSandbox], list[api.Container]]:
+    """The runtime's sandboxes and live containers over CRI, as NRI would show them."""
+    async with grpc.aio.insecure_channel(endpoint, options=[("grpc.max_receive_message_length", 64 << 20)]) as ch:
+        stub = cri_grpc.RuntimeServiceStub(ch)
+        sandboxes = await stub.ListPodSandbox(cri.ListPodSandboxRequest(), timeout=30)
+        listed = await stub.ListContainers(cri.ListContainersRequest(), timeout=30)
+        containers = []
+        for c in listed.containers:
+            if c.state in (cri.CONTAINER_CREATED, cri.CONTAINER_RUNNING):
+                status = await stub.ContainerStatus(
+                    cri.ContainerStatusRequest(container_id=c.id, verbose=True), timeout=30
+                )
+                containers.append(spec_container(c, status))
+    return [listed_nri_pod(s) for s in sandboxes.items if s.state == cri.SANDBOX_READY], containers
 
 
 async def _ready(handler: HookHandler) -> None:

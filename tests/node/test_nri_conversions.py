@@ -5,6 +5,7 @@ back, is what the hooks decided whenever nothing had to be refused."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 from hypothesis import given
@@ -18,6 +19,7 @@ from crihook.node.container import (
     nri_container_view,
     nri_device_nodes,
     nri_listed_container,
+    spec_container,
 )
 from crihook.node.nriruntime import nri_runtime, unapplied
 from crihook.node.pod import nri_pod_view
@@ -176,3 +178,25 @@ def test_pod_view() -> None:
     )
     assert view.annotations == {"scheduling.koordinator.sh/device-allocated": '{"gpu":[{"minor":3}]}'}
     assert view.resources == LinuxResources(cpu_shares=1024) and view.overhead is None
+
+
+def test_a_container_listed_over_cri_as_nri_would_show_it() -> None:
+    from crihook.proto import runtime_v1_pb2 as cri
+
+    listed = cri.Container(id="c9", pod_sandbox_id="p9", state=cri.CONTAINER_RUNNING, created_at=5)
+    listed.metadata.name, listed.metadata.attempt = "cuda", 1
+    spec = {
+        "process": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]},
+        "linux": {
+            "devices": [{"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1}],
+            "resources": {
+                "devices": [{"allow": False, "access": "rwm"}, {"allow": True, "type": "c", "major": 195, "minor": 1}]
+            },
+        },
+    }
+    status = cri.ContainerStatusResponse(info={"info": json.dumps({"runtimeSpec": spec})})
+    msg = spec_container(listed, status)
+    assert nri_device_nodes(msg) == [("c", 195, 1)] and nri_allow_rules(msg) == [("c", 195, 1)]
+    view = nri_container_view(msg)
+    assert (view.name, view.attempt, view.env("NVIDIA_VISIBLE_DEVICES")) == ("cuda", 1, "all")
+    assert nri_container_view(spec_container(listed, cri.ContainerStatusResponse())).envs == ()

@@ -1,0 +1,171 @@
+"""NRI mode across outages, on containerd 1.7.24 (NRI on) and 2.x: containers made while crihook was
+away are found at its next Synchronize and evicted when they reach a GPU nobody granted (or only
+reported); crihook killed mid-burst, or containerd killed mid-burst, and the store afterwards holds
+exactly the runtime's pods and containers, none lost, none twice."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from crihook.node.store import Store
+from crihook.simnode import fakenvml
+from crihook.simnode.node import make_sim_node
+from tests.e2e import test_gpu_containerd as proxy_mode
+from tests.e2e.test_gpu_containerd import TOPOLOGY, GpuNode, allocated, env_of
+from tests.support.containerd import Containerd
+from tests.support.cri import Cri, CriError, DeviceSpec, container_config, pod_config
+from tests.support.daemon import Crihook, running_crihook
+
+pytestmark = [pytest.mark.containerd, pytest.mark.runtimes("1.7", "2")]
+cri = proxy_mode.cri  # the proxy tests' client fixture, here on this module's gpu_node
+BURST = 12  # pods created while one side is killed
+WAIT = 30.0  # seconds a state change may take before the test gives up (not a speed target)
+
+
+@pytest.fixture(scope="module")
+def gpu_node(containerd: Containerd, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpuNode]:
+    if not containerd.nri:
+        pytest.skip(f"containerd {containerd.runtime.name} has no NRI")
+    node = make_sim_node(tmp_path_factory.mktemp("nri-node"), TOPOLOGY, char_devices=True)
+    env = {fakenvml.CONFIG_ENV: str(node.config)}
+    config = node.proxy_config(fakenvml.build())
+    with running_crihook(containerd.address, node.root / "crihook", config, env, containerd.nri_socket) as plugin:
+        yield GpuNode(node, plugin)
+
+
+def until(what: str, check: Callable[[], bool], plugin: Crihook) -> None:
+    deadline = time.monotonic() + WAIT
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {WAIT}s:\n{plugin.log_tail()}")
+        time.sleep(0.1)
+
+
+def running(cri: Cri, cid: str) -> bool:
+    return cri.container_status(cid).status.state == 1  # CONTAINER_RUNNING
+
+
+def answers(cri: Cri) -> bool:
+    try:
+        cri.version()
+    except CriError:
+        return False
+    return True
+
+
+def with_config(plugin: Crihook, extra: str) -> None:
+    base = plugin.config_text.split("\n[nri]")[0]
+    plugin.write_config(base + extra)
+
+
+@pytest.mark.parametrize("action", ["evict", "report"])
+def test_containers_made_while_crihook_was_away(gpu_node: GpuNode, cri: Cri, action: str) -> None:
+    plugin, node = gpu_node.proxy, gpu_node.node
+    with_config(plugin, f'\n[nri]\nsynchronize = "{action}"\n')
+    plugin.stop()
+    web = pod_config("web")  # no allocation: the image's NVIDIA_VISIBLE_DEVICES=all reaches every GPU
+    granted = pod_config("granted", annotations=allocated({"minor": 2}))
+    try:
+        with cri.pod(web) as web_id, cri.pod(granted) as granted_id:
+            greedy = container_config("cuda", web, envs={"NVIDIA_VISIBLE_DEVICES": "all"})
+            plain = container_config("plain", web)
+            own = container_config(
+                "cuda",
+                granted,
+                envs={"NVIDIA_VISIBLE_DEVICES": node.uuid(2)},
+                devices=[DeviceSpec("/dev/nvidia2", str(node.dev_root / "nvidia2"), "rw")],
+            )
+            with (
+                cri.container(web_id, greedy, web) as bad,
+                cri.container(web_id, plain, web) as ok1,
+                cri.container(granted_id, own, granted) as ok2,
+            ):
+                assert env_of(cri, bad)["NVIDIA_VISIBLE_DEVICES"] == "all"  # the outage gap
+                seen = len(plugin.log_text())
+
+                def log() -> str:
+                    return plugin.log_text()[seen:]
+
+                plugin.start()
+                until("the finding", lambda: "container reaches an ungranted GPU" in log(), plugin)
+                assert "NVIDIA_VISIBLE_DEVICES=all" in log()
+                if action == "evict":
+                    until("the eviction", lambda: not running(cri, bad), plugin)
+                    until("the eviction's log line", lambda: "container evicted" in log(), plugin)
+                else:
+                    assert running(cri, bad) and "container evicted" not in log()
+                assert running(cri, ok1) and running(cri, ok2)
+                assert log().count("container reaches an ungranted GPU") == 1
+    finally:
+        if plugin.pid is None:
+            plugin.start()
+        with_config(plugin, "")
+
+
+def store_ids(plugin: Crihook) -> tuple[set[str], set[str]]:
+    store = Store(plugin.state_dir)
+    store.load()
+    return set(store.pods), set(store.containers)
+
+
+def runtime_ids(cri: Cri) -> tuple[set[str], set[str]]:
+    return {p.id for p in cri.list_pods()}, {c.id for c in cri.list_containers()}
+
+
+def burst(cri: Cri, errors: list[str], made: list[str]) -> None:
+    """BURST pods of one GPU-less container each, as kubelet would make them, errors kept."""
+    for i in range(BURST):
+        pod = pod_config(f"burst-{i}")
+        try:
+            pod_id = cri.run_pod(pod)
+            made.append(pod_id)
+            cid = cri.create_container(
+                pod_id, container_config("app", pod, envs={"NVIDIA_VISIBLE_DEVICES": "all"}), pod
+            )
+            cri.start_container(cid)
+        except CriError as e:
+            errors.append(e.details)
+
+
+@pytest.mark.parametrize("side", ["crihook", "containerd"])
+def test_killed_mid_burst_the_store_matches_the_runtime(
+    gpu_node: GpuNode, containerd: Containerd, cri: Cri, side: str
+) -> None:
+    plugin = gpu_node.proxy
+    errors: list[str] = []
+    made: list[str] = []
+    worker = threading.Thread(target=burst, args=(cri, errors, made))
+    worker.start()
+    until("a few pods", lambda: len(made) >= 3, plugin)
+    registered = plugin.log_text().count("registered with the runtime")
+    if side == "crihook":
+        plugin.stop(kill=True)
+        plugin.start()
+    else:
+        containerd.restart(kill=True)
+        until(
+            "crihook's new registration",
+            lambda: plugin.log_text().count("registered with the runtime") > registered,
+            plugin,
+        )
+    worker.join(WAIT)
+    assert not worker.is_alive()
+    until("CRI to answer again", lambda: answers(cri), plugin)  # the client's channel backs off too
+    # every container that runs now either went through crihook (void) or was evicted at its return
+    for c in cri.list_containers():
+        if c.state == 1:
+            until(
+                f"container {c.id[:13]} voided or evicted",
+                lambda c=c: env_of(cri, c.id)["NVIDIA_VISIBLE_DEVICES"] == "void" or not running(cri, c.id),
+                plugin,
+            )
+    # one more pod through the restarted side, then the store is the runtime's, exactly
+    pod = pod_config("after")
+    with cri.pod(pod) as pod_id, cri.container(pod_id, container_config("app", pod), pod):
+        until("the store to match the runtime", lambda: store_ids(plugin) == runtime_ids(cri), plugin)
+    # calls failed only for the outage itself, never because crihook refused
+    assert not [e for e in errors if "NRI adjustment" in e], errors
