@@ -29,6 +29,7 @@ from crihook.base import config as crihook_config
 from crihook.cli import COMMANDS
 from tests.support import helm
 from tests.support.helm import CHART, COMBOS, NEWEST, OLDEST, Combo
+from tests.support.helmkube import HelmKube, object_path
 from tests.support.image_build import offline
 
 Docs = list[tuple[str, dict[str, Any]]]
@@ -229,6 +230,50 @@ def test_generated_certificate_is_the_webhooks_ca_and_names_the_service(tmp_path
     assert "does match" in check.stdout, check.stdout + check.stderr
     (dep,) = [d for d in helm.of_kind(docs, "Deployment") if d["metadata"]["name"] == svc["metadata"]["name"]]
     assert dep["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"] == secret["metadata"]["name"]
+
+
+def generated(docs: Docs) -> tuple[dict[str, str], set[str]]:
+    """(the TLS Secret's data, the webhooks' caBundles)."""
+    (secret,) = helm.of_kind(docs, "Secret")
+    bundles = {
+        w["clientConfig"]["caBundle"]
+        for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+        for c in helm.of_kind(docs, kind)
+        for w in c["webhooks"]
+    }
+    return secret["data"], bundles
+
+
+def test_upgrade_keeps_the_generated_certificate(tmp_path: Path) -> None:
+    """With the Secret in the cluster, the chart's lookup reads it back: the same CA, certificate and
+    key, and the caBundle still theirs (what `helm upgrade` renders). Without it, a new one."""
+    first, _ = generated(helm.rendered("defaults"))
+    (secret,) = json.loads(json.dumps(helm.of_kind(helm.rendered("defaults"), "Secret")))
+    # what Helm itself put on the object at install, and checks before it renders over it
+    # (helm pkg/action/validate.go: the managed-by label and the release annotations)
+    secret["metadata"]["annotations"] = {
+        "meta.helm.sh/release-name": "crihook",
+        "meta.helm.sh/release-namespace": secret["metadata"]["namespace"],
+    }
+
+    def against(objects: list[dict[str, Any]], work: Path) -> tuple[dict[str, str], set[str]]:
+        work.mkdir()
+        with HelmKube(objects, work, NEWEST) as kube:
+            text = helm.template_text(
+                COMBOS["defaults"],
+                NEWEST,
+                "--dry-run=server",
+                "--disable-openapi-validation",  # the fake serves no OpenAPI document
+                "--kubeconfig",
+                str(kube.kubeconfig),
+            )
+            assert object_path(secret) in kube.gets  # the lookup asked for it
+        return generated(helm.documents_of(text, "upgrade"))
+
+    kept, bundles = against([secret], tmp_path / "kept")
+    assert kept == first and bundles == {first["ca.crt"]}
+    fresh, bundles = against([], tmp_path / "fresh")
+    assert fresh["ca.crt"] != first["ca.crt"] and bundles == {fresh["ca.crt"]}
 
 
 def test_given_certificate_ca_goes_to_the_webhooks_and_kube_scheduler() -> None:

@@ -106,7 +106,9 @@ def helm() -> str:
 
 
 def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([helm(), *args], capture_output=True, text=True, check=check)
+    out = subprocess.run([helm(), *args], capture_output=True, text=True)
+    assert not check or out.returncode == 0, f"helm {' '.join(args)}: {out.stderr}"
+    return out
 
 
 def values_args(values: dict[str, Any]) -> list[str]:
