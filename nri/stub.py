@@ -55,6 +55,7 @@ class Code(enum.IntEnum):
     UNKNOWN = 2
     INVALID_ARGUMENT = 3
     DEADLINE_EXCEEDED = 4
+    RESOURCE_EXHAUSTED = 8
     UNIMPLEMENTED = 12
     INTERNAL = 13
     UNAVAILABLE = 14
@@ -225,8 +226,8 @@ def _error(code: Code | int, message: str) -> ttrpc_pb2.Response:
 class Connection:
     """One multiplexed socket to the runtime: serves its calls (`serve`), makes ours (`call`).
 
-    `serve` returns or raises ConnectionLost when the socket closes or carries bytes that are not
-    ttrpc; every call still waiting then fails with ConnectionLost too."""
+    `serve` raises ConnectionLost when the socket closes or carries bytes that are not ttrpc; every
+    call still waiting then fails with ConnectionLost too."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, service: _Service) -> None:
         self.reader = reader
@@ -315,6 +316,9 @@ class Connection:
 
     async def _serve_one(self, frame: Frame) -> None:
         response = await self.service.respond(frame)
+        if len(response.payload) > ttrpc.MAX_PAYLOAD:  # the runtime would refuse it: say why instead
+            too_big = _error(Code.RESOURCE_EXHAUSTED, f"answer of {len(response.payload)} bytes is over 4 MiB")
+            response = Frame(frame.stream_id, MessageType.RESPONSE, too_big.SerializeToString())
         if self._lost is None:
             self._send(mux.PLUGIN_CONN, response)
             with contextlib.suppress(OSError):  # the read side sees the same and says why

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
 import struct
 from collections.abc import AsyncIterator, Sequence
@@ -203,6 +204,22 @@ async def test_a_slow_handler_is_refused_before_the_runtimes_deadline(sock: Path
         )
         quick = api.CreateContainerRequest(container=api.Container(id="quick")).SerializeToString()
         assert (await peer.call_raw("CreateContainer", quick, timeout_nano=400_000_000)).status.code == 0
+    assert rt.peers.empty()
+
+
+class Huge(Recorder):
+    async def create_container(self, request: api.CreateContainerRequest) -> api.CreateContainerResponse:
+        return api.CreateContainerResponse(adjust=api.ContainerAdjustment(annotations={"big": "x" * (5 << 20)}))
+
+
+async def test_an_answer_over_the_size_limit_becomes_an_error(sock: Path) -> None:
+    async with FakeRuntime(sock) as rt, running(plugin(Huge(), sock)):
+        peer = await rt.accept()
+        await peer.handshake()
+        response = await peer.call_raw("CreateContainer", b"")
+        assert response.status.code == Code.RESOURCE_EXHAUSTED == 8
+        assert re.fullmatch(r"answer of 52429\d\d bytes is over 4 MiB", response.status.message)
+        assert (await peer.call_raw("StopContainer", b"")).status.code == 0
     assert rt.peers.empty()
 
 
