@@ -996,6 +996,16 @@ _GROUP = re.compile(
 )
 
 
+def send_json(handler: BaseHTTPRequestHandler, code: int, body: JSON) -> None:
+    """One JSON answer, as the API server sends it (Content-Type application/json, a length)."""
+    data = json.dumps(body).encode()
+    handler.send_response(code)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 class _Server(ThreadingHTTPServer):
     # socketserver's default listen backlog of 5 reset connections when a bench opened many at
     # once; the real API server listens with Go's default, the kernel's somaxconn
@@ -1039,12 +1049,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._serve("DELETE")
 
     def _send_json(self, code: int, body: JSON) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, code, body)
 
     def _body(self) -> Any:
         n = int(self.headers.get("Content-Length") or 0)

@@ -23,6 +23,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from tests.support.fakekube import send_json
+
 # (group, resource, kind, namespaced) of every kind the chart renders with its defaults
 RESOURCES = [
     ("", "secrets", "Secret", True),
@@ -115,12 +117,7 @@ class HelmKube:
                         "reason": "NotFound",
                         "code": 404,
                     }
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, code, body)
 
             def log_message(self, format: str, *args: Any) -> None:  # quiet
                 pass
