@@ -72,6 +72,18 @@ def test_rendering_is_valid_for_the_api_server(name: str, version: str) -> None:
     assert not problems, "\n".join(problems)
 
 
+def test_names_and_labels_fit_their_limits() -> None:
+    """Service names are DNS labels (63), other names DNS subdomains (253), label values 63, even
+    for Helm's longest release name."""
+    label = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+    for where, d in helm.rendered("long-release-name"):
+        meta = d["metadata"]
+        assert len(meta["name"]) <= 253, where
+        if d["kind"] == "Service":
+            assert label.match(meta["name"]), (where, meta["name"])
+        assert all(len(str(v)) <= 63 for v in meta.get("labels", {}).values()), where
+
+
 def test_validation_can_fail() -> None:
     """The renderings are checked for real: a misspelt field, and a cert-manager one, are refused."""
     docs = helm.rendered("cert-manager")

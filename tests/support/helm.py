@@ -76,6 +76,8 @@ COMBOS: dict[str, Combo] = {
     "service-monitor": Combo(api_versions=(SERVICE_MONITOR,)),
     "kube-system": Combo(namespace="kube-system", values={"webhooks": {"excludeNamespaces": ["monitoring"]}}),
     "other-release-name": Combo(release="gpu", values={"scheduler": {"replicas": 3}}),
+    # Helm's longest release name (53), with every object the chart can make
+    "long-release-name": Combo(release="a" * 53, api_versions=(SERVICE_MONITOR,)),
     "everything-set": Combo(
         {
             "imagePullSecrets": [{"name": "regcred"}],

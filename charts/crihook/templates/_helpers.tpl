@@ -1,18 +1,18 @@
-{{/* Names: "crihook" for a release named crihook, else "<release>-crihook"; DNS labels, 63 at most
-(the longest suffix below, "-kube-scheduler", keeps every name within 63). */}}
+{{/* Names: "crihook" for a release named crihook, else "<release>-crihook". 45 characters at most,
+so that the longest Service name, <fullname>-scheduler-metrics, stays a DNS label (63). */}}
 {{- define "crihook.name" -}}
-{{- default .Chart.Name .Values.nameOverride | trunc 48 | trimSuffix "-" }}
+{{- default .Chart.Name .Values.nameOverride | trunc 45 | trimSuffix "-" }}
 {{- end }}
 
 {{- define "crihook.fullname" -}}
 {{- if .Values.fullnameOverride }}
-{{- .Values.fullnameOverride | trunc 48 | trimSuffix "-" }}
+{{- .Values.fullnameOverride | trunc 45 | trimSuffix "-" }}
 {{- else }}
 {{- $name := include "crihook.name" . }}
 {{- if contains $name .Release.Name }}
-{{- .Release.Name | trunc 48 | trimSuffix "-" }}
+{{- .Release.Name | trunc 45 | trimSuffix "-" }}
 {{- else }}
-{{- printf "%s-%s" .Release.Name $name | trunc 48 | trimSuffix "-" }}
+{{- printf "%s-%s" .Release.Name $name | trunc 45 | trimSuffix "-" }}
 {{- end }}
 {{- end }}
 {{- end }}
