@@ -12,10 +12,13 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
+from hpack import Decoder
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -23,15 +26,18 @@ from crihook.proto import runtime_v1_pb2 as api
 from crihook.proto import runtime_v1_pb2_grpc as api_grpc
 from crihook.proxy.hpack import encode_literal
 from crihook.proxy.relay import (
+    ACK,
     CONTINUATION,
     DATA,
     END_HEADERS,
     END_STREAM,
+    GOAWAY,
     HEADERS,
     MAX_HEADER_BLOCK,
     PADDED,
     PREFACE,
     PRIORITY_FLAG,
+    RST_STREAM,
     SETTINGS,
     frame,
 )
@@ -141,20 +147,108 @@ def test_malformed_connection_is_closed(containerd: Containerd, tmp_path: Path, 
         still_serving(proxy, api_grpc.RuntimeServiceStub(channel), 0)
 
 
+@dataclass
+class Answer:
+    """What came back on one stream: its header blocks (response headers and trailers) merged."""
+
+    headers: dict[bytes, bytes] = field(default_factory=dict)
+    body: bytes = b""
+    ended: bool = False
+    reset: int | None = None  # RST_STREAM's error code
+
+
+def grpc_body(message: Any) -> bytes:
+    """A gRPC message as it travels in DATA: not compressed, its length, its bytes."""
+    raw = message.SerializeToString()
+    return b"\x00" + len(raw).to_bytes(4, "big") + raw
+
+
+def answers(s: socket.socket, streams: tuple[int, ...]) -> tuple[dict[int, Answer], bool]:
+    """Read the connection until each of `streams` has ended (END_STREAM or RST_STREAM), acknowledging
+    the far end's SETTINGS (RFC 9113 §6.5.3); header blocks are decoded with the hpack library, not
+    the relay's follower. Returns the answers and whether the far end closed or sent GOAWAY first."""
+    decoder = Decoder()
+    out = {sid: Answer() for sid in streams}
+    buf, block = b"", b""
+    deadline = time.monotonic() + CLOSE_WITHIN
+    while True:
+        while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
+            length, ftype, flags = int.from_bytes(buf[:3], "big"), buf[3], buf[4]
+            sid = int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF
+            payload, buf = buf[9 : 9 + length], buf[9 + length :]
+            answer = out.get(sid)
+            if ftype == GOAWAY:
+                return out, True
+            if ftype == SETTINGS and not flags & ACK:
+                s.sendall(frame(SETTINGS, ACK, 0))
+            elif ftype in (HEADERS, CONTINUATION):
+                if ftype == HEADERS and flags & PADDED:
+                    payload = payload[1 : len(payload) - payload[0]]
+                if ftype == HEADERS and flags & PRIORITY_FLAG:
+                    payload = payload[5:]
+                block += payload
+                if flags & END_HEADERS:
+                    headers = dict(decoder.decode(block, raw=True))
+                    block = b""
+                    if answer is not None:
+                        answer.headers.update(headers)
+            elif ftype == DATA and answer is not None:
+                answer.body += payload
+            elif ftype == RST_STREAM and answer is not None:
+                answer.reset, answer.ended = int.from_bytes(payload, "big"), True
+            if answer is not None and ftype in (HEADERS, DATA) and flags & END_STREAM:
+                answer.ended = True
+        if all(a.ended for a in out.values()):
+            return out, False
+        s.settimeout(max(deadline - time.monotonic(), 0.01))
+        try:
+            chunk = s.recv(65536)
+        except (ConnectionResetError, TimeoutError):
+            return out, True
+        if not chunk:
+            return out, True
+        buf += chunk
+
+
 def test_intercepted_call_with_broken_grpc_framing_fails_only_that_stream(
     proxy: Crihook, stub: api_grpc.RuntimeServiceStub
 ) -> None:
-    """A CreateContainer body whose gRPC length prefix lies: that stream gets an error, the
-    connection and the daemon stay up."""
-    data = (
-        PREFACE
-        + SETTINGS_EMPTY
-        + frame(HEADERS, END_HEADERS, 1, request_headers(CREATE))
-        + frame(DATA, END_STREAM, 1, b"\x00\x00\x00\x10\x00" + b"\x0a\x01x")
+    """A CreateContainer body whose gRPC length prefix lies, between two Version calls and beside a
+    well-formed CreateContainer on the same connection: that stream alone is refused with its
+    grpc-status, the others get containerd's answers, and the connection and the daemon stay up."""
+    version = grpc_body(api.VersionRequest(version="v1"))
+    create = grpc_body(
+        api.CreateContainerRequest(
+            pod_sandbox_id="no-such-sandbox",
+            config=api.ContainerConfig(metadata=api.ContainerMetadata(name="c"), image=api.ImageSpec(image="x")),
+            sandbox_config=api.PodSandboxConfig(metadata=api.PodSandboxMetadata(name="p", namespace="ns", uid="u")),
+        )
     )
+    calls = {
+        1: (VERSION, version),
+        3: (CREATE, b"\x00\x00\x00\x00\x10" + b"\x0a\x01x"),
+        5: (CREATE, create),
+        7: (VERSION, version),
+    }
+    data = PREFACE + SETTINGS_EMPTY
+    for sid, (path, body) in calls.items():
+        data += frame(HEADERS, END_HEADERS, sid, request_headers(path)) + frame(DATA, END_STREAM, sid, body)
     log_from = len(proxy.log_text())
-    closed, _ = send(proxy, data, half_close=True)
-    assert closed
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(str(proxy.socket_path))
+        s.sendall(data)
+        got, closed = answers(s, tuple(calls))
+    assert not closed, f"the connection went before every stream ended: {got}"
+    bad = got[3]
+    assert bad.headers.get(b"grpc-status") == b"%d" % grpc.StatusCode.UNIMPLEMENTED.value[0], bad
+    assert b"malformed" in bad.headers.get(b"grpc-message", b""), bad
+    for sid in (1, 7):
+        assert got[sid].headers.get(b"grpc-status") == b"0", got[sid]
+        assert api.VersionResponse.FromString(got[sid].body[5:]).runtime_name == "containerd"
+    # containerd's own refusal of the well-formed call: the sandbox does not exist
+    assert got[5].reset is None and got[5].headers.get(b"grpc-status") == b"%d" % grpc.StatusCode.NOT_FOUND.value[0], (
+        got[5]
+    )
     still_serving(proxy, stub, log_from)
 
 

@@ -35,6 +35,11 @@ from load_cri import (  # bench/ is not a package: found through sys.path
 
 pytestmark = pytest.mark.containerd
 
+# containerd's socket answers before its CRI plugin is ready again: until then every CRI call fails
+# with a plain Go error, which gRPC sends as UNKNOWN (`checkInitialized` in containerd's
+# pkg/cri/server/instrumented_service.go on 1.6, pkg/cri/instrument/instrumented_service.go on 1.7,
+# internal/cri/instrument/instrumented_service.go on 2.x); crihook forwards it as it is.
+NOT_INITIALIZED = ("UNKNOWN", "server is not initialized yet")
 RECONNECT_SLACK = 8.0  # gRPC clients back off up to a few seconds before dialling again
 ORPHAN_CLEARED_WITHIN = 5.0  # seconds from the first refused removal to the last: the task is cleared
 
@@ -74,7 +79,8 @@ def test_containerd_killed_mid_load(proxy: Crihook, containerd: Containerd, cont
     print("\n".join(report.lines()))
     (window,) = report.windows
     assert str(window.notes["Version while down"]).startswith("UNAVAILABLE")  # not a hang to the deadline
-    assert {c.code for c in report.errors()} <= {"UNAVAILABLE"}
+    # gone (UNAVAILABLE), then starting again (NOT_INITIALIZED): what containerd itself answers
+    assert [c for c in report.errors() if c.code != "UNAVAILABLE" and (c.code, c.detail) != NOT_INITIALIZED] == []
     assert [c for c in report.errors() if not report.in_windows(c, RECONNECT_SLACK)] == []
     assert all(c.seconds < CALL_TIMEOUT for c in report.errors())
     assert report.recovered(window) is not None  # crihook reconnected by itself
