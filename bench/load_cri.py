@@ -4,7 +4,8 @@
 
 Each caller plays kubelet: RunPodSandbox, CreateContainer, StartContainer, StopContainer,
 RemoveContainer, StopPodSandbox, RemovePodSandbox, over and over, leaving every `keep_every`-th pod
-running, the first one among them (so a fault early in a slow run still leaves pods to account for).
+whose calls all succeeded running, the first one among them (so a fault that cuts short a slow run's
+first lifecycles still leaves pods to account for).
 It keeps a ledger of what it created and removed. A call that fails leaves its pod in doubt;
 the caller then cleans that pod up by its uid label, the way kubelet's next sync would, retrying
 until the runtime answers. At the end the runtime's own lists (asked directly, not through crihook)
@@ -215,11 +216,13 @@ class Load:
     def caller(self, index: int) -> None:
         ledger = self.ledgers[index]
         with Cri(self.address, timeout=CALL_TIMEOUT) as cri:
-            n = 0
+            n = done = 0
             while not self._stop.is_set():
                 uid = str(uuid.uuid4())
                 try:
-                    self.lifecycle(cri, ledger, f"load-{self.run_id}-{index}-{n}", uid, keep=n % self.keep_every == 0)
+                    keep = done % self.keep_every == 0
+                    self.lifecycle(cri, ledger, f"load-{self.run_id}-{index}-{n}", uid, keep=keep)
+                    done += 1
                 except CriError:
                     self.clean_up(cri, ledger, uid)
                     time.sleep(0.2)  # as kubelet waits for its next sync
