@@ -1,5 +1,6 @@
 """`crihook inspect POD|CONTAINER`: what crihook decided and did for one pod or container, read from
-the proxy's store file, so it works while crihook runs and after it stopped.
+the store file (`crihook serve`'s and `crihook nri`'s alike), so it works while crihook runs and
+after it stopped; the first line says which mode the node runs crihook in.
 
 A pod or container is named the way operators have it at hand: an id or id prefix (as crictl
 prints it), a pod uid, `namespace/pod`, `namespace/pod/container`, or a bare name when that is
@@ -17,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from crihook.base.config import DEFAULT_CONFIG
+from crihook.base.config import DEFAULT_CONFIG, ConfigError, load
 from crihook.cli import state_dir as cli_state_dir
+from crihook.cli.mode import node_mode
 
 # Labels and annotations crihook's hooks read; the rest of a pod's metadata is noise here.
 RELEVANT_PREFIXES = (
@@ -194,9 +196,14 @@ def run(args: argparse.Namespace) -> int:
     except (StoreFileError, PermissionError, LookupError) as e:
         print(f"crihook inspect: {e.args[0] if isinstance(e, LookupError) else e}", file=sys.stderr)
         return 1
+    try:
+        mode = node_mode(load(args.config).node.proc_root)
+    except ConfigError:
+        mode = node_mode("/proc")
     if args.json:
-        json.dump({"pod": match.pod, "containers": match.containers}, sys.stdout, indent=2, sort_keys=True)
+        out = {"pod": match.pod, "containers": match.containers, "node": mode}
+        json.dump(out, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(render(match))
+        sys.stdout.write(f"node: {mode}\n" + render(match))
     return 0

@@ -1,0 +1,71 @@
+"""The checks of a node in NRI mode: containerd has NRI and serves its socket, `crihook nri` runs,
+the runtime applies what the configuration needs, and kubelet talks to containerd directly."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+from typing import Any
+
+from crihook.base.config import Config
+from crihook.cli.doctor.finding import Finding, Level
+from crihook.cli.doctor.parse import kubelet_runtime_endpoint, parse_version, same_endpoint
+from crihook.cli.mode import DEFAULT_NRI_SOCKET, Running
+from crihook.devices.kubelet import kubelet_argv
+from crihook.node.nriruntime import nri_runtime, start_refusal
+
+ENABLE_17 = '[plugins."io.containerd.nri.v1.nri"] disable = false in /etc/containerd/config.toml'
+
+
+def check_nri(config: Config, runtime: Any, daemon: Running | None) -> Finding:
+    name = "NRI"
+    socket = daemon.nri_socket if daemon is not None else DEFAULT_NRI_SOCKET
+    if runtime is not None and runtime.runtime_name == "containerd":
+        rt = nri_runtime(runtime.runtime_name, runtime.runtime_version)
+        if parse_version(runtime.runtime_version)[:2] < (1, 7):
+            return Finding(
+                name, Level.FAIL, f"containerd {rt.version} has no NRI", "upgrade containerd, or run proxy mode"
+            )
+        why = start_refusal(rt, cdi_inject=config.hooks.options.get("gpu", {}).get("inject") == "cdi")
+        if why is not None:
+            return Finding(name, Level.FAIL, why, "change the configuration, upgrade containerd, or run proxy mode")
+    try:
+        is_socket = stat.S_ISSOCK(Path(socket).stat().st_mode)
+    except OSError:
+        is_socket = False
+    if not is_socket:
+        return Finding(
+            name,
+            Level.FAIL,
+            f"no NRI socket at {socket}: containerd's NRI is off",
+            f"containerd 1.7: {ENABLE_17}, then systemctl restart containerd; 2.x: remove what disables it",
+        )
+    if daemon is None:
+        return Finding(
+            name,
+            Level.FAIL,
+            f"containerd serves NRI at {socket}, but crihook nri is not running",
+            "systemctl start crihook-nri; journalctl -u crihook-nri -n 50 says why it stopped",
+        )
+    return Finding(name, Level.OK, f"{daemon.describe()} at {socket}")
+
+
+def check_kubelet_nri(config: Config) -> Finding:
+    """In NRI mode kubelet talks to containerd itself; pointed at crihook's proxy socket, it reaches
+    nothing."""
+    name = "kubelet"
+    argv = kubelet_argv(config.node.proc_root)
+    if argv is None:
+        return Finding(name, Level.WARN, "kubelet is not running on this node", "systemctl status kubelet")
+    try:
+        endpoint, source = kubelet_runtime_endpoint(argv, lambda p: Path(p).read_text())
+    except ValueError as e:
+        return Finding(name, Level.FAIL, str(e), "fix kubelet's --config file, then systemctl restart kubelet")
+    if same_endpoint(endpoint, config.proxy.listen):
+        return Finding(
+            name,
+            Level.FAIL,
+            f"kubelet uses crihook's proxy socket {endpoint} ({source}), but this node runs NRI mode",
+            "install.sh --uninstall, then install.sh --mode nri (takes kubelet's drop-in away)",
+        )
+    return Finding(name, Level.OK, f"kubelet talks to the runtime at {endpoint} ({source}); crihook is its NRI plugin")
