@@ -412,6 +412,16 @@ def test_node_pods_mount_exactly_what_they_need() -> None:
     assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
 
 
+def test_host_pid_namespace_only_for_gpu_usage() -> None:
+    """crihook's usage collector reads the cgroup of the host PIDs NVML names; without it the pod
+    keeps its own PID namespace."""
+    spec, _, config = node_pod()
+    assert crihook_config.parse(config, "config.toml").usage.enabled and spec["hostPID"] is True
+    off = {"node": {"config": {"usage": {"enabled": False}}}}
+    (ds,) = helm.of_kind(helm.documents_of(helm.template_text(Combo(off), NEWEST), "off"), "DaemonSet")
+    assert "hostPID" not in ds["spec"]["template"]["spec"]
+
+
 def test_node_without_reporter_has_no_api_access() -> None:
     name = "node-without-reporter"
     spec, containers, _ = node_pod(name)
