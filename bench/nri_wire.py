@@ -23,12 +23,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from crihook.nri.stub import PassThrough, Plugin
+from crihook.nri.stub import Plugin
 from crihook.proto import nri_v1alpha1_pb2 as api
 from tests.nri.fakeruntime import FakeRuntime
+from tests.support.nriplugin import NoChange
 
 
-class Answering(PassThrough):
+class Answering(NoChange):
     async def create_container(self, request: api.CreateContainerRequest) -> api.CreateContainerResponse:
         return api.CreateContainerResponse(
             adjust=api.ContainerAdjustment(env=[api.KeyValue(key="NVIDIA_VISIBLE_DEVICES", value="void")])

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from crihook.nri import mux, ttrpc
-from crihook.nri.stub import Code, ConnectionLost, PassThrough, Plugin, RpcError, _Service, event_mask, inherited_socket
+from crihook.nri.stub import Code, ConnectionLost, Plugin, RpcError, _Service, event_mask, inherited_socket
 from crihook.nri.ttrpc import Frame, MessageType
 from crihook.proto import nri_v1alpha1_pb2 as api
 from tests.nri.fakeruntime import FakeRuntime, Peer
+from tests.support.nriplugin import NoChange
 
 EVENTS = event_mask(api.CREATE_CONTAINER, api.STOP_CONTAINER)
 
@@ -405,7 +406,7 @@ def test_inherited_socket_from_the_environment(monkeypatch: pytest.MonkeyPatch) 
 
 def test_served_methods_take_the_messages_the_schema_names() -> None:
     plugin_service = api.DESCRIPTOR.services_by_name["Plugin"]
-    served = _Service(PassThrough(), lambda _: None).methods
+    served = _Service(NoChange(), lambda _: None).methods
     assert {name: cls.DESCRIPTOR for name, (cls, _) in served.items()} == {
         name: plugin_service.methods_by_name[name].input_type for name in served
     }

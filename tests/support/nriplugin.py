@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from crihook.nri.stub import Handler, Plugin
+from crihook.nri.stub import Handler, Plugin, event_mask
 from crihook.proto import nri_v1alpha1_pb2 as api
 
 
@@ -114,3 +114,42 @@ def plugin_thread(
         yield thread
     finally:
         thread.stop()
+
+
+class NoChange:
+    """A Handler that changes nothing: registered, subscribed to the pod and container lifecycle,
+    every call answered without an adjustment. The baseline for tests and benchmarks."""
+
+    EVENTS = event_mask(
+        api.RUN_POD_SANDBOX,
+        api.STOP_POD_SANDBOX,
+        api.REMOVE_POD_SANDBOX,
+        api.CREATE_CONTAINER,
+        api.START_CONTAINER,
+        api.UPDATE_CONTAINER,
+        api.STOP_CONTAINER,
+        api.REMOVE_CONTAINER,
+    )
+
+    async def configure(self, request: api.ConfigureRequest) -> int:
+        return self.EVENTS
+
+    async def synchronize(
+        self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]
+    ) -> Sequence[api.ContainerUpdate]:
+        return []
+
+    async def create_container(self, request: api.CreateContainerRequest) -> api.CreateContainerResponse:
+        return api.CreateContainerResponse()
+
+    async def update_container(self, request: api.UpdateContainerRequest) -> api.UpdateContainerResponse:
+        return api.UpdateContainerResponse()
+
+    async def stop_container(self, request: api.StopContainerRequest) -> api.StopContainerResponse:
+        return api.StopContainerResponse()
+
+    async def state_change(self, event: api.StateChangeEvent) -> None:
+        return None
+
+    async def shutdown(self) -> None:
+        return None
