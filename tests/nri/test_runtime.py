@@ -18,7 +18,8 @@ from crihook.nri.stub import Code, RpcError, event_mask
 from crihook.proto import nri_v1alpha1_pb2 as api
 from tests.support.containerd import Containerd
 from tests.support.cri import Cri, CriError, container_config, pod_config
-from tests.support.nriplugin import plugin_thread, wait_for
+from tests.support.hookserver import wait_for
+from tests.support.nriplugin import plugin_thread
 
 pytestmark = pytest.mark.runtimes("1.7", "2")
 

@@ -14,23 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from crihook.nri.stub import Handler, Plugin, event_mask
 from crihook.proto import nri_v1alpha1_pb2 as api
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    """Poll until `condition()` is truthy; AssertionError naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met within {timeout}s")
-        time.sleep(0.02)
-    return value
+from tests.support.hookserver import wait_for
 
 
 class Synchronizing:
@@ -73,7 +63,7 @@ class PluginThread:
 
     def wait_synchronized(self, times: int = 1) -> None:
         """Until the runtime has synchronized the plugin `times` times (once per connection)."""
-        wait_for(lambda: self.handler.synchronized >= times, what=f"synchronized {times} time(s)")
+        wait_for(lambda: self.handler.synchronized >= times, timeout=15.0, what=f"synchronized {times} time(s)")
 
     def run(self, coro: Any, timeout: float = 15.0) -> Any:
         """Run a coroutine (a call to the runtime, say) on the plugin's loop and wait for it."""
