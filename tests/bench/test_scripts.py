@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.containerd import missing_requirements
+from tests.support.containerd import missing_requirements, runtime
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 SCRIPTS = sorted(BENCH.glob("*.py"))
@@ -86,3 +86,19 @@ def test_the_proxy_bench_runs_every_section_briefly() -> None:
         line = next(line for line in out.splitlines() if line.startswith(section))
         assert "| crihook " in line and "| baseline " in line, line
     assert "pod start through baseline:" in out and "crihook RSS" in out
+
+
+def test_the_nri_bench_runs_every_mode_briefly() -> None:
+    """Two containerd 2.x (NRI on): straight, through `crihook serve`, with `crihook nri`; a few calls each."""
+    if (why := missing_requirements()) is not None:
+        pytest.skip(why)
+    if (why := runtime("2").unavailable()) is not None:
+        pytest.skip(why)
+    args = ("--runtime", "2", "--rounds", "3", "--creates", "2", "--pods", "2")
+    done = run(sys.executable, BENCH / "nri_bench.py", *args)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for section in ("Version", "CreateContainer (8 GPUs)", "pod start (run+create+start)"):
+        calibration, measured = [line for line in done.stdout.splitlines() if line.startswith(section)]
+        assert calibration.split("]: ")[1].startswith("A p50") and "| B p50" in calibration, calibration
+        assert "| proxy p50" in measured and "| nri p50" in measured, measured
+    assert "resident memory: crihook nri" in done.stdout

@@ -1,0 +1,193 @@
+"""NRI mode beside direct and proxy mode, on a simulated 8-GPU node where every pod is given all 8
+GPUs, so the gpu hook does its whole job.
+
+    TMPDIR=/dev/shm python bench/nri_bench.py [--runtime 1.7|2] [--rounds 300] [--creates 100] [--pods 50]
+
+Needs root, containerd and runc, as bench/proxy_bench.py does. A registered plugin sees every
+CreateContainer of its containerd, so NRI mode gets a containerd of its own: two private containerds
+of the same release (NRI on) run side by side, A with no plugin and B with `crihook nri` registered.
+Targets, interleaved call by call in an order drawn afresh each round so machine noise hits all
+alike: direct (A, sent the request crihook's hooks would make, worked out in this process untimed,
+so containerd does the same work), proxy (`crihook serve` in front of A, sent kubelet's request) and
+nri (B, sent kubelet's request). Before the plugin registers, the same calls go to A and B straight
+(the calibration: what B costs over A by itself, printed first). Prints p50/p99 per target and what
+each adds over direct, for Version, CreateContainer into a running pod and pod start (RunPodSandbox,
+the pod's CreateContainer, StartContainer), and the daemons' resident memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import grpc
+import proxy_bench as pb
+
+from crihook.proto import runtime_v1_pb2 as api
+from crihook.simnode import fakenvml
+from crihook.simnode.daemon import Crihook
+from crihook.simnode.node import make_sim_node
+from tests.support.containerd import RUNTIMES, running_containerd, runtime
+from tests.support.cri import container_config, pod_config
+
+R = "/runtime.v1.RuntimeService/"
+
+
+def quiet(d: Crihook) -> Crihook:
+    d.write_config()
+    d.config_path.write_text(d.config_path.read_text().replace('log_level = "debug"', 'log_level = "warning"'))
+    return d
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runtime", choices=[r for r in RUNTIMES if r != "1.6"], default="2")
+    ap.add_argument("--rounds", type=int, default=300, help="Version calls per target")
+    ap.add_argument("--creates", type=int, default=100, help="CreateContainers per target")
+    ap.add_argument("--pods", type=int, default=50, help="pod starts per target")
+    args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # the containerds and daemons stop on the way out
+    rt = runtime(args.runtime)
+    if (why := rt.unavailable()) is not None:
+        raise SystemExit(why)
+    tmp = Path(tempfile.mkdtemp(prefix="nri-bench-"))
+    atexit.register(shutil.rmtree, tmp, True)
+    print(f"containerd {rt.name}: {rt.package_version()} (Debian {rt.suite}), in {pb.fs_type(str(tmp))}", flush=True)
+    print(f"load average {os.getloadavg()[0]:.1f} at start", flush=True)
+    sim = make_sim_node(tmp / "node", pb.TOPOLOGY, char_devices=True)
+    node, annotations = sim.proxy_config(fakenvml.build()), pb.all_gpus(sim)
+    env = {fakenvml.CONFIG_ENV: str(sim.config)}
+    os.environ.update(env)  # the rewriter's hooks read the same node
+    rewrite = pb.Rewriter(pb.crihook_config(tmp, node, "rewriter-state"), tmp / "rewriter")
+    atexit.register(rewrite.close)
+    with contextlib.ExitStack() as stack:
+        a = stack.enter_context(running_containerd(runtime=rt, nri=True))
+        b = stack.enter_context(running_containerd(runtime=rt, nri=True))
+        proxy = quiet(Crihook(tmp / "proxy", a.address, node, env))
+        plugin = quiet(Crihook(tmp / "nri", b.address, node, env, b.nri_socket))
+        proxy.start()
+        stack.callback(proxy.stop)
+        chans = {
+            "direct": grpc.insecure_channel(a.address),
+            "proxy": grpc.insecure_channel(proxy.address),
+            "nri": grpc.insecure_channel(b.address),
+        }
+        for ch in chans.values():
+            stack.callback(ch.close)
+
+        def call(target: str, method: str, body: bytes) -> bytes:
+            fn = chans[target].unary_unary(R + method, request_serializer=pb.ident, response_deserializer=pb.ident)
+            return bytes(fn(body, timeout=60))
+
+        counter = iter(range(10**9))
+        pods: dict[str, list[str]] = {t: [] for t in chans}
+
+        def run_pod(target: str) -> tuple[str, api.PodSandboxConfig]:
+            cfg = pod_config(f"bench-{target}-{next(counter)}", annotations=annotations)
+            raw = call(target, "RunPodSandbox", api.RunPodSandboxRequest(config=cfg).SerializeToString())
+            pod_id = api.RunPodSandboxResponse.FromString(raw).pod_sandbox_id
+            pods[target].append(pod_id)
+            return pod_id, cfg
+
+        def body_for(target: str, rewritten: bool, pod_id: str, cfg: api.PodSandboxConfig) -> bytes:
+            req = api.CreateContainerRequest(
+                pod_sandbox_id=pod_id, config=container_config(f"c{next(counter)}", cfg), sandbox_config=cfg
+            ).SerializeToString()
+            return rewrite(req) if rewritten else req
+
+        def measure(targets: dict[str, bool]) -> dict[str, dict[str, list[float]]]:
+            """`targets`: target -> whether it is sent the rewritten request."""
+            version = api.VersionRequest(version="v1").SerializeToString()
+            out = {"Version": pb.interleaved({t: partial(call, t, "Version", version) for t in targets}, args.rounds)}
+            running = {t: run_pod(t) for t in targets}
+            made: list[tuple[str, str]] = []
+
+            def create(target: str) -> Callable[[], float]:
+                def fn() -> float:
+                    body = body_for(target, targets[target], *running[target])
+                    began = time.perf_counter()
+                    raw = call(target, "CreateContainer", body)
+                    took = time.perf_counter() - began
+                    made.append((target, api.CreateContainerResponse.FromString(raw).container_id))
+                    return took
+
+                return fn
+
+            def remove() -> None:
+                for target, cid in made:
+                    t = "direct" if target == "proxy" else target
+                    call(t, "RemoveContainer", api.RemoveContainerRequest(container_id=cid).SerializeToString())
+                made.clear()
+
+            out["CreateContainer (8 GPUs)"] = pb.interleaved({t: create(t) for t in targets}, args.creates, remove)
+
+            def start(target: str) -> Callable[[], float]:
+                def fn() -> float:
+                    cfg = pod_config(f"bench-{target}-{next(counter)}", annotations=annotations)
+                    run_body = api.RunPodSandboxRequest(config=cfg).SerializeToString()
+                    began = time.perf_counter()
+                    raw = call(target, "RunPodSandbox", run_body)
+                    ran = time.perf_counter()
+                    pod_id = api.RunPodSandboxResponse.FromString(raw).pod_sandbox_id
+                    pods[target].append(pod_id)
+                    body = body_for(target, targets[target], pod_id, cfg)  # untimed for every target
+                    resumed = time.perf_counter()
+                    cid = api.CreateContainerResponse.FromString(call(target, "CreateContainer", body)).container_id
+                    call(target, "StartContainer", api.StartContainerRequest(container_id=cid).SerializeToString())
+                    return (ran - began) + (time.perf_counter() - resumed)
+
+                return fn
+
+            out["pod start (run+create+start)"] = pb.interleaved({t: start(t) for t in targets}, args.pods)
+            for target, ids in pods.items():
+                t = "direct" if target == "proxy" else target
+                for p in ids:
+                    call(t, "StopPodSandbox", api.StopPodSandboxRequest(pod_sandbox_id=p).SerializeToString())
+                    call(t, "RemovePodSandbox", api.RemovePodSandboxRequest(pod_sandbox_id=p).SerializeToString())
+                ids.clear()
+            return out
+
+        print("calibration, no plugin: B straight beside A straight, both sent the rewritten request", flush=True)
+        report(measure({"direct": True, "nri": True}), {"direct": "A", "nri": "B"})
+        plugin.start()  # registered with B and synchronized
+        stack.callback(plugin.stop)
+        print("direct (A) | proxy (crihook serve in front of A) | nri (B, crihook nri registered)", flush=True)
+        report(measure({"direct": True, "proxy": False, "nri": False}), {})
+        print(
+            f"resident memory: crihook nri {plugin.rss_bytes() / 2**20:.1f} MiB,"
+            f" crihook serve {proxy.rss_bytes() / 2**20:.1f} MiB",
+            flush=True,
+        )
+
+
+def report(results: dict[str, dict[str, list[float]]], names: dict[str, str]) -> None:
+    for title, samples in results.items():
+        direct = samples["direct"]
+        d50 = statistics.median(direct)
+        cells = [f"{names.get('direct', 'direct')} p50 {d50 * 1000:.3f} ms p99 {pb.pct(direct, 0.99) * 1000:.3f} ms"]
+        for target, s in samples.items():
+            if target == "direct":
+                continue
+            p50 = statistics.median(s)
+            lo, hi = pb.added_interval(s, direct, 0.5)
+            cells.append(
+                f"{names.get(target, target)} p50 {p50 * 1000:.3f} ms p99 {pb.pct(s, 0.99) * 1000:.3f} ms,"
+                f" added {(p50 - d50) * 1000:+.3f} ms [{lo * 1000:+.3f}, {hi * 1000:+.3f}]"
+                f" ({(p50 / d50 - 1) * 100:+.1f} %)"
+            )
+        print(f"{title} [n={len(direct)} each]: " + " | ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
