@@ -2,6 +2,7 @@
 GPUs, so the gpu hook does its whole job.
 
     TMPDIR=/dev/shm python bench/nri_bench.py [--runtime 1.7|2] [--rounds 300] [--creates 100] [--pods 50]
+    python bench/nri_bench.py --handler-only [--creates 1000]
 
 Needs root, containerd and runc, as bench/proxy_bench.py does. A registered plugin sees every
 CreateContainer of its containerd, so NRI mode gets a containerd of its own: two private containerds
@@ -13,11 +14,16 @@ nri (B, sent kubelet's request). Before the plugin registers, the same calls go 
 (the calibration: what B costs over A by itself, printed first). Prints p50/p99 per target and what
 each adds over direct, for Version, CreateContainer into a running pod and pod start (RunPodSandbox,
 the pod's CreateContainer, StartContainer), and the daemons' resident memory.
+
+`--handler-only`: no containerd; crihook's NRI handler in this process, on the same node, for a
+kubelet-shaped CreateContainer request (decoded, hooks run, the adjustment encoded): crihook's own
+share of what NRI mode adds, without the socket hops and containerd's side of NRI.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import atexit
 import contextlib
 import os
@@ -27,6 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -34,6 +41,11 @@ from pathlib import Path
 import grpc
 import proxy_bench as pb
 
+from crihook.base import config as cfgmod
+from crihook.hooks.chain import build_chain
+from crihook.node.store import Store
+from crihook.nri.handler import HookHandler
+from crihook.proto import nri_v1alpha1_pb2 as nri
 from crihook.proto import runtime_v1_pb2 as api
 from crihook.simnode import fakenvml
 from crihook.simnode.daemon import Crihook
@@ -56,19 +68,23 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=300, help="Version calls per target")
     ap.add_argument("--creates", type=int, default=100, help="CreateContainers per target")
     ap.add_argument("--pods", type=int, default=50, help="pod starts per target")
+    ap.add_argument("--handler-only", action="store_true", help="time crihook's NRI handler in this process")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # the containerds and daemons stop on the way out
-    rt = runtime(args.runtime)
-    if (why := rt.unavailable()) is not None:
-        raise SystemExit(why)
     tmp = Path(tempfile.mkdtemp(prefix="nri-bench-"))
     atexit.register(shutil.rmtree, tmp, True)
-    print(f"containerd {rt.name}: {rt.package_version()} (Debian {rt.suite}), in {pb.fs_type(str(tmp))}", flush=True)
     print(f"load average {os.getloadavg()[0]:.1f} at start", flush=True)
     sim = make_sim_node(tmp / "node", pb.TOPOLOGY, char_devices=True)
     node, annotations = sim.proxy_config(fakenvml.build()), pb.all_gpus(sim)
     env = {fakenvml.CONFIG_ENV: str(sim.config)}
     os.environ.update(env)  # the rewriter's hooks read the same node
+    if args.handler_only:
+        asyncio.run(handler_alone(pb.crihook_config(tmp, node, "handler-state"), annotations, args.creates))
+        return
+    rt = runtime(args.runtime)
+    if (why := rt.unavailable()) is not None:
+        raise SystemExit(why)
+    print(f"containerd {rt.name}: {rt.package_version()} (Debian {rt.suite}), in {pb.fs_type(str(tmp))}", flush=True)
     rewrite = pb.Rewriter(pb.crihook_config(tmp, node, "rewriter-state"), tmp / "rewriter")
     atexit.register(rewrite.close)
     with contextlib.ExitStack() as stack:
@@ -169,6 +185,38 @@ def main() -> None:
             f" crihook serve {proxy.rss_bytes() / 2**20:.1f} MiB",
             flush=True,
         )
+
+
+async def handler_alone(config_text: str, annotations: dict[str, str], creates: int) -> None:
+    """HookHandler.create_container on kubelet-shaped NRI messages: a pod given every GPU, a
+    container with a service account's mounts, some env and containerd's default device rules."""
+    cfg = cfgmod.parse(tomllib.loads(config_text))
+    handler = HookHandler(build_chain(cfg.hooks, cfg.node), Store(cfg.proxy.state_dir))
+    await handler.configure(nri.ConfigureRequest(runtime_name="containerd", runtime_version="1.7.24"))
+    pod = nri.PodSandbox(id="bench-pod", name="bench", uid="bench-uid", namespace="default")
+    pod.annotations.update(annotations)
+    await handler.state_change(nri.StateChangeEvent(event=nri.RUN_POD_SANDBOX, pod=pod))
+    requests = []
+    for i in range(creates + creates // 5):
+        c = nri.Container(id=f"c{i}", pod_sandbox_id=pod.id, name="app", env=[f"ENV_{j}=value{j}" for j in range(15)])
+        c.annotations["io.kubernetes.container.restartCount"] = "0"
+        for dest in ("/etc/hosts", "/dev/termination-log", "/etc/hostname", "/dev/shm", "/var/run/secrets/sa"):
+            c.mounts.add(destination=dest, source=f"/var/lib/kubelet{dest}", type="bind", options=["rbind", "rw"])
+        for minor in (3, 5, 7, 8, 9):  # /dev/null, zero, full, random, urandom
+            rule = c.linux.resources.devices.add(allow=True, type="c", access="rwm")
+            rule.major.value, rule.minor.value = 1, minor
+        requests.append(nri.CreateContainerRequest(pod=pod, container=c).SerializeToString())
+    took = []
+    for raw in requests:
+        began = time.perf_counter()
+        (await handler.create_container(nri.CreateContainerRequest.FromString(raw))).SerializeToString()
+        took.append(time.perf_counter() - began)
+    took = took[creates // 5 :]  # the first ones warm the caches
+    print(
+        f"crihook nri handler in this process, CreateContainer with 8 GPUs [n={len(took)}]:"
+        f" p50 {statistics.median(took) * 1000:.3f} ms p99 {pb.pct(took, 0.99) * 1000:.3f} ms",
+        flush=True,
+    )
 
 
 def report(results: dict[str, dict[str, list[float]]], names: dict[str, str]) -> None:

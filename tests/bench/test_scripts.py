@@ -102,3 +102,6 @@ def test_the_nri_bench_runs_every_mode_briefly() -> None:
         assert calibration.split("]: ")[1].startswith("A p50") and "| B p50" in calibration, calibration
         assert "| proxy p50" in measured and "| nri p50" in measured, measured
     assert "resident memory: crihook nri" in done.stdout
+    alone = run(sys.executable, BENCH / "nri_bench.py", "--handler-only", "--creates", "5")
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    assert "crihook nri handler in this process, CreateContainer with 8 GPUs [n=5]" in alone.stdout
