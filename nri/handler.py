@@ -76,6 +76,15 @@ def stat_node(path: str) -> tuple[DeviceNode, int]:
     return (kind, os.major(st.st_rdev), os.minor(st.st_rdev)), stat.S_IMODE(st.st_mode)
 
 
+def make_sources(adjust: api.ContainerAdjustment) -> None:
+    """Create the missing host directory of each bind mount added, as containerd's CRI does for
+    the mounts of a request (WithMounts: MkdirAll 0755); a mount NRI adds reaches runc as it is,
+    which fails on a missing source. OSError when one can not be made."""
+    for m in adjust.mounts:
+        if not m.destination.startswith("-") and m.type == "bind" and not os.path.exists(m.source):
+            os.makedirs(m.source, 0o755, exist_ok=True)
+
+
 def visible_gpus(c: ContainerInfo) -> frozenset[str]:
     """The GPUs NVIDIA_VISIBLE_DEVICES names (the NVIDIA runtime hook gives them at start whatever
     the spec's device list says): UUIDs or indices as written, or "all"."""
@@ -208,8 +217,10 @@ class HookHandler:
                     " adjustment can take a rule away"
                 )
             adjust = nri_adjustment(before, after, self.node_of) if not reasons else None
+            if adjust is not None:
+                make_sources(adjust)
         except OSError as e:
-            reasons, adjust = [f"a device node to add can not be read ({e})"], None
+            reasons, adjust = [f"a device node or mount source to add can not be had ({e})"], None
         if adjust is None:
             why = (
                 f"{self.runtime.ref or 'this runtime'} can not carry out what crihook decided for container"

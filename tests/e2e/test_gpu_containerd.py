@@ -49,13 +49,32 @@ class GpuNode:
     proxy: Crihook
 
 
-@pytest.fixture(scope="module")
-def gpu_node(containerd: Containerd, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpuNode]:
+@pytest.fixture(scope="module", params=["proxy", "nri"])
+def gpu_node(
+    containerd: Containerd, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[GpuNode]:
+    """crihook in each mode: `crihook serve` in front of containerd, or `crihook nri` registered with
+    it (containerd 1.7 and 2.x; tests/e2e/test_gpu_nri.py has NRI mode's own cases)."""
+    nri = request.param == "nri"
+    if nri and not containerd.nri:
+        pytest.skip(f"containerd {containerd.runtime.name} has no NRI")
     node = make_sim_node(tmp_path_factory.mktemp("gpu-node"), TOPOLOGY, char_devices=True)
     make_rdma_sys(node.sys_root, node.dev_root, {NIC: ["uverbs0"], VF: ["uverbs3"]}, char_devices=True)
     env = {fakenvml.CONFIG_ENV: str(node.config)}
-    with running_crihook(containerd.address, node.root / "crihook", node.proxy_config(fakenvml.build()), env) as proxy:
+    config = node.proxy_config(fakenvml.build())
+    socket = containerd.nri_socket if nri else None
+    with running_crihook(containerd.address, node.root / "crihook", config, env, socket) as proxy:
         yield GpuNode(node, proxy)
+
+
+LEAKY = "its container brings a device-plugin GPU node, which NRI can not take away: NRI mode refuses it"
+WORDED = "containerd words an NRI refusal (its own prefix, code Unknown)"
+
+
+def proxy_only(gpu_node: GpuNode, why: str) -> None:
+    """Skip a case in NRI mode, saying why; tests/e2e/test_gpu_nri.py checks NRI mode's side of it."""
+    if gpu_node.proxy.mode == "nri":
+        pytest.skip(f"proxy mode only: {why} (tests/e2e/test_gpu_nri.py)")
 
 
 @pytest.fixture
@@ -108,6 +127,7 @@ def leaky(name: str, pod: Any, dev: Path) -> Any:
 
 
 def test_scheduled_gpus_and_nics_reach_the_container(gpu_node: GpuNode, cri: Cri) -> None:
+    proxy_only(gpu_node, LEAKY)
     annotations = allocated(
         {"minor": 0, "id": gpu_node.node.uuid(0)},
         {"minor": 3},
@@ -141,6 +161,7 @@ def test_scheduled_gpus_and_nics_reach_the_container(gpu_node: GpuNode, cri: Cri
 
 
 def test_pod_without_allocation_gets_void(gpu_node: GpuNode, cri: Cri) -> None:
+    proxy_only(gpu_node, LEAKY)
     pod = pod_config("web")
     with cri.pod(pod) as pod_id, cri.container(pod_id, leaky("app", pod, gpu_node.node.dev_root), pod) as cid:
         assert env_of(cri, cid)["NVIDIA_VISIBLE_DEVICES"] == "void"
@@ -184,6 +205,7 @@ def test_hami_core_shared_gpu(gpu_node: GpuNode, cri: Cri) -> None:
 
 
 def test_forged_and_conflicting_allocations_fail_create(gpu_node: GpuNode, cri: Cri) -> None:
+    proxy_only(gpu_node, WORDED)
     other_uid = "7d0c5f8e-1111-4222-8333-944445555666"
     write_checkpoint(gpu_node.node.checkpoint, [Entry(other_uid, "trainer", [gpu_node.node.uuid(1)])])
     (gpu_node.node.kubelet / "pods" / other_uid).mkdir(exist_ok=True)
