@@ -73,6 +73,7 @@ def test_the_allocation_table_runs_on_a_small_trace(tmp_path: Path) -> None:
     assert (tmp_path / "plots" / "allocation_curve.png").stat().st_size > 0
 
 
+@pytest.mark.containerd
 def test_the_proxy_bench_runs_every_section_briefly() -> None:
     """On the node without NVML, with a baseline install (this one again), a few calls each. In the
     default TMPDIR, which the bench empties: containerd's socket paths under pytest's would be too long."""
