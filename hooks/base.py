@@ -168,10 +168,6 @@ class HookContext:
     # time.monotonic() by which kubelet wants the CRI call answered (its grpc-timeout); None when
     # the call set none or the stage runs after the call
     deadline: float | None = None
-    # the express lane (HookChain.run_express): the container brings no devices of its own by any path
-    # (devices, CDI devices, CDI annotations), and only its name and attempt are shown (the rest left
-    # empty); a hook that would read more raises NotCached and the call takes the full lane
-    partial: bool = False
 
     def log_fields(self) -> dict[str, str]:
         return log_fields(self.pod, self.container)
@@ -219,20 +215,6 @@ class Edit:
             or self.labels
             or self.resources
             or self.cgroup_parent
-        )
-
-    def adds_only(self) -> bool:
-        """Whether the edit only adds envs, mounts, devices, CDI devices and annotations: such an
-        edit can be written onto the request without the views (the express lane)."""
-        return not (
-            self.remove_env
-            or self.remove_mounts
-            or self.remove_devices
-            or self.remove_cdi_devices
-            or self.remove_annotations
-            or self.labels
-            or self.resources is not None
-            or self.cgroup_parent is not None
         )
 
     def summary(self) -> dict[str, Any]:
@@ -289,6 +271,26 @@ class Hook(Protocol):
     priority: int  # lower runs first; ties broken by name
 
     def handle(self, ctx: HookContext) -> Edit | None: ...
+
+
+class Miss(enum.Enum):
+    """A `Recalls` hook's answer when it holds too little to answer without a read."""
+
+    MISS = "miss"
+
+
+MISS = Miss.MISS
+
+
+@runtime_checkable
+class Recalls(Protocol):
+    """A blocking hook that can often answer from what it remembers (the gpu hook from its
+    file-system memo, the rdma hook for a container with no RDMA device). The chain calls
+    `handle_cached` on the event loop first, which must never block; when it answers MISS, `handle`
+    runs on a worker thread as for any blocking hook. What a hook remembers is its own affair
+    (hooks/fscache.py for files): the chain sees only the answer."""
+
+    def handle_cached(self, ctx: HookContext) -> Edit | Miss | None: ...
 
 
 Factory = Callable[[Any, NodeConfig], Hook]
@@ -353,20 +355,6 @@ class PreparesPods(Protocol):
     after kubelet has its answer, so that work is on no call's path."""
 
     def prepare_pod(self, pod: PodInfo) -> None: ...
-
-
-@runtime_checkable
-class Express(Protocol):
-    """A blocking hook that can answer a CreateContainer on the express lane (HookChain.run_express):
-    its `handle_cached` copes with a partial view (HookContext.partial: the container's name and
-    attempt, of a container that brings no devices of its own), raising NotCached when it would need
-    more; its answer does not depend on what the hooks before it added; and an Edit it gives again is
-    unchanged (the proxy keeps what it made of one by identity). The gpu and rdma hooks: what they
-    decide for such a container comes from the pod's allocation and the container's name."""
-
-    express: bool
-
-    def handle_cached(self, ctx: HookContext) -> Edit | None: ...
 
 
 @runtime_checkable

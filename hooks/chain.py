@@ -12,7 +12,7 @@ import os.path
 import queue
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field, replace
 from importlib.metadata import entry_points
@@ -28,12 +28,12 @@ from crihook.hooks.base import (
     Hook,
     HookContext,
     HookError,
+    Miss,
     PodInfo,
     PreparesPods,
     Stage,
     options_type,
 )
-from crihook.hooks.fscache import NotCached
 
 log = logging.getLogger("crihook.hooks")
 _T = TypeVar("_T")
@@ -46,7 +46,6 @@ ENTRY_POINT_GROUP = "crihook.hooks"
 STUCK_PER_HOOK = 2
 SPARE_WORKERS = 4
 ALLOWLIST_MEMO = 4096  # host paths whose verdict is kept (cleared when full: paths from a hook server vary)
-EDIT_MEMO = 512  # express edits whose verdict is kept: about one per pod on the node (cleared when full)
 # PreCreateContainer -> pre_create_container, the metrics label
 _STAGE_LABELS = {s: "".join("_" + c.lower() if c.isupper() else c for c in s.value).lstrip("_") for s in Stage}
 
@@ -60,12 +59,10 @@ class Registered:
     # an async hook declaring `follows_call_deadline`, with no timeout_ms of its own: its limit is
     # what is left of the CRI call's deadline (a call without one gets `timeout`)
     follows_deadline: bool = False
-    # a blocking hook with `handle_cached`: tried on the event loop first (see _run)
+    # a blocking hook with `handle_cached` (hooks.base.Recalls): tried on the event loop first
     cached: bool = False
     # the hook narrows its stages call by call (`wants(stage)`; see HookChain.wants)
     narrows: bool = False
-    # `handle_cached` answers partial views too (hooks.base.Express; see HookChain.run_express)
-    express: bool = False
 
 
 @dataclass(slots=True)
@@ -103,7 +100,6 @@ class Allowlist:
         # host path -> allowed: a node's hooks add the same few device nodes and mounts to every
         # container, and matching each against every pattern was a tenth of a CreateContainer
         self._verdicts: dict[str, bool] = {}
-        self._edits: dict[int, tuple[Edit, str | None]] = {}  # check_kept's
 
     def allows(self, host: str) -> bool:
         verdict = self._verdicts.get(host)
@@ -114,18 +110,6 @@ class Allowlist:
                 self._verdicts.clear()
             self._verdicts[host] = verdict
         return verdict
-
-    def check_kept(self, edit: Edit) -> str | None:
-        """check(), remembered by identity for an edit a hook gives again unchanged (hooks.base.Express:
-        the gpu hook's one Edit per allocation); the edit is kept too, so its id can not pass to another."""
-        hit = self._edits.get(id(edit))
-        if hit is not None and hit[0] is edit:
-            return hit[1]
-        bad = self.check(edit)
-        if len(self._edits) >= EDIT_MEMO:
-            self._edits.clear()
-        self._edits[id(edit)] = (edit, bad)
-        return bad
 
     def check(self, edit: Edit) -> str | None:
         """The first host path the edit adds that is not allowed, or None."""
@@ -188,56 +172,30 @@ class HookChain:
                 log.exception("hook close failed", extra={"hook": reg.hook.name})
 
     async def run(self, ctx: HookContext) -> Outcome:
-        outcome = self.run_now(ctx)
-        return outcome if isinstance(outcome, Outcome) else await outcome
-
-    def run_now(self, ctx: HookContext) -> Outcome | Awaitable[Outcome]:
-        """The outcome, when every hook answers without waiting (blocking hooks from their caches,
-        on the loop: the common case costs no task); otherwise an awaitable that runs the rest, from
-        the first hook that must wait."""
+        """Every hook of the stage that wants the call, in order, each edit applied to the view the
+        next one sees, until the end or a refusal. Async hooks run on the event loop; blocking ones
+        that answer from memory too (`_run_cached`), the rest on a worker thread. A call whose hooks
+        all answer at once never leaves this coroutine."""
         out = Outcome(ctx)
         regs = self._by_stage[ctx.stage]
         if self._narrowed[ctx.stage]:  # a hook that does not want this call is not called
             regs = tuple(r for r in regs if not r.narrows or r.hook.wants(ctx.stage))  # type: ignore[attr-defined]
-        i = self._run_cached(regs, 0, _blocking_end(regs, 0), out)
-        if i < len(regs) and out.error is None:
-            return self._run(regs, i, out)
-        self.count(out)
+        i = 0
+        try:
+            while i < len(regs) and out.error is None:
+                if regs[i].is_async:
+                    await self._run_async(regs[i], out)
+                    i += 1
+                    continue
+                end = _blocking_end(regs, i)
+                i = self._run_cached(regs, i, end, out)
+                if i < end and out.error is None:
+                    i += await self._run_blocking(regs[i:end], out)
+        finally:
+            self._count(out)
         return out
 
-    def run_express(self, ctx: HookContext) -> Outcome | None:
-        """The express lane: a partial view (ctx.partial) of a call that every hook it goes to can
-        answer from its cache, with an edit that only adds (Edit.adds_only) and passes the allowlist.
-        The proxy then writes the edits onto the request as they are, with no view of the container
-        built or compared (docs/proxy.md). None: some hook can not, or said no, or failed; the call
-        takes the full lane (`run_now`), which answers it with each hook's policy. Every hook here
-        sees the same view, so the express hooks' answers must not depend on each other's."""
-        stage = ctx.stage
-        out = Outcome(ctx)
-        for reg in self._by_stage[stage]:
-            if reg.narrows and not reg.hook.wants(stage):  # type: ignore[attr-defined]
-                continue  # not called at all, as in run_now
-            if not reg.express:
-                return None
-            start = time.perf_counter()
-            try:
-                edit = reg.hook.handle_cached(ctx)  # type: ignore[attr-defined]
-            except Exception:  # NotCached, or a refusal the full lane words and applies the policy to
-                return None
-            ms = _ms(start)
-            if ms > reg.timeout * 1000:
-                return None
-            if edit is not None and not isinstance(edit, Edit):
-                return None
-            if edit is None or edit.is_empty():
-                out.records.append(HookRecord(reg.hook.name, stage, "noop", ms))
-            elif not edit.adds_only() or self.allowlist.check_kept(edit) is not None:
-                return None
-            else:
-                out.records.append(HookRecord(reg.hook.name, stage, "ok", ms, edit))
-        return out  # counted by the caller once the call is answered (`count`): off kubelet's wait
-
-    def count(self, out: Outcome) -> None:
+    def _count(self, out: Outcome) -> None:
         """The outcome's records in the hook metrics."""
         stage = _STAGE_LABELS[out.ctx.stage]
         for r in out.records:
@@ -245,47 +203,33 @@ class HookChain:
             if r.result in ("failed", "ignored-error"):
                 HOOK_FAILURES.inc(r.hook)
 
-    async def _run(self, regs: tuple[Registered, ...], i: int, out: Outcome) -> Outcome:
-        """The hooks from regs[i], which must wait: an async hook, or a blocking one not answering
-        from its cache (with the blocking ones after it, on a worker thread)."""
-        try:
-            while i < len(regs) and out.error is None:
-                reg = regs[i]
-                if not reg.is_async:
-                    i += await self._run_blocking(regs[i : _blocking_end(regs, i)], out)
-                else:
-                    start = time.perf_counter()
-                    limit = reg.timeout
-                    if reg.follows_deadline and out.ctx.deadline is not None:
-                        limit = max(out.ctx.deadline - time.monotonic(), 0.0)
-                    try:
-                        result: Any = await asyncio.wait_for(reg.hook.handle(out.ctx), limit)  # type: ignore[arg-type]
-                    except Exception as exc:
-                        self._settle(reg, out, start, exc=exc, limit=limit)
-                    else:
-                        self._settle(reg, out, start, result=result, limit=limit)
-                    i += 1
-                if out.error is None:
-                    i = self._run_cached(regs, i, _blocking_end(regs, i), out)
-        finally:
-            self.count(out)
-        return out
+    async def _run_async(self, reg: Registered, out: Outcome) -> None:
+        start = time.perf_counter()
+        limit = reg.timeout
+        if reg.follows_deadline and out.ctx.deadline is not None:
+            limit = max(out.ctx.deadline - time.monotonic(), 0.0)
+        try:  # wait_for, not asyncio.timeout: a rewrite runs its first step outside any task (relay.start)
+            result: Any = await asyncio.wait_for(reg.hook.handle(out.ctx), limit)  # type: ignore[arg-type]
+        except Exception as exc:
+            self._settle(reg, out, start, exc=exc, limit=limit)
+        else:
+            self._settle(reg, out, start, result=result, limit=limit)
 
     def _run_cached(self, regs: tuple[Registered, ...], i: int, j: int, out: Outcome) -> int:
-        """Run blocking hooks i..j-1 on the event loop for as long as each can answer from what it
-        has cached (`handle_cached`, which never reads a file: see hooks.fscache); the first that
-        raises NotCached, and all after it, go to a worker thread. Returns the first not run. The
-        hand-off, not the hooks, is most of what a warm hook costs: this is the common case."""
+        """Run blocking hooks i..j-1 on the event loop for as long as each answers from what it
+        remembers (`handle_cached`, which never reads a file); the first that answers MISS, and all
+        after it, go to a worker thread. Returns the first not run. The hand-off, not the hooks, is
+        most of what a warm hook costs: this is the common case."""
         while i < j and out.error is None and regs[i].cached:
             reg = regs[i]
             start = time.perf_counter()
             try:
                 result = reg.hook.handle_cached(out.ctx)  # type: ignore[attr-defined]
-            except NotCached:
-                return i
             except Exception as exc:
                 self._settle(reg, out, start, exc=exc)
             else:
+                if isinstance(result, Miss):
+                    return i
                 self._settle(reg, out, start, result=result)
             i += 1
         return i
@@ -613,10 +557,7 @@ def build_chain(
         follows = is_async and common.timeout_ms is None and getattr(hook, "follows_call_deadline", False) is True
         cached = not is_async and callable(getattr(hook, "handle_cached", None))
         narrows = callable(getattr(hook, "wants", None))
-        express = cached and getattr(hook, "express", False) is True
-        regs.append(
-            Registered(hook, common.failure_policy, timeout_ms / 1000, is_async, follows, cached, narrows, express)
-        )
+        regs.append(Registered(hook, common.failure_policy, timeout_ms / 1000, is_async, follows, cached, narrows))
     explicit = {n: i for i, n in enumerate(hooks_cfg.order)}
     regs.sort(key=lambda r: (explicit.get(r.hook.name, len(explicit)), r.hook.priority, r.hook.name))
     patterns = [p.replace("{dev_root}", node.dev_root.rstrip("/") or "/") for p in hooks_cfg.allowed_host_paths]

@@ -5,9 +5,10 @@ run on the event loop: one read on a stalled file system would freeze every CRI 
 questions get the same answers call after call. `FsMemo` remembers each answer together with an
 inotify watch on the directory it came from; reading the inotify queue is a non-blocking read of a
 kernel buffer that touches no file system, so the event loop can ask "did anything I rely on
-change?" safely. A hook offers `handle_cached` (see hooks.chain): it answers from the memo on the
-loop, and raises `NotCached` for anything it does not hold, which sends the call to a worker
-thread where `handle` does the real reads and fills the memo.
+change?" safely. A hook's `handle_cached` (hooks.base.Recalls) answers from the memo on the loop;
+`recall` raises `NotCached` for anything the memo does not hold, from however deep in the hook's
+decision it was asked, and the hook answers MISS: `handle` then does the real reads on a worker
+thread and fills the memo.
 
 inotify events are queued by the kernel inside the syscall that makes the change, so once kubelet's
 write or rename of a file returned, the next `sync` sees it: an answer is never used after a change
@@ -59,7 +60,7 @@ _EVENT = struct.Struct("iIII")
 
 
 class NotCached(Exception):
-    """The answer needs a file-system read: the caller goes to a worker thread."""
+    """The answer needs a file-system read: the hook that asked answers MISS (hooks.base.Recalls)."""
 
 
 def _libc() -> Any:

@@ -25,7 +25,17 @@ from crihook.base import allocation as al
 from crihook.base.config import NodeConfig
 from crihook.devices import kubelet
 from crihook.devices.checkpoint import Checkpoint, CheckpointError, CheckpointReader
-from crihook.hooks.base import Edit, HookContext, HookError, PodInfo, PodRecordView, RecordStore, Stage
+from crihook.hooks.base import (
+    MISS,
+    Edit,
+    HookContext,
+    HookError,
+    Miss,
+    PodInfo,
+    PodRecordView,
+    RecordStore,
+    Stage,
+)
 from crihook.hooks.cdi import GENERATE_FIX, CdiIndex
 from crihook.hooks.fscache import FsMemo, NotCached
 from crihook.hooks.gpu_edit import (
@@ -181,7 +191,6 @@ class GpuHook:
     name = "gpu"
     stages = frozenset({Stage.PRE_CREATE_CONTAINER})
     priority = PRIORITY
-    express = True  # a partial view suffices unless the device plugin injected something (see _decide)
 
     def __init__(
         self,
@@ -263,13 +272,16 @@ class GpuHook:
     def handle(self, ctx: HookContext) -> Edit | None:
         return self._handle(ctx, self._reads)
 
-    def handle_cached(self, ctx: HookContext) -> Edit | None:
-        """handle() on the event loop from the memo's answers: raises NotCached (and so goes to a
-        worker thread) for anything that needs a read, or while a decision is running there."""
+    def handle_cached(self, ctx: HookContext) -> Edit | Miss | None:
+        """handle() on the event loop from the memo's answers (hooks.base.Recalls): MISS, and so a
+        worker thread, for anything that needs a read, or while a decision is running there."""
         if self.memo is None:
-            raise NotCached("no memo")
+            return MISS
         self.memo.sync()
-        return self._handle(ctx, self._recalls)
+        try:
+            return self._handle(ctx, self._recalls)
+        except NotCached:  # a fact the memo does not hold, from deep in the decision
+            return MISS
 
     def _handle(self, ctx: HookContext, facts: _Facts) -> Edit | None:
         assert ctx.container is not None
@@ -326,9 +338,6 @@ class GpuHook:
 
     def _decide(self, ctx: HookContext, node: NodeView, facts: _Facts) -> Edit | None:
         assert ctx.container is not None
-        if ctx.partial and node.checkpoint.for_container(ctx.pod.uid, ctx.container.name):
-            # the envs and mounts a device plugin injected are stripped: that needs them shown
-            raise NotCached("the device plugin allocated to this container")
         edit = gpu_edit(ctx.pod, ctx.container, facts.gpus, node, self.opts)
         if edit is not None and edit.add_cdi_devices and self.cdi is not None:
             if facts.cached:

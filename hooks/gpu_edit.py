@@ -249,15 +249,25 @@ def gpu_edit(pod: PodInfo, container: ContainerInfo, gpus: GpuLookup, node: Node
 def plain_grant(
     pod: PodInfo, container: ContainerInfo, checkpoint: Checkpoint, placements: Placements, stamp: object
 ) -> Edit | None:
-    """gpu_edit's answer for the common case, without a NodeView: a container that brings nothing
-    of its own (the express lane's), on a node where no device plugin has handed anything out (no
-    holder to check, nothing to strip), of an allocation placed before under `stamp` that shares no
-    GPU (no HAMi-core isolation to add). None: not that case, ask gpu_edit. Raises HookError."""
-    if checkpoint.entries or container.devices or container.cdi_devices or container.annotations:
+    """gpu_edit's answer for the common case, without a NodeView: a container that brings no
+    devices of its own, on a node where no device plugin has handed anything out (no holder to
+    check, nothing to strip), of an allocation placed before under `stamp` that shares no GPU (no
+    HAMi-core isolation to add). None: not that case, ask gpu_edit. Raises HookError."""
+    if checkpoint.entries or brings_devices(container):
         return None
     allocs = scheduled(pod, container, al.GPU)
     placed = placements.get(allocs, stamp) if allocs else None
     return None if placed is None or placed.shared else placed.grant
+
+
+def brings_devices(container: ContainerInfo) -> bool:
+    """Whether the container asks for devices of its own, by any path: devices, CDI devices or CDI
+    annotations (a device plugin's, an image's, a webhook's)."""
+    return bool(
+        container.devices
+        or container.cdi_devices
+        or any(k.startswith(ANNOTATION_PREFIX) for k in container.annotations)
+    )
 
 
 def _granted(stripped: Edit | None, grant: Edit) -> Edit:
@@ -365,8 +375,8 @@ def _strip(container: ContainerInfo, plugin: Sequence[PodDeviceEntry], names: fr
     when there is nothing to remove. CDI devices that name no GPU (gds, mofed, imex channels) stay;
     `names`: the chosen GPUs' (Placement.names). Only what the container has is looked at: most
     containers bring nothing of their own, and a pod the scheduler placed has no plugin injections."""
-    if not (plugin or container.devices or container.cdi_devices or container.annotations):
-        return None  # nothing to look at (the express lane's containers)
+    if not (plugin or brings_devices(container)):
+        return None  # nothing to look at
     remove_env: set[str] = set()
     remove_mounts: set[str] = set()
     remove_devices: set[str] = set()

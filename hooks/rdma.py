@@ -16,7 +16,7 @@ import grpc
 from crihook.base import allocation as al
 from crihook.base.config import NodeConfig, NoOptions
 from crihook.base.spec import Device
-from crihook.hooks.base import ContainerInfo, Edit, HookContext, PodInfo, Stage
+from crihook.hooks.base import MISS, ContainerInfo, Edit, HookContext, Miss, PodInfo, Stage
 from crihook.hooks.fscache import NotCached
 from crihook.hooks.scheduled import prime, refuse, scheduled
 
@@ -84,7 +84,6 @@ class RdmaHook:
     name = "rdma"
     stages = frozenset({Stage.PRE_CREATE_CONTAINER})
     priority = PRIORITY
-    express = True  # it reads the pod's allocation and the container's name only
 
     def __init__(self, node: NodeConfig) -> None:
         self.dev_root = node.dev_root.rstrip("/")
@@ -97,12 +96,15 @@ class RdmaHook:
         assert ctx.container is not None
         return rdma_edit(ctx.pod, ctx.container, self.verbs_of, os.path.exists, self.dev_root)
 
-    def handle_cached(self, ctx: HookContext) -> Edit | None:
+    def handle_cached(self, ctx: HookContext) -> Edit | Miss | None:
         """handle() on the event loop for a container the scheduler gave no RDMA device (no read
-        needed). One that has some goes to a worker thread: sysfs sends no inotify events, so
-        its answers can not be remembered safely (see hooks.fscache)."""
+        needed). One that has some goes to a worker thread (MISS): sysfs sends no inotify events,
+        so its answers can not be remembered safely (see hooks.fscache)."""
         assert ctx.container is not None
-        return rdma_edit(ctx.pod, ctx.container, _needs_read, _needs_read, self.dev_root)
+        try:
+            return rdma_edit(ctx.pod, ctx.container, _needs_read, _needs_read, self.dev_root)
+        except NotCached:
+            return MISS
 
 
 def _needs_read(path: str) -> NoReturn:

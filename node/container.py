@@ -12,15 +12,14 @@ from __future__ import annotations
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any, TypeVar
 
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from google.protobuf.message import Message
 
 from crihook.base.spec import Device, Mount
-from crihook.hooks.base import ContainerInfo, Edit, LinuxResources
-from crihook.hooks.cdi import ANNOTATION_PREFIX
+from crihook.hooks.base import ContainerInfo
 from crihook.node.records import ContainerRecord
 from crihook.node.resources import (
     nri_resources_view,
@@ -81,34 +80,6 @@ def container_view(cfg: cri.ContainerConfig, container_id: str = "") -> Containe
         devices=tuple(Device(d.container_path, d.host_path, d.permissions) for d in devices) if devices else (),
         cdi_devices=tuple(c.name for c in cdi) if cdi else (),
         resources=resources_view(linux.resources, linux.HasField("resources")),
-    )
-
-
-def brings_devices(cfg: cri.ContainerConfig) -> bool:
-    """Whether the container asks for devices of its own, by any path: devices, CDI devices or CDI
-    annotations (a device plugin's, an image's, a webhook's). One that does not may take the express
-    lane (HookContext.partial)."""
-    return bool(cfg.devices or cfg.CDI_devices or any(k.startswith(ANNOTATION_PREFIX) for k in cfg.annotations))
-
-
-@dataclass(frozen=True, slots=True)
-class Kept:
-    """What the proxy's store keeps of a container as created."""
-
-    labels: dict[str, str]
-    annotations: dict[str, str]
-    envs: dict[str, str]
-    resources: LinuxResources | None
-
-
-def kept_of(cfg: cri.ContainerConfig) -> Kept:
-    """`Kept`, read from the request as sent without a whole view (devices and mounts are not kept)."""
-    linux = cfg.linux
-    return Kept(
-        plain(cfg.labels),
-        plain(cfg.annotations),
-        {_text(kv.key): _text(kv.value) for kv in cfg.envs},
-        resources_view(linux.resources, linux.HasField("resources")),
     )
 
 
@@ -181,98 +152,6 @@ def write_container(cfg: cri.ContainerConfig, before: ContainerInfo, after: Cont
     write_resources(cfg.linux.resources, before.resources, after.resources)
 
 
-@dataclass(frozen=True, slots=True)
-class _Added:
-    """One edit's additions: the ContainerConfig fragment that adds them, and their keys."""
-
-    edit: Edit
-    fragment: bytes
-    envs: frozenset[bytes]
-    mounts: frozenset[str]
-    devices: frozenset[str]
-    cdi: frozenset[str]
-    annotations: frozenset[str]
-    unique: bool  # no key twice within the edit
-
-
-class Additions:
-    """Edits that only add (Edit.adds_only), written onto a CreateContainer's config as applying them
-    to the views (chain.apply_edit) and writing the difference back (write_container) would, without
-    the views. Each edit is encoded once, as a ContainerConfig fragment the config merges in (repeated
-    fields append, map entries set), and kept by identity with the edit itself (so its id can not pass
-    to another): the gpu hook answers every container of an allocation with one Edit
-    (Placement.grant), and an edit given again must not have changed (hooks.base.Express)."""
-
-    MAX = 512  # edits kept, about one per pod on the node (cleared when full: HAMi-core's are per container)
-
-    def __init__(self) -> None:
-        self._by_id: dict[int, _Added] = {}
-
-    def write(self, cfg: cri.ContainerConfig, edits: Sequence[Edit]) -> bool:
-        """Merge the edits in, in hook order; False, with the config left as it was, when a key one
-        adds is the container's already or another edit's (the full lane would replace that entry)."""
-        added = [self._added(e) for e in edits]
-        if not all(a.unique for a in added) or not _disjoint(added):
-            return False
-        envs = cfg.envs
-        for a in added:
-            if (
-                (a.envs and envs and any(kv.key in a.envs for kv in envs))
-                or (a.mounts and cfg.mounts and any(m.container_path in a.mounts for m in cfg.mounts))
-                or (a.devices and cfg.devices and any(d.container_path in a.devices for d in cfg.devices))
-                or (a.cdi and cfg.CDI_devices and any(c.name in a.cdi for c in cfg.CDI_devices))
-                or (a.annotations and any(k in cfg.annotations for k in a.annotations))
-            ):
-                return False
-        for a in added:
-            cfg.MergeFromString(a.fragment)
-        return True
-
-    def _added(self, edit: Edit) -> _Added:
-        hit = self._by_id.get(id(edit))
-        if hit is not None and hit.edit is edit:
-            return hit
-        cfg = cri.ContainerConfig()
-        for kv in edit.env.items():
-            _new_env(cfg.envs.add, kv)
-        for m in edit.add_mounts:
-            _new_mount(cfg.mounts.add, m)
-        for d in edit.add_devices:
-            _new_device(cfg.devices.add, d)
-        for name in edit.add_cdi_devices:
-            _new_cdi(cfg.CDI_devices.add, name)
-        cfg.annotations.update(edit.annotations)
-        mounts = [m.container_path for m in edit.add_mounts]
-        devices = [d.container_path for d in edit.add_devices]
-        a = _Added(
-            edit,
-            cfg.SerializeToString(),
-            frozenset(_raw(k) for k in edit.env),
-            frozenset(mounts),
-            frozenset(devices),
-            frozenset(edit.add_cdi_devices),
-            frozenset(edit.annotations),
-            len(set(mounts)) == len(mounts)
-            and len(set(devices)) == len(devices)
-            and len(set(edit.add_cdi_devices)) == len(edit.add_cdi_devices),
-        )
-        if len(self._by_id) >= self.MAX:
-            self._by_id.clear()
-        self._by_id[id(edit)] = a
-        return a
-
-
-def _disjoint(added: Sequence[_Added]) -> bool:
-    """No key added by two of the edits."""
-    if len(added) < 2:
-        return True
-    for kind in ("envs", "mounts", "devices", "cdi", "annotations"):
-        sets: list[frozenset[Any]] = [getattr(a, kind) for a in added]
-        if sum(map(len, sets)) != len(frozenset().union(*sets)):
-            return False
-    return True
-
-
 # -- views <-> records ---------------------------------------------------------------------------
 
 
@@ -285,22 +164,18 @@ def container_info(rec: ContainerRecord) -> ContainerInfo:
     )
 
 
-def container_record(
-    pod_id: str, c: ContainerInfo, hooks: list[dict[str, Any]], kept: Kept | None = None
-) -> ContainerRecord:
-    """The store's record of a container the hooks saw created: `c` as created, or, for a view the
-    hooks saw only in part, `kept` (read from the request as sent)."""
-    if kept is None:
-        kept = Kept(dict(c.labels), dict(c.annotations), dict(c.envs), c.resources)
+def container_record(pod_id: str, c: ContainerInfo, hooks: list[dict[str, Any]]) -> ContainerRecord:
+    """The store's record of a container as created (after its hooks)."""
     values: dict[str, Any] = {name: getattr(c, name) for name in _SHARED}
-    values.update(labels=kept.labels, annotations=kept.annotations)
+    for name in ("labels", "annotations"):
+        values[name] = dict(values[name])
     return ContainerRecord(
         **values,
         pod_id=pod_id,
         hooks=hooks,
         created=time.time(),
-        envs=kept.envs,
-        resources=resources_record(kept.resources),
+        envs=dict(c.envs),
+        resources=resources_record(c.resources),
     )
 
 

@@ -353,12 +353,9 @@ class HookHandler:
     async def _run(self, ctx: HookContext) -> Outcome:
         """The chain on `ctx`, answered by its deadline: a hook still working then makes a refusal,
         never a late answer (which the runtime would take as the plugin gone, and go on without it)."""
-        result = self.chain.run_now(ctx)
-        if isinstance(result, Outcome):
-            return result
         assert ctx.deadline is not None
         try:
-            return await asyncio.wait_for(_awaited(result), max(ctx.deadline - time.monotonic(), 0.0))
+            return await asyncio.wait_for(self.chain.run(ctx), max(ctx.deadline - time.monotonic(), 0.0))
         except TimeoutError:
             why = f"crihook: the hooks did not answer within the runtime's {self.request_timeout:g} s request timeout"
             self._refuse(ctx.pod, ctx.container, [], grpc.StatusCode.DEADLINE_EXCEEDED, why)
@@ -396,10 +393,6 @@ class HookHandler:
     async def close(self) -> None:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
-async def _awaited(pending: Awaitable[Outcome]) -> Outcome:
-    return await pending
 
 
 def _summary(records: Sequence[HookRecord]) -> str:

@@ -29,11 +29,12 @@ are `grpc.StatusCode` everywhere above the wire bytes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import struct
 import time
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Coroutine, Generator
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, cast
 
@@ -121,6 +122,7 @@ class Claim(Protocol):
 
 
 C = TypeVar("C", bound=Claim)
+T = TypeVar("T")
 
 
 class CallHandler(Protocol[C]):
@@ -129,15 +131,15 @@ class CallHandler(Protocol[C]):
     def classify(self, path: bytes) -> C | None:
         """The handler's state for a new call to `path`, or None to pass it through untouched."""
 
-    def pre(self, call: C, request: bytes, deadline: float | None) -> bytes | Awaitable[bytes]:
-        """The request to forward, or, when it can not be had without waiting, an awaitable of it.
-        Raises (or the awaitable raises) Rejected. `deadline`: time.monotonic() by which the client
-        wants its answer (grpc-timeout), if any."""
+    async def rewrite(self, call: C, request: bytes, deadline: float | None) -> bytes:
+        """The request to forward, as it came or rewritten. Raises Rejected. `deadline`:
+        time.monotonic() by which the client wants its answer (grpc-timeout), if any."""
 
     def post(
         self, call: C, request: bytes, response: bytes | None, status: grpc.StatusCode, message: bytes | None
     ) -> None:
-        """After the call: `message` is the grpc-message trailer as sent (percent-encoded), if any."""
+        """After the call, once the client has its answer: `message` is the grpc-message trailer as
+        sent (percent-encoded), if any."""
 
 
 @dataclass(slots=True)
@@ -152,7 +154,7 @@ class _Stream(Generic[C]):
     request_done: bool = False
     out: memoryview | None = None  # rewritten request (with gRPC framing) not yet sent
     send_window: int = DEFAULT_WINDOW  # containerd's window for this stream
-    task: asyncio.Task[None] | None = None
+    task: asyncio.Future[None] | None = None  # the rewrite, while it waits (see start)
     deadline: float | None = None  # time.monotonic(), from the request's grpc-timeout
 
 
@@ -317,10 +319,46 @@ class RuntimeWindow(Generic[C]):
                 self.pump(sid, stream)
 
 
-# seconds a finished call's bookkeeping (the handler's `post`) waits, so that kubelet, woken by the
-# answer, is not kept off a busy CPU by it (bench/proxy_bench.py: 0.05-0.08 ms of CreateContainer)
-AFTERWORK = 0.001
 MAX_METHOD_LABELS = 512  # a client inventing method names must not grow the metrics without bound
+
+
+def start(coro: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
+    """`coro` run at once up to its first wait, as Python 3.12's eager tasks run: the future is done
+    already when it never waited (and no task was made), else a task finishes it."""
+    loop = asyncio.get_running_loop()
+    try:
+        waiting = coro.send(None)
+    except StopIteration as done:
+        finished: asyncio.Future[T] = loop.create_future()
+        finished.set_result(done.value)
+        return finished
+    return loop.create_task(_Rest(coro, waiting).run())
+
+
+class _Rest(Generic[T]):
+    """A coroutine past its first step, waiting on `waiting`, driven on by a task: the task's sends
+    (always None, asyncio's protocol) and throws (a cancellation) go to the coroutine."""
+
+    def __init__(self, coro: Coroutine[Any, Any, T], waiting: Any) -> None:
+        self.coro = coro
+        self.waiting = waiting
+
+    async def run(self) -> T:
+        return await self
+
+    def __await__(self) -> Generator[Any, None, T]:
+        waiting = self.waiting
+        while True:
+            try:
+                yield waiting
+            except BaseException as e:
+                step = functools.partial(self.coro.throw, e)
+            else:
+                step = functools.partial(self.coro.send, None)
+            try:
+                waiting = step()
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
 
 
 class Link(Generic[C]):
@@ -521,28 +559,23 @@ class Link(Generic[C]):
 
     def request_complete(self, sid: int, stream: _Stream[C]) -> None:
         """A held request is whole, and the frames read before it are on their way to containerd
-        (its HEADERS among them; what this writes joins them). `pre` answers at once when no hook
-        has to wait (the common case: no task, no loop turn); otherwise the rest runs as a task."""
+        (its HEADERS among them). The handler's rewrite starts at once: when no hook has to wait
+        (the common case) the rewritten request joins those frames in one write, with no task and no
+        loop turn; otherwise the rest runs as a task."""
         message = _grpc_message(stream.request)
-        if self.relay.posts:  # what earlier calls record, before this one's hooks read it
-            self.relay.settle()
-        try:
-            if message is None:
-                raise Rejected(
-                    grpc.StatusCode.UNIMPLEMENTED, "crihook can not inspect a compressed or malformed request"
-                )
-            result = self.relay.handler.pre(stream.call, message, stream.deadline)
-        except Exception as e:
-            self.pre_failed(sid, stream, e)
+        if message is None:
+            refusal = Rejected(
+                grpc.StatusCode.UNIMPLEMENTED, "crihook can not inspect a compressed or malformed request"
+            )
+            self.pre_failed(sid, stream, refusal)
             return
-        if isinstance(result, bytes):
-            self.forward(sid, stream, result)
-        else:
-            stream.task = asyncio.get_running_loop().create_task(self.run_pre(sid, stream, result))
+        running = start(self.run_pre(sid, stream, message))
+        if not running.done():
+            stream.task = running
 
-    async def run_pre(self, sid: int, stream: _Stream[C], pending: Awaitable[bytes]) -> None:
+    async def run_pre(self, sid: int, stream: _Stream[C], message: bytes) -> None:
         try:
-            rewritten = await pending
+            rewritten = await self.relay.handler.rewrite(stream.call, message, stream.deadline)
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -693,7 +726,7 @@ class Link(Generic[C]):
             elif stream.request_done or not stream.modifies:
                 code = _STATUS_CODES.get(status, grpc.StatusCode.UNKNOWN)
                 req = _grpc_message(stream.request) if not stream.modifies else bytes(stream.request)
-                self.relay.after(stream.call, req or b"", _grpc_message(stream.response), code, message)
+                self.relay.post(stream.call, req or b"", _grpc_message(stream.response), code, message)
         if not self.active:
             self.relay.check_idle()
 
@@ -783,32 +816,16 @@ class Relay(Generic[C]):
         self._idle = asyncio.Event()
         self._draining = False
         self.server: asyncio.AbstractServer | None = None
-        # finished calls whose `post` waits for kubelet to have had the CPU (`after`), in call order
-        self.posts: deque[tuple[C, bytes, bytes | None, grpc.StatusCode, bytes | None]] = deque()
-        self._due: asyncio.TimerHandle | None = None
 
-    def after(
+    def post(
         self, call: C, request: bytes, response: bytes | None, status: grpc.StatusCode, message: bytes | None
     ) -> None:
-        """The handler's `post` for a finished call, AFTERWORK seconds from now: the answer is out,
-        and on a busy node the caller that waits for it should run before crihook's bookkeeping
-        does. Sooner when a later call needs it (`settle`)."""
-        self.posts.append((call, request, response, status, message))
-        if self._due is None:
-            self._due = asyncio.get_running_loop().call_later(AFTERWORK, self.settle)
-
-    def settle(self) -> None:
-        """Every waiting `post`, oldest first: before a later call's `pre` reads what they record,
-        and before the relay closes."""
-        if self._due is not None:
-            self._due.cancel()
-            self._due = None
-        posts, post = self.posts, self.handler.post
-        while posts:
-            try:
-                post(*posts.popleft())
-            except Exception:  # one call's bookkeeping must not cost the others theirs
-                log.exception("call handler's post failed")
+        """The handler's `post` for a finished call; one call's bookkeeping failing must not cost the
+        link or the other calls theirs."""
+        try:
+            self.handler.post(call, request, response, status, message)
+        except Exception:
+            log.exception("call handler's post failed")
 
     def count(self, path: bytes, status: bytes, seconds: float | None = None) -> None:
         """Metrics for one finished call; label strings are made once per (method, code)."""
@@ -853,5 +870,4 @@ class Relay(Generic[C]):
         cut = self.in_flight()
         for link in list(self.links):
             link.close()
-        self.settle()
         return cut

@@ -173,7 +173,8 @@ class Daemon:
         if self.store is not None:
             attach_store(chain, self.store)
         assert self.interceptor is not None
-        old, self.interceptor.chain = self.interceptor.chain, chain
+        core = self.interceptor.lifecycle
+        old, core.chain = core.chain, chain
         if self.reporter is not None:
             owner = gpu_owner(chain)
             self.reporter.index = owner.gpus if owner else None

@@ -14,9 +14,8 @@ import pytest
 
 from crihook.base.config import HooksConfig, NodeConfig
 from crihook.base.spec import Device
-from crihook.hooks.base import ContainerInfo, Edit, HookContext, HookError, PodInfo, Stage
-from crihook.hooks.chain import STUCK_PER_HOOK, HookChain, Outcome, build_chain
-from crihook.hooks.fscache import NotCached
+from crihook.hooks.base import MISS, ContainerInfo, Edit, HookContext, HookError, PodInfo, Stage
+from crihook.hooks.chain import STUCK_PER_HOOK, HookChain, build_chain
 
 STAGE = Stage.PRE_CREATE_CONTAINER
 
@@ -205,23 +204,23 @@ class Cached(Blocking):
     def handle_cached(self, c: HookContext) -> Any:
         self.cached_calls += 1
         if self.must_read:
-            raise NotCached("a read")
+            return MISS
         return self.body(c)
 
 
-async def test_hooks_answering_from_their_caches_finish_without_waiting() -> None:
+def test_hooks_answering_from_their_caches_finish_without_waiting() -> None:
     a, b = Cached("a", 1, setter("A")), Cached("b", 2, setter("B"))
-    out = chain(a, b).run_now(ctx())
-    assert isinstance(out, Outcome)  # no task, no worker thread
+    run = chain(a, b).run(ctx())
+    with pytest.raises(StopIteration) as done:  # the coroutine ends at its first step: no wait at all
+        run.send(None)
+    out = done.value.value
     assert env(out.ctx) == {"A": "1", "B": "1"} and a.threads == b.threads == []
 
 
 async def test_the_first_hook_that_must_wait_takes_the_rest_off_the_loop_once() -> None:
     a, b, c = Cached("a", 1, setter("A")), Cached("b", 2, setter("B")), Cached("c", 3, setter("C"))
     b.must_read = True
-    pending = chain(a, b, c).run_now(ctx())
-    assert not isinstance(pending, Outcome)
-    out = await pending
+    out = await chain(a, b, c).run(ctx())
     assert env(out.ctx) == {"A": "1", "B": "1", "C": "1"}
     assert [r.hook for r in out.records] == ["a", "b", "c"]
     assert a.cached_calls == 1 and a.threads == []  # not run again
@@ -231,10 +230,24 @@ async def test_the_first_hook_that_must_wait_takes_the_rest_off_the_loop_once() 
 async def test_an_async_hook_is_awaited_where_it_stands() -> None:
     seen: list[dict[str, str]] = []
     hooks = (Cached("a", 1, setter("A")), Async("m", 2, setter("M", seen)), Cached("z", 3, setter("Z", seen)))
-    pending = chain(*hooks).run_now(ctx())
-    assert not isinstance(pending, Outcome)
-    await pending
+    await chain(*hooks).run(ctx())
     assert seen == [{"A": "1"}, {"A": "1", "M": "1"}] and hooks[2].threads == []  # z from its cache
+
+
+async def test_a_hook_that_narrows_its_stages_away_is_not_called() -> None:
+    class Narrowing(Cached):
+        def __init__(self) -> None:
+            super().__init__("n", 0, setter("N"))
+            self.asked: list[Stage] = []
+
+        def wants(self, stage: Stage) -> bool:
+            self.asked.append(stage)
+            return False
+
+    narrowing = Narrowing()
+    out = await chain(narrowing, Cached("a", 1, setter("A"))).run(ctx())
+    assert [r.hook for r in out.records] == ["a"]
+    assert narrowing.asked == [STAGE] and narrowing.cached_calls == 0 and narrowing.threads == []
 
 
 def test_prepare_pod_reaches_the_hooks_that_have_it_and_survives_their_failure() -> None:
@@ -252,72 +265,3 @@ def test_prepare_pod_reaches_the_hooks_that_have_it_and_survives_their_failure()
     bad, good, plain = Preparing("bad", True), Preparing("good", False), Blocking("plain", 3, setter("P"))
     chain(bad, good, plain).prepare_pod(PodInfo(name="p", namespace="ns", uid="u1"))
     assert bad.pods == good.pods == ["u1"]
-
-
-# -- the express lane --------------------------------------------------------------------------------
-
-
-class ExpressCached(Cached):
-    express = True
-
-
-def partial() -> HookContext:
-    return HookContext(STAGE, PodInfo(name="p", namespace="ns", uid="u"), ContainerInfo(name="c"), partial=True)
-
-
-def test_express_hooks_answer_partial_views_with_what_they_add() -> None:
-    a = ExpressCached("a", 1, setter("A"))
-    b = ExpressCached("b", 2, lambda c: None)
-    out = chain(a, b).run_express(partial())
-    assert out is not None and out.error is None
-    assert [(r.hook, r.result) for r in out.records] == [("a", "ok"), ("b", "noop")]
-    assert out.records[0].detail == Edit(env={"A": "1"})
-    assert out.ctx.container is not None and out.ctx.container.envs == ()  # views are not edited here
-    assert a.threads == b.threads == []
-
-
-@pytest.mark.parametrize(
-    "body",
-    [
-        lambda c: Edit(remove_env={"A"}),  # removes: only the views can tell what is left
-        lambda c: Edit(add_devices=[Device("/dev/x", "/etc/shadow")]),  # the allowlist says no
-        lambda c: (_ for _ in ()).throw(HookError(grpc.StatusCode.INTERNAL, "no")),  # a refusal
-        lambda c: (_ for _ in ()).throw(NotCached("a read")),  # needs what it has not cached
-        lambda c: "not an edit",
-    ],
-)
-def test_the_express_lane_declines_what_the_full_lane_must_answer(body: Callable[[HookContext], Any]) -> None:
-    """The full lane applies the hook's policy and words the refusal; the express lane only says no."""
-    hook = ExpressCached("a", 1, body)
-    assert chain(hook, allowed_host_paths=("/dev/*",)).run_express(partial()) is None
-
-
-def test_a_hook_without_the_express_lane_sends_the_call_to_the_full_lane() -> None:
-    assert chain(ExpressCached("a", 1, setter("A")), Cached("b", 2, setter("B"))).run_express(partial()) is None
-
-
-def test_a_hook_that_narrows_its_stages_away_does_not_hold_up_the_express_lane() -> None:
-    class Narrowing(Cached):
-        def __init__(self) -> None:
-            super().__init__("n", 0, setter("N"))
-            self.asked: list[Stage] = []
-
-        def wants(self, stage: Stage) -> bool:
-            self.asked.append(stage)
-            return False
-
-    narrowing = Narrowing()
-    out = chain(narrowing, ExpressCached("a", 1, setter("A"))).run_express(partial())
-    assert out is not None and [r.hook for r in out.records] == ["a"]
-    assert narrowing.asked == [STAGE] and narrowing.cached_calls == 0
-
-
-def test_the_allowlist_verdict_on_an_edit_given_again_is_kept() -> None:
-    from crihook.hooks.chain import Allowlist
-
-    allow = Allowlist(["/dev/*"])
-    grant = Edit(add_devices=[Device("/dev/a", "/dev/a")])
-    assert allow.check_kept(grant) is None
-    grant.add_devices.append(Device("/dev/b", "/etc/b"))  # what a hook must never do (see Express)
-    assert allow.check_kept(grant) is None  # the verdict is the edit's identity's
-    assert allow.check_kept(Edit(add_devices=list(grant.add_devices))) == "/etc/b"

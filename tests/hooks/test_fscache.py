@@ -10,7 +10,6 @@ import json
 import os
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 
 from crihook.base import allocation as al
 from crihook.base.config import HooksConfig, NodeConfig
-from crihook.hooks.base import ContainerInfo, HookContext, HookError, PodInfo, Stage
+from crihook.hooks.base import MISS, ContainerInfo, HookContext, HookError, PodInfo, Stage
 from crihook.hooks.chain import build_chain
 from crihook.hooks.fscache import FsMemo, NotCached
 from crihook.hooks.gpu import GpuHook
@@ -229,7 +228,7 @@ def outcome(fn: Any, c: HookContext) -> Any:
 
 def test_the_cached_answer_is_the_read_answer_after_every_change(memo: FsMemo, tmp_path: Path) -> None:
     """After each change kubelet (or an admin) makes on the node, the hook answering from the memo
-    either says NotCached or says exactly what reading the files says."""
+    either says MISS or says exactly what reading the files says."""
     node = Node(tmp_path)
     hook = node.hook(memo)
     cases = [ctx(POD, 2), ctx(OTHER), ctx(POD, 3, 4)]
@@ -249,9 +248,8 @@ def test_the_cached_answer_is_the_read_answer_after_every_change(memo: FsMemo, t
         step()
         for c in cases:
             for _ in range(2):  # the first may miss; the second has what the first read
-                try:
-                    cached = outcome(hook.handle_cached, c)
-                except NotCached:
+                cached = outcome(hook.handle_cached, c)
+                if cached is MISS:
                     outcome(hook.handle, c)
                     continue
                 answered += 1
@@ -272,8 +270,7 @@ def test_an_allocation_is_placed_once_until_the_node_changes(memo: FsMemo, tmp_p
     node.inventory.generation += 1  # the reporter's round found the GPUs changed
     assert hook.handle_cached(c) == first and node.inventory.lookups == lookups + 2
     (node.dev / "nvidia3").unlink()
-    with pytest.raises(NotCached):
-        hook.handle_cached(c)
+    assert hook.handle_cached(c) is MISS
     missing = outcome(hook.handle, c)
     assert missing[0] == grpc.StatusCode.FAILED_PRECONDITION and "nvidia3" in missing[1]
     assert outcome(hook.handle_cached, c) == missing
@@ -305,8 +302,7 @@ def test_a_pods_containers_are_placed_before_they_come(memo: FsMemo, tmp_path: P
 
 def test_without_a_memo_every_call_reads(tmp_path: Path) -> None:
     hook = Node(tmp_path).hook(None)
-    with pytest.raises(NotCached):
-        hook.handle_cached(ctx(POD, 2))
+    assert hook.handle_cached(ctx(POD, 2)) is MISS
 
 
 def test_rdma_answers_on_the_loop_only_without_rdma_devices() -> None:
@@ -314,8 +310,7 @@ def test_rdma_answers_on_the_loop_only_without_rdma_devices() -> None:
     assert hook.handle_cached(ctx(POD, 2)) is None
     rdma = {al.DEVICE_ALLOCATED: '{"rdma": [{"minor": 0, "id": "0000:4b:00.0"}]}'}
     c = HookContext(Stage.PRE_CREATE_CONTAINER, PodInfo("p", "ml", POD, annotations=rdma), ContainerInfo("c"))
-    with pytest.raises(NotCached):
-        hook.handle_cached(c)
+    assert hook.handle_cached(c) is MISS
 
 
 # -- in the chain --------------------------------------------------------------------------------------
@@ -368,8 +363,8 @@ async def test_a_stalled_file_system_never_freezes_the_event_loop(memo: FsMemo, 
         hung = asyncio.create_task(chain.run(ctx(POD, 2)))
         assert await asyncio.to_thread(stalled.wait, 10), "the hook never read"
         other = asyncio.create_task(chain.run(ctx(OTHER, 3)))
-        # the express lane, on the loop, does not wait for the lock either: it sends the call on
-        assert chain.run_express(replace(ctx(OTHER, 3), partial=True)) is None
+        # on the loop, the hook does not wait for the lock either: it sends the call to a thread
+        assert hook.handle_cached(ctx(OTHER, 3)) is MISS
         await assert_loop_keeps_ticking()
         for task in (hung, other):
             out = await task

@@ -438,14 +438,13 @@ def test_containers_created_at_once_can_not_share_a_gpu(node: Node, tmp_path: Pa
     assert handle(hook, pod(uid=OTHER_UID)) is None  # the plugin's allocation stands
 
 
-# -- the express lane -------------------------------------------------------------------------------
+# -- the plain grant -------------------------------------------------------------------------------
 
 
-def test_partial_views_get_the_placements_grant_unless_the_plugin_allocated(node: Node) -> None:
-    """On the express lane (no envs or mounts shown) every container of an allocation gets the same
-    Edit; a container the device plugin allocated to goes to the full lane, which strips what the
-    plugin injected."""
-    from crihook.hooks.fscache import FsMemo, NotCached
+def test_every_container_of_an_allocation_gets_the_placements_grant(node: Node) -> None:
+    """Answered from the memo, every container of an allocation that brings no devices of its own
+    gets the same Edit, the one a read gives."""
+    from crihook.hooks.fscache import FsMemo
 
     write_checkpoint(node.checkpoint, [])
     hook = node.hook()
@@ -454,21 +453,15 @@ def test_partial_views_get_the_placements_grant_unless_the_plugin_allocated(node
     full = handle(hook, p)  # fills the memo
     assert full is not None
 
-    def express(container: str) -> Edit | None:
-        return hook.handle_cached(HookContext(Stage.PRE_CREATE_CONTAINER, p, ContainerInfo(container), partial=True))
+    def cached(container: str) -> object:
+        return hook.handle_cached(HookContext(Stage.PRE_CREATE_CONTAINER, p, ContainerInfo(container)))
 
-    first, second = express("cuda"), express("sidecar")
-    assert first is second and first == full and first.adds_only()
-    write_checkpoint(node.checkpoint, [Entry(POD_UID, "cuda", [BOX[3].uuid], resp=nvidia_plugin_resp(BOX[3:4]))])
-    hook.memo.sync()  # the change seen, as a cached call sees it first
-    handle(hook, p)  # the memo reads the new checkpoint
-    with pytest.raises(NotCached):
-        express("cuda")
-    assert express("sidecar") is second  # the plugin gave that container nothing
+    first, second = cached("cuda"), cached("sidecar")
+    assert first is second and first == full
     hook.close()
 
 
-def test_the_express_grant_made_without_the_node_view_claims_its_gpus(node: Node, tmp_path: Path) -> None:
+def test_the_plain_grant_made_without_the_node_view_claims_its_gpus(node: Node, tmp_path: Path) -> None:
     """The plain grant (no device-plugin entry on the node) records its claim as the general
     decision does: a plugin pod handed the same GPU a moment later is refused."""
     from crihook.hooks import gpu as gpu_module
@@ -487,8 +480,8 @@ def test_the_express_grant_made_without_the_node_view_claims_its_gpus(node: Node
     hook._claims.clear()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(gpu_module, "NodeView", lambda *a: pytest.fail("the plain grant needs no node view"))
-        edit = hook.handle_cached(HookContext(Stage.PRE_CREATE_CONTAINER, p, ContainerInfo("cuda"), partial=True))
-    assert edit is not None and edit.env["NVIDIA_VISIBLE_DEVICES"] == BOX[0].uuid
+        edit = hook.handle_cached(HookContext(Stage.PRE_CREATE_CONTAINER, p, ContainerInfo("cuda")))
+    assert isinstance(edit, Edit) and edit.env["NVIDIA_VISIBLE_DEVICES"] == BOX[0].uuid
     assert list(hook._claims) == [(POD_UID, "cuda")]
     write_checkpoint(node.checkpoint, [Entry(OTHER_UID, "cuda", [BOX[0].uuid], resp=nvidia_plugin_resp(BOX[:1]))])
     hook.memo.sync()

@@ -26,6 +26,7 @@ from crihook.hooks.gpu_edit import (
     NodeView,
     Placements,
     SeenPod,
+    brings_devices,
     gpu_edit,
     plain_grant,
 )
@@ -728,7 +729,14 @@ def plain_cases(draw: st.DrawFn) -> tuple[PodInfo, ContainerInfo, NodeView, bool
     if draw(st.sampled_from([False] * 9 + [True])):
         ann[al.DEVICE_ALLOCATED] = "{"
     brings = draw(
-        st.sampled_from([{}, {}, {"devices": (Device("/dev/nvidia2", "/dev/nvidia2"),)}, {"annotations": {"x": "y"}}])
+        st.sampled_from(
+            [
+                {},
+                {"annotations": {"x": "y"}},  # kubelet's own annotations bring nothing
+                {"devices": (Device("/dev/nvidia2", "/dev/nvidia2"),)},
+                {"annotations": {"cdi.k8s.io/x": "nvidia.com/gpu=0"}},
+            ]
+        )
     )
     c = container(draw(st.sampled_from(["cuda", "sidecar"])), **brings)
     holders = [Entry(OTHER_UID, "cuda", [g.uuid]) for g in draw(st.sampled_from([(), (), BOX[1:2]]))]
@@ -753,7 +761,7 @@ def test_the_plain_grant_is_what_gpu_edit_answers(case: tuple[PodInfo, Container
             run(p, c, n)
         assert (info.value.code, info.value.reason) == (e.code, e.reason)
         return
-    brings_nothing = not (c.devices or c.cdi_devices or c.annotations)
+    brings_nothing = not brings_devices(c)
     if plain is None:  # declined: it must not be the case plain_grant is for
         if same_stamp and not n.checkpoint.entries and brings_nothing:
             allocs = scheduled(p, c, al.GPU)

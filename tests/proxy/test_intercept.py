@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,8 +13,9 @@ import pytest
 from crihook.base.config import HooksConfig, NodeConfig
 from crihook.base.spec import Device, Mount
 from crihook.hooks.base import Edit, HookContext, HookError, PodInfo, ResourcesPatch, Stage
-from crihook.hooks.chain import build_chain
+from crihook.hooks.chain import Allowlist, HookChain, build_chain
 from crihook.node.container import container_view, write_container
+from crihook.node.lifecycle import Lifecycle
 from crihook.node.pod import pod_view
 from crihook.node.records import ContainerRecord, PodRecord
 from crihook.node.store import Store
@@ -21,7 +23,7 @@ from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proto import wire
 from crihook.proxy.intercept import HANDLERS, Interceptor
 from crihook.proxy.orphans import orphan_of
-from crihook.proxy.relay import Rejected
+from crihook.proxy.relay import Rejected, start
 
 CREATE = b"/runtime.v1.RuntimeService/CreateContainer"
 RUN = b"/runtime.v1.RuntimeService/RunPodSandbox"
@@ -365,7 +367,7 @@ async def test_update_shows_the_stored_container_with_the_update_applied(tmp_pat
         cpuset_cpus="1", cpuset_mems="0",
     )  # fmt: skip
     ic.post(
-        call,
+        ic.classify(UPDATE),  # another call, not rewritten (no hook wanted it, say)
         cri.UpdateContainerResourcesRequest(container_id="c-1", linux=full).SerializeToString(),
         b"",
         grpc.StatusCode.OK,
@@ -409,9 +411,9 @@ async def test_update_of_a_container_crihook_never_saw(tmp_path: Path) -> None:
 # -- the handler table --------------------------------------------------------------------------------
 
 
-def test_every_stage_has_exactly_one_handler() -> None:
-    stages = [s for h in HANDLERS.values() for s in (h.pre, h.post) if s is not None]
-    assert sorted(stages) == sorted(Stage)
+def test_every_pre_stage_has_exactly_one_handler() -> None:
+    stages = [h.pre for h in HANDLERS.values() if h.pre is not None]
+    assert sorted(stages) == sorted(s for s in Stage if not s.is_post)
 
 
 @pytest.mark.parametrize("path", sorted(HANDLERS))
@@ -419,17 +421,18 @@ def test_each_handler_names_its_method_messages_and_steps(path: bytes) -> None:
     h = HANDLERS[path]
     assert path.decode().rsplit("/", 1)[1] == h.name
     assert h.request is getattr(cri, h.name + "Request") and h.response is getattr(cri, h.name + "Response")
-    assert (h.pre is not None) == (h.context is not None)  # a pre stage needs the hooks' view of the request
+    assert (h.pre is not None) == (h.decide is not None)  # a pre stage needs the hooks' view of the request
 
 
 @pytest.mark.parametrize("path", sorted(p for p, h in HANDLERS.items() if h.pre is not None))
-def test_a_view_no_hook_changed_writes_nothing_back(tmp_path: Path, path: bytes) -> None:
+async def test_a_view_no_hook_changed_writes_nothing_back(tmp_path: Path, path: bytes) -> None:
     h = HANDLERS[path]
-    assert h.pre is not None and h.context is not None
+    assert h.pre is not None and h.decide is not None
     msg = h.request.FromString(create_request()) if h.name == "CreateContainer" else h.request()
     before = msg.SerializeToString()
-    ctx = HookContext(h.pre, *h.context(Store(tmp_path), msg))
-    h.write_back(msg, ctx, ctx)
+    decided = await h.decide(Lifecycle(HookChain((), Allowlist(())), Store(tmp_path)), msg, None)
+    assert not decided.edited
+    h.write_back(msg, decided)
     assert msg.SerializeToString() == before
 
 
@@ -468,3 +471,15 @@ async def test_a_started_sandbox_lets_hooks_prepare_for_its_containers(tmp_path:
     assert [(p.id, p.uid, dict(p.annotations)) for p in hook.prepared] == [
         ("sb-1", sandbox().metadata.uid, dict(sandbox().annotations))
     ]
+
+
+async def test_a_rewrite_started_from_a_protocol_callback_may_wait_on_an_async_hook(tmp_path: Path) -> None:
+    """The relay starts a rewrite in its data_received callback, outside any task (relay.start): an
+    async hook on the way must still run, under its timeout, and the rewrite finish as a task."""
+    hook = EditHook({Stage.PRE_CREATE_CONTAINER}, Edit(env={"X": "1"}))
+    ic = interceptor(tmp_path, hook)
+    loop = asyncio.get_running_loop()
+    started: asyncio.Future[asyncio.Future[bytes]] = loop.create_future()
+    loop.call_soon(lambda: started.set_result(start(ic.rewrite(ic.classify(CREATE), create_request()))))
+    out = cri.CreateContainerRequest.FromString(await (await started))
+    assert container_view(out.config).env("X") == "1" and hook.seen

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,7 +16,6 @@ import grpc
 import pytest
 
 from crihook.base.metrics import CRI_CALLS
-from crihook.proxy import relay as relay_module
 from crihook.proxy.hpack import encode_literal
 from crihook.proxy.relay import (
     CONTINUATION,
@@ -39,6 +38,7 @@ from crihook.proxy.relay import (
     _Stream,
     deadline_of,
     frame,
+    start,
 )
 
 
@@ -61,9 +61,7 @@ class ScriptedInterceptor:
     messages: list[bytes | None] = field(default_factory=list)
     delay: float = 0.0
     deadlines: list[float | None] = field(default_factory=list)
-    posts_seen: list[int] = field(default_factory=list)  # how many posts had run when each pre began
-    # with no delay, answer at once (as Interceptor.pre does when no hook waits), not as a coroutine
-    eager: bool = False
+    posts_seen: list[int] = field(default_factory=list)  # how many posts had run when each rewrite began
 
     def classify(self, path: bytes) -> Spec | None:
         if path.startswith(b"/t.S/Modify"):
@@ -72,19 +70,11 @@ class ScriptedInterceptor:
             return Spec(False)
         return None
 
-    def pre(self, spec: Spec, request: bytes, deadline: float | None) -> bytes | Awaitable[bytes]:
+    async def rewrite(self, spec: Spec, request: bytes, deadline: float | None) -> bytes:
         self.deadlines.append(deadline)
         self.posts_seen.append(len(self.posts))
-        if self.eager and not self.delay:
-            return self._answer(request)
-        return self._later(request)
-
-    async def _later(self, request: bytes) -> bytes:
         if self.delay:
             await asyncio.sleep(self.delay)
-        return self._answer(request)
-
-    def _answer(self, request: bytes) -> bytes:
         if request.startswith(b"refuse"):
             raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, "refused by test: 100% sure, ünïcode")
         return request + b"+" * self.grow
@@ -122,17 +112,15 @@ class Backend(grpc.GenericRpcHandler):
             yield b"part%d" % i
 
 
-@pytest.fixture(params=[False, True], ids=["pre-in-a-task", "pre-at-once"])
-async def setup(
-    tmp_path: Path, request: pytest.FixtureRequest
-) -> AsyncIterator[tuple[grpc.aio.Channel, ScriptedInterceptor, Relay, str]]:
+@pytest.fixture
+async def setup(tmp_path: Path) -> AsyncIterator[tuple[grpc.aio.Channel, ScriptedInterceptor, Relay, str]]:
     backend = str(tmp_path / "backend.sock")
     front = str(tmp_path / "front.sock")
     server = grpc.aio.server()
     server.add_generic_rpc_handlers([Backend()])
     server.add_insecure_port(f"unix://{backend}")
     await server.start()
-    interceptor = ScriptedInterceptor(eager=request.param)
+    interceptor = ScriptedInterceptor()
     relay = Relay(backend, interceptor, max_message=1 << 20)
     await relay.start(front)
     channel = grpc.aio.insecure_channel(f"unix://{front}", options=[("grpc.max_receive_message_length", 8 << 20)])
@@ -235,29 +223,16 @@ async def test_observed_calls_are_copied_not_held(setup) -> None:
     assert interceptor.posts == [(b"watch me", b"echo:watch me", grpc.StatusCode.OK)]
 
 
-async def test_post_waits_for_the_caller_but_never_for_a_later_pre_or_the_drain(
-    setup, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A finished call's bookkeeping runs after AFTERWORK, so kubelet takes its answer first; a later
-    claimed call's `pre` finds every earlier call recorded, and a drain leaves none unrecorded."""
-    channel, interceptor, relay, _ = setup
-    monkeypatch.setattr(relay_module, "AFTERWORK", 3600.0)
-    assert await unary(channel, "/t.S/Observe")(b"one") == b"echo:one"
-    assert await unary(channel, "/t.S/Observe")(b"two") == b"echo:two"
-    await asyncio.sleep(0.01)
-    assert interceptor.posts == []  # waiting for the timer
-    assert await unary(channel, "/t.S/Modify")(b"three") == b"echo:three"
-    assert interceptor.posts_seen == [2]  # both recorded before the hooks ran, in order
-    assert [p[0] for p in interceptor.posts] == [b"one", b"two"]
-    await relay.drain(1)
-    assert [p[0] for p in interceptor.posts] == [b"one", b"two", b"three"]
-
-
-async def test_post_runs_by_itself_soon_after_the_answer(setup) -> None:
+async def test_post_runs_once_the_caller_has_its_answer_before_any_later_call(setup) -> None:
+    """A finished call's bookkeeping runs as soon as its answer is written: a later claimed call's
+    `rewrite` finds every earlier call recorded, in order."""
     channel, interceptor, _, _ = setup
     assert await unary(channel, "/t.S/Observe")(b"one") == b"echo:one"
-    await asyncio.sleep(relay_module.AFTERWORK + 0.05)
     assert [p[0] for p in interceptor.posts] == [b"one"]
+    assert await unary(channel, "/t.S/Observe")(b"two") == b"echo:two"
+    assert await unary(channel, "/t.S/Modify")(b"three") == b"echo:three"
+    assert interceptor.posts_seen == [2]
+    assert [p[0] for p in interceptor.posts] == [b"one", b"two", b"three"]
 
 
 async def test_a_failing_post_costs_no_other_call_its_bookkeeping() -> None:
@@ -272,9 +247,8 @@ async def test_a_failing_post_costs_no_other_call_its_bookkeeping() -> None:
     interceptor.post = post  # type: ignore[method-assign]
     relay: Relay[Spec] = Relay("unused", interceptor)
     for body in (b"first", b"bad", b"last"):
-        relay.after(Spec(False), body, b"", grpc.StatusCode.OK, None)
-    relay.settle()
-    assert [p[0] for p in interceptor.posts] == [b"first", b"last"] and not relay.posts
+        relay.post(Spec(False), body, b"", grpc.StatusCode.OK, None)
+    assert [p[0] for p in interceptor.posts] == [b"first", b"last"]
 
 
 async def test_observed_failures_reach_post_with_status_and_message(setup) -> None:
@@ -429,11 +403,16 @@ class _Down(_Sink):
         return False
 
 
+@pytest.mark.parametrize("delay", [0.0, 0.01], ids=["at-once", "waits"])
 @pytest.mark.parametrize("body", [b"hello", b"refuse"])
-def test_a_request_answered_at_once_goes_out_in_one_write_with_its_headers(body: bytes) -> None:
-    """containerd gets the HEADERS kubelet sent and what `pre` made of the held DATA (the rewrite, or
-    the reset of a refused call) in one write: one send, and the call arrives whole."""
-    link: Link[Spec] = Link(Relay("unused", ScriptedInterceptor(grow=3, eager=True)), _Down())  # type: ignore[arg-type]
+async def test_a_held_request_follows_its_headers_in_one_write_unless_the_rewrite_waits(
+    body: bytes, delay: float
+) -> None:
+    """containerd gets the HEADERS kubelet sent and what `rewrite` made of the held DATA (the
+    rewrite, or the reset of a refused call): in one write when the rewrite never waits (one send,
+    the call arrives whole), else the HEADERS at once and the rest once the rewrite is done."""
+    interceptor = ScriptedInterceptor(grow=3, delay=delay)
+    link: Link[Spec] = Link(Relay("unused", interceptor), _Down())  # type: ignore[arg-type]
     up = _Sink()
     link.up = link.flow.up = up  # type: ignore[assignment]
     headers = frame(HEADERS, END_HEADERS, 1, encode_literal([(b":method", b"POST"), (b":path", b"/t.S/Modify")]))
@@ -442,7 +421,15 @@ def test_a_request_answered_at_once_goes_out_in_one_write_with_its_headers(body:
         then = frame(RST_STREAM, 0, 1, (8).to_bytes(4, "big"))  # CANCEL
     else:
         then = frame(DATA, END_STREAM, 1, b"\x00" + (len(body) + 3).to_bytes(4, "big") + body + b"+++")
-    assert up.frames == [PREFACE + headers + then]
+    if not delay:
+        assert up.frames == [PREFACE + headers + then]
+        assert all(st.task is None for st in link.streams.values())  # no task made
+        return
+    assert up.frames == [PREFACE + headers]
+    task = link.streams[1].task
+    assert task is not None
+    await asyncio.wait([task])
+    assert up.frames == [PREFACE + headers, then]
 
 
 async def test_an_answer_before_the_upload_ends_stops_the_upload_in_the_same_batch() -> None:
@@ -460,3 +447,33 @@ async def test_an_answer_before_the_upload_ends_stops_the_upload_in_the_same_bat
         frame(HEADERS, END_STREAM | END_HEADERS, 1, trailers) + frame(WINDOW_UPDATE, 0, 0, (100).to_bytes(4, "big"))
     )
     assert 1 not in link.streams and up.frames == []  # nothing more of it went to containerd
+
+
+async def test_start_runs_a_coroutine_at_once_and_a_task_finishes_one_that_waits() -> None:
+    async def now() -> int:
+        return 1
+
+    done = start(now())
+    assert done.done() and done.result() == 1 and not isinstance(done, asyncio.Task)
+
+    seen: list[str] = []
+
+    async def waits(then: float) -> int:
+        seen.append("first step")
+        try:
+            await asyncio.sleep(then)
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+        return 2
+
+    later = start(waits(0.001))
+    assert seen == ["first step"] and not later.done()
+    assert await later == 2
+    stopped = start(waits(10))
+    await asyncio.sleep(0)
+    stopped.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stopped
+    assert seen[-1] == "cancelled"

@@ -205,7 +205,7 @@ def test_a_task_cri_lost_track_of_is_cleared_so_the_pod_can_go(
         proxy_cri.remove_container(container_id)
     _retry_like_kubelet(lambda: proxy_cri.remove_container(container_id))
     assert container_id not in containerd.ctr("tasks", "list")
-    assert f'msg="orphan task cleared" container={container_id}' in crihook_proxy.log_text()
+    _logged(crihook_proxy, f'msg="orphan task cleared" container={container_id}')
     proxy_cri.stop_pod(pod_id)
     proxy_cri.remove_pod(pod_id)
     pod_id, container_id = _orphan(proxy_cri, containerd, "orphan-exited", failed_start=True)
@@ -214,7 +214,16 @@ def test_a_task_cri_lost_track_of_is_cleared_so_the_pod_can_go(
         proxy_cri.remove_pod(pod_id)
     _retry_like_kubelet(lambda: proxy_cri.remove_pod(pod_id))
     assert proxy_cri.list_pods() == []
-    assert f'msg="orphan task cleared" container={container_id}' in crihook_proxy.log_text()
+    _logged(crihook_proxy, f'msg="orphan task cleared" container={container_id}')
+
+
+def _logged(daemon: Crihook, line: str) -> None:
+    """crihook logs a clearing once containerd's Delete answered, which may be after kubelet's retry
+    already went through: wait for the line a little."""
+    deadline = time.monotonic() + 5
+    while line not in daemon.log_text():
+        assert time.monotonic() < deadline, f"never logged: {line}"
+        time.sleep(0.05)
 
 
 def _clear(containerd: Containerd, container_id: str) -> bool:
@@ -272,7 +281,12 @@ def test_deadline_passes_through(crihook_proxy: Crihook) -> None:
             with pytest.raises(grpc.RpcError) as err:
                 request = api.ExecSyncRequest(container_id=cid, cmd=["sleep", "5"], timeout=10)
                 client.runtime.ExecSync(request, timeout=1)
-            assert cut_by_deadline(err.value)
+            # containerd 1.6 may answer first, when its own copy of the deadline ends the exec:
+            # UNKNOWN "... context deadline exceeded", the deadline all the same
+            e = err.value
+            assert cut_by_deadline(e) or (
+                e.code() == grpc.StatusCode.UNKNOWN and "context deadline exceeded" in (e.details() or "")
+            )
             assert time.monotonic() - started < 3
         client.remove_all()
 

@@ -1,4 +1,4 @@
-"""Fuzzing the CRI request decoder: `Interceptor.pre` on what a hostile or broken client can send as a
+"""Fuzzing the CRI request decoder: `Interceptor.rewrite` on what a hostile or broken client can send as a
 RunPodSandbox or CreateContainer body, with the real gpu hook and an editing hook in the chain.
 
 Inputs: arbitrary bytes; kubelet-shaped requests (hostile annotations, non-UTF-8 envs, int64

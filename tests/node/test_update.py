@@ -1,4 +1,4 @@
-"""UpdateContainerResources applied the way containerd applies it (proxy/update.py): properties."""
+"""UpdateContainerResources applied the way containerd applies it (node/update.py): properties."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from crihook.hooks.base import LinuxResources
-from crihook.proxy.update import UPDATED, apply_update, changed_fields, changed_keys
+from crihook.node.update import UPDATED, apply_update, changed_fields, changed_keys
 
 _INT = st.one_of(st.just(0), st.integers(min_value=-(2**40), max_value=2**40))
 _TEXT = st.one_of(st.just(""), st.sampled_from(["0", "0-3", "1,3", "2"]))
