@@ -41,7 +41,7 @@ from crihook.base import allocation as al
 from crihook.base.config import HooksConfig, NodeConfig
 from crihook.base.spec import Device
 from crihook.hooks.base import ContainerInfo, HookContext, PodInfo, Stage
-from crihook.hooks.chain import build_chain, discover_factories
+from crihook.hooks.registry import build_chain, discover_factories
 from crihook.node.records import ContainerRecord, PodRecord
 from crihook.node.store import Store
 from crihook.proxy.serve import attach_store

@@ -42,7 +42,7 @@ import grpc
 import proxy_bench as pb
 
 from crihook.base import config as cfgmod
-from crihook.hooks.chain import build_chain
+from crihook.hooks.registry import build_chain
 from crihook.node.store import Store
 from crihook.nri.handler import HookHandler
 from crihook.proto import nri_v1alpha1_pb2 as nri

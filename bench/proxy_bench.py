@@ -60,7 +60,7 @@ sys.path.insert(0, str(ROOT))
 
 from crihook.base import allocation as al  # noqa: E402
 from crihook.base import config as cfgmod  # noqa: E402
-from crihook.hooks.chain import build_chain  # noqa: E402
+from crihook.hooks.registry import build_chain  # noqa: E402
 from crihook.node.store import Store  # noqa: E402
 from crihook.proto import runtime_v1_pb2 as api  # noqa: E402
 from crihook.proxy.intercept import HANDLERS, Interceptor  # noqa: E402

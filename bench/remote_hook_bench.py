@@ -29,7 +29,7 @@ import uvloop
 
 from crihook.base.config import HooksConfig, NodeConfig
 from crihook.hooks.base import ContainerInfo, HookContext, LinuxResources, PodInfo, Stage
-from crihook.hooks.chain import build_chain
+from crihook.hooks.registry import build_chain
 from crihook.hooks.remote import RemoteHook, factory
 from tests.support.hookserver import HookServer, short_dir, write_config
 

@@ -1,30 +1,25 @@
-"""Runs the configured hooks for one CRI call: fixed order, a timeout each, a failure policy each,
-the host-path allowlist enforced on every edit whoever made it, and each edit applied to the view
-the next hook sees (`apply_edit`)."""
+"""Runs the hooks of one CRI call's stage: fixed order, a timeout each, a failure policy each, every
+edit checked against the allowlist (hooks/allowlist.py) and applied to the view the next hook sees
+(hooks/edit.py); blocking hooks on the worker threads of hooks/executor.py, unless they answer from
+memory. hooks/registry.py builds the chain from the configuration."""
 
 from __future__ import annotations
 
 import asyncio
-import fnmatch
 import inspect
 import logging
-import os.path
-import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Executor, Future
-from dataclasses import dataclass, field, replace
-from importlib.metadata import entry_points
-from typing import Any, TypeVar
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
-from crihook.base.config import ConfigError, HooksConfig, NodeConfig
 from crihook.base.metrics import HOOK_FAILURES, HOOK_SECONDS
+from crihook.hooks.allowlist import Allowlist
 from crihook.hooks.base import (
     Edit,
-    Factory,
     Hook,
     HookContext,
     HookError,
@@ -32,20 +27,23 @@ from crihook.hooks.base import (
     PodInfo,
     PreparesPods,
     Stage,
-    options_type,
 )
+from crihook.hooks.edit import apply_edit
+from crihook.hooks.executor import DaemonThreads
 
 log = logging.getLogger("crihook.hooks")
-_T = TypeVar("_T")
 
-ENTRY_POINT_GROUP = "crihook.hooks"
+
 # Blocking hooks run on the chain's own threads. A call still running past its timeout keeps its
 # thread (Python can not stop it): the pool starts another in its place, and a hook with
 # STUCK_PER_HOOK such calls is not called again (its calls fail at once) until one returns. So a
 # hanging hook costs a bounded number of threads and never the threads every other hook needs.
 STUCK_PER_HOOK = 2
+
+
 SPARE_WORKERS = 4
-ALLOWLIST_MEMO = 4096  # host paths whose verdict is kept (cleared when full: paths from a hook server vary)
+
+
 # PreCreateContainer -> pre_create_container, the metrics label
 _STAGE_LABELS = {s: "".join("_" + c.lower() if c.isupper() else c for c in s.value).lstrip("_") for s in Stage}
 
@@ -89,34 +87,6 @@ class Outcome:
     ctx: HookContext
     records: list[HookRecord] = field(default_factory=list)
     error: HookError | None = None  # set when a `fail` hook refused: the call must not go on
-
-
-class Allowlist:
-    """Host paths hooks may expose to containers. Patterns are fnmatch globs on normalised paths,
-    so `..` can not walk out of an allowed directory."""
-
-    def __init__(self, patterns: Iterable[str]) -> None:
-        self.patterns = tuple(os.path.normpath(p) for p in patterns)
-        # host path -> allowed: a node's hooks add the same few device nodes and mounts to every
-        # container, and matching each against every pattern was a tenth of a CreateContainer
-        self._verdicts: dict[str, bool] = {}
-
-    def allows(self, host: str) -> bool:
-        verdict = self._verdicts.get(host)
-        if verdict is None:
-            norm = os.path.normpath(host)
-            verdict = os.path.isabs(host) and any(fnmatch.fnmatchcase(norm, p) for p in self.patterns)
-            if len(self._verdicts) >= ALLOWLIST_MEMO:
-                self._verdicts.clear()
-            self._verdicts[host] = verdict
-        return verdict
-
-    def check(self, edit: Edit) -> str | None:
-        """The first host path the edit adds that is not allowed, or None."""
-        for host in [d.host_path for d in edit.add_devices] + [m.host_path for m in edit.add_mounts]:
-            if not self.allows(host):
-                return host
-        return None
 
 
 def _error_reason(exc: BaseException) -> str:
@@ -208,7 +178,7 @@ class HookChain:
         limit = reg.timeout
         if reg.follows_deadline and out.ctx.deadline is not None:
             limit = max(out.ctx.deadline - time.monotonic(), 0.0)
-        try:  # wait_for, not asyncio.timeout: a rewrite runs its first step outside any task (relay.start)
+        try:  # wait_for, not asyncio.timeout: a rewrite runs its first step outside any task (link.start)
             result: Any = await asyncio.wait_for(reg.hook.handle(out.ctx), limit)  # type: ignore[arg-type]
         except Exception as exc:
             self._settle(reg, out, start, exc=exc, limit=limit)
@@ -325,67 +295,6 @@ class HookChain:
             )
 
 
-class DaemonThreads(Executor):
-    """ThreadPoolExecutor's job, with two differences a hook pool needs. Its threads are daemons:
-    Python joins a pool's threads at exit, and a hook (or a file system) that never returns must not
-    keep crihook from stopping. And a thread stuck in a hook past its timeout can be written off (`write_off`): the pool
-    may start another in its place, and the stuck one leaves when (if ever) its job returns."""
-
-    def __init__(self, size: int, name: str = "crihook-hook") -> None:
-        self._size = size
-        self._name = name
-        self._jobs: queue.SimpleQueue[
-            tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None
-        ] = queue.SimpleQueue()
-        self._idle = threading.Semaphore(0)
-        self._lock = threading.Lock()
-        self._threads = 0
-        self._shut = False
-        self._local = threading.local()
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        future: Future[Any] = Future()
-        with self._lock:
-            if self._shut:
-                raise RuntimeError("hook threads are shut down")
-            self._jobs.put((future, fn, args, kwargs))
-            if not self._idle.acquire(blocking=False) and self._threads < self._size:
-                self._threads += 1
-                threading.Thread(target=self._work, name=f"{self._name}-{self._threads}", daemon=True).start()
-        return future
-
-    def write_off(self) -> None:
-        """Called from the event loop about a job that outlived its timeout: its thread no longer
-        counts towards the pool's size."""
-        with self._lock:
-            self._size += 1
-
-    def leave_after_job(self) -> None:
-        """Called by a written-off job when it finally returns: its thread goes instead of idling."""
-        self._local.leave = True
-
-    def _work(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            future, fn, args, kwargs = job
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(fn(*args, **kwargs))
-                except BaseException as e:
-                    future.set_exception(e)
-            if getattr(self._local, "leave", False):
-                with self._lock:
-                    self._size -= 1
-                    self._threads -= 1
-                return
-            self._idle.release()
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        with self._lock:
-            self._shut = True
-            for _ in range(self._threads):
-                self._jobs.put(None)
-
-
 @dataclass
 class _BlockingRun:
     """The worker-thread side of `HookChain._run_blocking`. Everything shared with the event loop
@@ -447,68 +356,6 @@ def _blocking_end(regs: tuple[Registered, ...], i: int) -> int:
     return i
 
 
-def apply_edit(ctx: HookContext, edit: Edit) -> HookContext:
-    """The view after `edit`; the chain feeds it to the next hook. Raises ValueError for an edit
-    that does not fit the stage (a hook bug, handled by its failure policy)."""
-    pod = ctx.pod
-    if edit.labels or edit.cgroup_parent is not None:
-        if ctx.stage is not Stage.PRE_RUN_POD_SANDBOX:
-            raise ValueError(f"labels and cgroup_parent can only change at {Stage.PRE_RUN_POD_SANDBOX}")
-        pod = replace(
-            pod,
-            labels={**pod.labels, **edit.labels},
-            cgroup_parent=edit.cgroup_parent if edit.cgroup_parent is not None else pod.cgroup_parent,
-        )
-    if ctx.container is None:
-        container_only = (
-            edit.env,
-            edit.remove_env,
-            edit.add_mounts,
-            edit.remove_mounts,
-            edit.add_devices,
-            edit.remove_devices,
-            edit.add_cdi_devices,
-            edit.remove_cdi_devices,
-        )
-        if any(container_only):
-            raise ValueError(f"envs, mounts and devices can not change at {ctx.stage}")
-        if edit.annotations or edit.remove_annotations:
-            pod = replace(pod, annotations=_edit_map(pod.annotations, edit))
-        if edit.resources is not None:
-            pod = replace(pod, resources=edit.resources.apply(pod.resources))
-        return replace(ctx, pod=pod)
-
-    c = ctx.container
-    envs = [(k, v) for k, v in c.envs if k not in edit.remove_env and k not in edit.env]
-    envs.extend(edit.env.items())
-    mounts = _replace_keyed(c.mounts, edit.remove_mounts, edit.add_mounts, lambda m: m.container_path)
-    devices = _replace_keyed(c.devices, edit.remove_devices, edit.add_devices, lambda d: d.container_path)
-    cdi = _replace_keyed(c.cdi_devices, edit.remove_cdi_devices, edit.add_cdi_devices, lambda n: n)
-    container = replace(
-        c,
-        envs=tuple(envs),
-        mounts=mounts,
-        devices=devices,
-        cdi_devices=cdi,
-        annotations=_edit_map(c.annotations, edit) if edit.annotations or edit.remove_annotations else c.annotations,
-        resources=edit.resources.apply(c.resources) if edit.resources is not None else c.resources,
-    )
-    return replace(ctx, pod=pod, container=container)
-
-
-def _edit_map(annotations: Mapping[str, str], edit: Edit) -> dict[str, str]:
-    kept = {k: v for k, v in annotations.items() if k not in edit.remove_annotations}
-    return {**kept, **edit.annotations}
-
-
-def _replace_keyed(items: tuple[_T, ...], remove: set[str], add: list[_T], key: Any) -> tuple[_T, ...]:
-    if not items or not (remove or add):  # most containers bring no devices of their own: no keys needed
-        return (*items, *add)
-    added = {key(a) for a in add}
-    kept = [i for i in items if key(i) not in remove and key(i) not in added]
-    return (*kept, *add)
-
-
 def _as_hook_error(exc: BaseException, limit: float) -> HookError:
     if isinstance(exc, HookError):
         return exc
@@ -526,39 +373,3 @@ def _subject(ctx: HookContext) -> str:
 
 def _ms(start: float) -> float:
     return (time.perf_counter() - start) * 1000
-
-
-def discover_factories() -> dict[str, Factory]:
-    """Hook factories from installed entry points, by entry-point name."""
-    return {ep.name: ep.load() for ep in entry_points(group=ENTRY_POINT_GROUP)}
-
-
-def build_chain(
-    hooks_cfg: HooksConfig,
-    node: NodeConfig,
-    factories: Mapping[str, Factory] | None = None,
-) -> HookChain:
-    """Instantiate every enabled hook with its `[hooks.<name>]` table, checked against the options its
-    factory declares. Raises ConfigError naming the file, the table and the key."""
-    factories = discover_factories() if factories is None else factories
-    unknown = [n for n in (*hooks_cfg.order, *hooks_cfg.options) if n not in factories]
-    if unknown:
-        installed = ", ".join(sorted(factories))
-        names = ", ".join(sorted(set(unknown)))
-        raise ConfigError(hooks_cfg.source, f"no hook named {names} (installed: {installed})", "hooks")
-    regs: list[Registered] = []
-    for name, factory in factories.items():
-        if name in hooks_cfg.disabled:
-            continue
-        common, options = hooks_cfg.table(name, options_type(factory))
-        hook = factory(options, node)
-        timeout_ms = hooks_cfg.default_timeout_ms if common.timeout_ms is None else common.timeout_ms
-        is_async = inspect.iscoroutinefunction(hook.handle)
-        follows = is_async and common.timeout_ms is None and getattr(hook, "follows_call_deadline", False) is True
-        cached = not is_async and callable(getattr(hook, "handle_cached", None))
-        narrows = callable(getattr(hook, "wants", None))
-        regs.append(Registered(hook, common.failure_policy, timeout_ms / 1000, is_async, follows, cached, narrows))
-    explicit = {n: i for i, n in enumerate(hooks_cfg.order)}
-    regs.sort(key=lambda r: (explicit.get(r.hook.name, len(explicit)), r.hook.priority, r.hook.name))
-    patterns = [p.replace("{dev_root}", node.dev_root.rstrip("/") or "/") for p in hooks_cfg.allowed_host_paths]
-    return HookChain(regs, Allowlist(patterns))

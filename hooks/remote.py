@@ -30,7 +30,8 @@ import grpc
 
 from crihook.base.config import NodeConfig, not_empty, not_negative, positive
 from crihook.hooks.base import Edit, HookContext, HookError, Stage
-from crihook.hooks.chain import DaemonThreads, apply_edit
+from crihook.hooks.edit import apply_edit
+from crihook.hooks.executor import DaemonThreads
 from crihook.hooks.remote_config import DEFAULT_DIR, ConfigDir, Policy, ServerConfig
 from crihook.hooks.remote_protocol import (
     RPCS,

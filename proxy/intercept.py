@@ -5,14 +5,14 @@ each, in `HANDLERS`; the steps around them are the same for all.
 
 A CreateContainer through the code (docs/architecture.md draws the same path):
 
-    relay.py      Link.down_data         HEADERS: :path read, Interceptor.classify claims the stream;
+    link.py       Link.down_data         HEADERS: :path read, Interceptor.classify claims the stream;
                                          DATA held until END_STREAM, then Link.request_complete
     intercept.py  Interceptor.rewrite    decode; _create_views: the pod from the store, the container
                                          from the request (node/container.py's container_view)
     lifecycle.py  Lifecycle.create_container -> HookChain.run (hooks/chain.py): each hook, its edit
                                          checked and applied to the view the next hook sees
     intercept.py  _write_create          node/container.py's write_container: only what changed
-    relay.py      Link.forward           the request to containerd; its answer back to kubelet;
+    link.py       Link.forward           the request to containerd; its answer back to kubelet;
                                          its trailers end the call: Interceptor.post
     intercept.py  _record_create         Lifecycle.container_created: the store's record, from the views
 """
@@ -37,7 +37,7 @@ from crihook.node.store import Store
 from crihook.node.update import changed_fields, changed_keys
 from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proxy.orphans import TaskJanitor
-from crihook.proxy.relay import Rejected
+from crihook.proxy.stream import Rejected
 
 log = logging.getLogger("crihook.proxy")
 

@@ -30,7 +30,9 @@ from crihook.base.endpoint import unix_socket_path
 from crihook.devices.collector import UsageCollector, start_usage
 from crihook.devices.nvml import GpuIndex
 from crihook.hooks.base import NeedsStore, OwnsGpus
-from crihook.hooks.chain import DaemonThreads, HookChain, build_chain
+from crihook.hooks.chain import HookChain
+from crihook.hooks.executor import DaemonThreads
+from crihook.hooks.registry import build_chain
 from crihook.node.container import listed_container
 from crihook.node.pod import listed_pod
 from crihook.node.records import ContainerRecord, PodRecord

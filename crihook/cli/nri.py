@@ -19,7 +19,7 @@ from crihook.base import config as cfgmod
 from crihook.base import log as logmod
 from crihook.base import metrics
 from crihook.base.config import ConfigError
-from crihook.hooks.chain import build_chain
+from crihook.hooks.registry import build_chain
 from crihook.node.container import spec_container
 from crihook.node.pod import listed_nri_pod
 from crihook.node.store import Store

@@ -12,7 +12,7 @@ from typing import Any
 
 from crihook.base.config import Config, HookPolicy
 from crihook.hooks.base import options_type
-from crihook.hooks.chain import discover_factories
+from crihook.hooks.registry import discover_factories
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -15,7 +15,8 @@ import pytest
 from crihook.base.config import HooksConfig, NodeConfig
 from crihook.base.spec import Device
 from crihook.hooks.base import MISS, ContainerInfo, Edit, HookContext, HookError, PodInfo, Stage
-from crihook.hooks.chain import STUCK_PER_HOOK, HookChain, build_chain
+from crihook.hooks.chain import STUCK_PER_HOOK, HookChain
+from crihook.hooks.registry import build_chain
 
 STAGE = Stage.PRE_CREATE_CONTAINER
 

@@ -19,10 +19,10 @@ import pytest
 from crihook.base import allocation as al
 from crihook.base.config import HooksConfig, NodeConfig
 from crihook.hooks.base import MISS, ContainerInfo, HookContext, HookError, PodInfo, Stage
-from crihook.hooks.chain import build_chain
 from crihook.hooks.fscache import FsMemo, NotCached
 from crihook.hooks.gpu import GpuHook
 from crihook.hooks.rdma import RdmaHook
+from crihook.hooks.registry import build_chain
 from crihook.hooks.remote import RemoteHook
 from crihook.node.records import ContainerRecord, PodRecord
 from crihook.node.store import Store

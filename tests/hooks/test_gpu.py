@@ -18,9 +18,9 @@ from crihook.base.spec import Device
 from crihook.devices import checkpoint as checkpoint_module
 from crihook.devices.checkpoint import CheckpointReader
 from crihook.hooks.base import ContainerInfo, Edit, HookContext, HookError, PodInfo, Stage
-from crihook.hooks.chain import build_chain
 from crihook.hooks.gpu import GpuHook, PodDirs, StorePods, directory
 from crihook.hooks.gpu_edit import GpuOptions, HamiCore, SeenPod
+from crihook.hooks.registry import build_chain
 from crihook.simnode.node import make_dev_root
 from tests.support.gpu_fixtures import Entry, Inventory, fake_proc, gpus, nvidia_plugin_resp, write_checkpoint
 
@@ -296,7 +296,7 @@ def test_hami_core_library_must_be_allowlisted(node: Node) -> None:
 
 
 def test_registered_hook_over_nvml_makes_no_nvml_call_when_warm(tmp_path: Path, fake_nvml: Any) -> None:
-    from crihook.hooks.chain import discover_factories
+    from crihook.hooks.registry import discover_factories
 
     fake = fake_nvml("dgx-h100")
     dev = make_dev_root(tmp_path / "dev", [g["minor"] for g in fake.doc["gpus"]])

@@ -18,7 +18,7 @@ from crihook.base import allocation as al
 from crihook.base.spec import Device, Mount
 from crihook.devices.checkpoint import Checkpoint, parse_checkpoint
 from crihook.hooks.base import ContainerInfo, Edit, HookContext, HookError, PodInfo, Stage
-from crihook.hooks.chain import apply_edit
+from crihook.hooks.edit import apply_edit
 from crihook.hooks.gpu_edit import (
     ISOLATION_LABEL,
     GpuOptions,

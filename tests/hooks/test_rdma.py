@@ -13,8 +13,8 @@ from crihook.base import allocation as al
 from crihook.base.config import ConfigError, HooksConfig, NodeConfig, NoOptions
 from crihook.base.spec import Device
 from crihook.hooks.base import ContainerInfo, HookContext, HookError, PodInfo, Stage
-from crihook.hooks.chain import build_chain
 from crihook.hooks.rdma import canonical_pci, factory
+from crihook.hooks.registry import build_chain
 from crihook.simnode.node import make_rdma_sys
 
 PF = "0000:09:00.0"
@@ -131,7 +131,7 @@ def test_unknown_options_are_refused() -> None:
 
 
 def test_registered_entry_point() -> None:
-    from crihook.hooks.chain import discover_factories
+    from crihook.hooks.registry import discover_factories
 
     hook = discover_factories()["rdma"](NoOptions(), NodeConfig())
     assert (hook.name, hook.priority, hook.stages) == ("rdma", 210, frozenset({Stage.PRE_CREATE_CONTAINER}))

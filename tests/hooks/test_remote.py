@@ -21,7 +21,8 @@ import pytest
 from crihook.base.config import ConfigError, HooksConfig, NodeConfig
 from crihook.base.metrics import HOOK_SERVER_FILES
 from crihook.hooks.base import ContainerInfo, Edit, HookContext, LinuxResources, PodInfo, Stage
-from crihook.hooks.chain import HookChain, Outcome, build_chain
+from crihook.hooks.chain import HookChain, Outcome
+from crihook.hooks.registry import build_chain
 from crihook.hooks.remote import RemoteHook, RemoteOptions, factory
 from crihook.hooks.remote_protocol import SKIP_LABEL
 from tests.support.hookserver import HookServer, short_dir, write_config, write_raw

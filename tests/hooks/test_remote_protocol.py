@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from crihook.base.config import ConfigError
 from crihook.hooks.base import ContainerInfo, Edit, HookContext, LinuxResources, PodInfo, Stage
-from crihook.hooks.chain import apply_edit
+from crihook.hooks.edit import apply_edit
 from crihook.hooks.remote_config import Policy, parse_server_config
 from crihook.hooks.remote_protocol import (
     RPCS,

@@ -13,7 +13,7 @@ import pytest
 
 from crihook.base.config import HooksConfig, NodeConfig
 from crihook.hooks.base import ContainerInfo, Edit, HookContext, HookError, LinuxResources, PodInfo, Stage
-from crihook.hooks.chain import build_chain
+from crihook.hooks.registry import build_chain
 from crihook.node.lifecycle import Lifecycle
 from crihook.node.store import Store
 

@@ -12,8 +12,10 @@ import pytest
 
 from crihook.base.config import HooksConfig, NodeConfig
 from crihook.base.spec import Device, Mount
+from crihook.hooks.allowlist import Allowlist
 from crihook.hooks.base import Edit, HookContext, HookError, PodInfo, ResourcesPatch, Stage
-from crihook.hooks.chain import Allowlist, HookChain, build_chain
+from crihook.hooks.chain import HookChain
+from crihook.hooks.registry import build_chain
 from crihook.node.container import container_view, write_container
 from crihook.node.lifecycle import Lifecycle
 from crihook.node.pod import pod_view
@@ -22,8 +24,9 @@ from crihook.node.store import Store
 from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proto import wire
 from crihook.proxy.intercept import HANDLERS, Interceptor
+from crihook.proxy.link import start
 from crihook.proxy.orphans import orphan_of
-from crihook.proxy.relay import Rejected, start
+from crihook.proxy.stream import Rejected
 
 CREATE = b"/runtime.v1.RuntimeService/CreateContainer"
 RUN = b"/runtime.v1.RuntimeService/RunPodSandbox"
@@ -474,7 +477,7 @@ async def test_a_started_sandbox_lets_hooks_prepare_for_its_containers(tmp_path:
 
 
 async def test_a_rewrite_started_from_a_protocol_callback_may_wait_on_an_async_hook(tmp_path: Path) -> None:
-    """The relay starts a rewrite in its data_received callback, outside any task (relay.start): an
+    """The relay starts a rewrite in its data_received callback, outside any task (link.start): an
     async hook on the way must still run, under its timeout, and the rewrite finish as a task."""
     hook = EditHook({Stage.PRE_CREATE_CONTAINER}, Edit(env={"X": "1"}))
     ic = interceptor(tmp_path, hook)

@@ -16,30 +16,26 @@ import grpc
 import pytest
 
 from crihook.base.metrics import CRI_CALLS
-from crihook.proxy.hpack import encode_literal
-from crihook.proxy.relay import (
+from crihook.proxy.flow import RuntimeWindow
+from crihook.proxy.frames import (
     CONTINUATION,
     DATA,
     END_HEADERS,
     END_STREAM,
     HEADERS,
-    MAX_HEADER_BLOCK,
     PADDED,
     PREFACE,
     PRIORITY_FLAG,
     RST_STREAM,
     WINDOW_UPDATE,
-    HeaderBlocks,
-    Link,
     ProtocolViolation,
-    Rejected,
-    Relay,
-    RuntimeWindow,
-    _Stream,
-    deadline_of,
     frame,
-    start,
 )
+from crihook.proxy.headers import MAX_HEADER_BLOCK, HeaderBlocks, deadline_of
+from crihook.proxy.hpack import encode_literal
+from crihook.proxy.link import Link, start
+from crihook.proxy.relay import Relay
+from crihook.proxy.stream import Rejected, Stream
 
 
 def ident(b: bytes) -> bytes:
@@ -369,8 +365,8 @@ class _Sink:
         self.frames.append(data)
 
 
-def _stream(out: bytes, window: int) -> _Stream[Spec]:
-    return _Stream(Spec(True), b"/t.S/Modify", True, bytearray(), bytearray(), out=memoryview(out), send_window=window)
+def _stream(out: bytes, window: int) -> Stream[Spec]:
+    return Stream(Spec(True), b"/t.S/Modify", True, bytearray(), bytearray(), out=memoryview(out), send_window=window)
 
 
 def test_runtime_window_sends_a_rewrite_within_both_windows_and_counts_skew() -> None:

@@ -440,7 +440,7 @@ async def test_a_reload_stuck_on_the_file_system_never_freezes_the_event_loop(
     on a thread: a read that hangs leaves the loop serving with the running hooks, and the new ones
     take over once it returns."""
     from crihook.base import config as cfgmod
-    from crihook.hooks.chain import build_chain
+    from crihook.hooks.registry import build_chain
     from crihook.node.store import Store
     from crihook.proxy import serve
     from crihook.proxy.intercept import Interceptor

@@ -26,15 +26,16 @@ from hypothesis import strategies as st
 from crihook.base import allocation as al
 from crihook.base.spec import Device
 from crihook.devices.checkpoint import CheckpointReader
+from crihook.hooks.allowlist import Allowlist
 from crihook.hooks.base import Edit, HookContext, ResourcesPatch, Stage
-from crihook.hooks.chain import Allowlist, HookChain, Registered
+from crihook.hooks.chain import HookChain, Registered
 from crihook.hooks.gpu import GpuHook
 from crihook.hooks.gpu_edit import VISIBLE, GpuOptions
 from crihook.node.store import Store
 from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proto import wire as wire_format
 from crihook.proxy.intercept import HANDLERS, Interceptor
-from crihook.proxy.relay import Rejected
+from crihook.proxy.stream import Rejected
 from tests.support.gpu_fixtures import Entry, Inventory, gpus, nvidia_plugin_resp, write_checkpoint
 
 INVENTORY = gpus(4, minor_offset=2)

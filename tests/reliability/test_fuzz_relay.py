@@ -24,8 +24,7 @@ from hypothesis import strategies as st
 
 from crihook.proto import runtime_v1_pb2 as api
 from crihook.proto import runtime_v1_pb2_grpc as api_grpc
-from crihook.proxy.hpack import encode_literal
-from crihook.proxy.relay import (
+from crihook.proxy.frames import (
     ACK,
     CONTINUATION,
     DATA,
@@ -33,7 +32,6 @@ from crihook.proxy.relay import (
     END_STREAM,
     GOAWAY,
     HEADERS,
-    MAX_HEADER_BLOCK,
     PADDED,
     PREFACE,
     PRIORITY_FLAG,
@@ -41,6 +39,8 @@ from crihook.proxy.relay import (
     SETTINGS,
     frame,
 )
+from crihook.proxy.headers import MAX_HEADER_BLOCK
+from crihook.proxy.hpack import encode_literal
 from tests.support.containerd import Containerd
 from tests.support.daemon import Crihook, running_crihook
 
