@@ -160,8 +160,8 @@ class Placement:
     devices: tuple[Device, ...]  # env+devices: the device nodes to add
     cdi_devices: tuple[str, ...]  # cdi: the CDI devices to add
     shared: bool  # a GPU is shared: HAMi-core isolation applies if the pod asks for it
-    # what a container that brings nothing to strip gets: one Edit for every container of the
-    # allocation, never changed (the proxy keeps what it made of it by identity: see Express)
+    # what a container that brings nothing to strip gets: one Edit every container of the
+    # allocation shares, so never changed (`_granted` puts it into another Edit when there is more)
     grant: Edit = field(default_factory=Edit)
 
     def __post_init__(self) -> None:
