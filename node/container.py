@@ -279,6 +279,20 @@ def nri_device_nodes(c: nri.Container) -> list[DeviceNode]:
     return [(d.type, d.major, d.minor) for d in c.linux.devices]
 
 
+def nri_every_device(c: nri.Container) -> bool:
+    """Whether the container's device cgroup lets it reach every device: its last rule for all
+    devices (no type, or "a", and no numbers) allows reading and writing. This is how NRI shows a
+    privileged container: containerd's CRI gives it every host device node (oci.WithHostDevices)
+    and replaces its rules with one such wildcard (oci.WithAllDevicesAllowed) before NRI sees it,
+    and an adjustment can take neither away. An unprivileged container's rules start with the same
+    wildcard as a deny."""
+    every = False
+    for r in c.linux.resources.devices:
+        if r.type in ("", "a") and not r.HasField("major") and not r.HasField("minor"):
+            every = r.allow and {"r", "w"} <= set(r.access or "rwm")
+    return every
+
+
 def nri_allow_rules(c: nri.Container) -> list[DeviceNode]:
     """The device-cgroup rules that allow one device (wildcards left out: see ungranted_gpus)."""
     return [

@@ -56,10 +56,14 @@ def nri_runtime(name: str, version: str) -> NriRuntime:
     )
 
 
-def unapplied(before: ContainerInfo, after: ContainerInfo, runtime: NriRuntime) -> list[str]:
+def unapplied(
+    before: ContainerInfo, after: ContainerInfo, runtime: NriRuntime, *, every_device: bool = False
+) -> list[str]:
     """What the hook chain changed (before → after) that an adjustment can not carry to this runtime,
     one phrase each; empty when the adjustment does everything. Additions and replacements always
-    carry (env, devices and mounts are replaced by key); removals mostly do not."""
+    carry (env, devices and mounts are replaced by key); removals mostly do not. With `every_device`
+    (a privileged container: container.nri_every_device) a device node left in the spec reaches
+    nothing the container could not reach anyway, so leaving it is no failure."""
     out: list[str] = []
     kept_env = {k for k, _ in after.envs}
     counts = Counter(k for k, _ in before.envs)
@@ -69,7 +73,8 @@ def unapplied(before: ContainerInfo, after: ContainerInfo, runtime: NriRuntime) 
         out.append(f"changing env {key}, set {counts[key]} times (NRI replaces the first only)")
     paths = {d.container_path for d in after.devices}
     for path in sorted({d.container_path for d in before.devices} - paths):
-        out.append(f"removing device {path} (no NRI version applies device removals)")
+        if not every_device:  # a privileged container reaches the device whether its node stays or not
+            out.append(f"removing device {path} (no NRI version applies device removals)")
     if not runtime.removes_mounts:
         gone = {m.container_path for m in before.mounts} - {m.container_path for m in after.mounts}
         out.extend(f"removing mount {p} (needs containerd 1.7.26 or 2.0)" for p in sorted(gone))

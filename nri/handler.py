@@ -34,6 +34,7 @@ from crihook.node.container import (
     nri_adjustment,
     nri_allow_rules,
     nri_container_view,
+    nri_every_device,
     nri_listed_container,
 )
 from crihook.node.nriruntime import NriRuntime, gpu_minor, nri_runtime, start_refusal, unapplied, ungranted_gpus
@@ -133,6 +134,7 @@ class HookHandler:
     refused: StartRefused | None = None
     synchronized: asyncio.Event = field(default_factory=asyncio.Event)  # set after the first Synchronize
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _privileged: set[str] = field(default_factory=set)  # ids of the privileged containers logged
 
     # -- registration --------------------------------------------------------------------------
 
@@ -152,6 +154,7 @@ class HookHandler:
         """The store made to match the runtime (records of known objects kept, others adopted or
         dropped: a reconnection neither loses nor doubles a pod), then the escape check."""
         stats = self.store.reconcile([nri_listed_pod(p) for p in pods], [nri_listed_container(c) for c in containers])
+        self._privileged &= {c.id for c in containers}
         log.info("store rebuilt", extra={"source": "synchronize", **stats})
         by_id = {p.id: nri_pod_view(p) for p in pods}
         for pod in by_id.values():
@@ -206,8 +209,11 @@ class HookHandler:
             self._refuse(pod, before, outcome.records, outcome.error.code, outcome.error.reason)
         after = outcome.ctx.container
         assert after is not None
+        every = nri_every_device(request.container)
+        if every:
+            self._note_privileged(pod, before.name, request.container.id)
         try:
-            reasons = unapplied(before, after, self.runtime)
+            reasons = unapplied(before, after, self.runtime, every_device=every)
             ungranted = ungranted_gpus(nri_allow_rules(request.container), self._nodes(request.container, after))
             if ungranted:
                 rules = ", ".join(f"c 195:{m}" for m in ungranted)
@@ -265,6 +271,7 @@ class HookHandler:
             self.store.set_container_state(container.id, "running")
             self._post(Stage.POST_START_CONTAINER, pod, container)
         elif event.event == api.REMOVE_CONTAINER:
+            self._privileged.discard(container.id)
             self.store.remove_container(container.id)
             self._post(Stage.POST_REMOVE_CONTAINER, pod, container)
 
@@ -297,8 +304,12 @@ class HookHandler:
     async def _ungranted(self, pod: PodInfo, c: api.Container) -> Ungranted | None:
         """The container as it runs against what the hooks would have made of it: GPU nodes and
         cgroup rules it has beyond the nodes they give it, and GPUs its NVIDIA_VISIBLE_DEVICES names
-        beyond theirs. A container the hooks refuse outright is granted nothing."""
+        beyond theirs. A container the hooks refuse outright is granted nothing. A privileged one is
+        passed over: it reaches every device by its privilege, in either mode (docs/nri.md)."""
         before = nri_container_view(c)
+        if nri_every_device(c):
+            self._note_privileged(pod, before.name, c.id)
+            return None
         nodes = {m for d in c.linux.devices if (m := gpu_minor(d.type, d.major, d.minor)) is not None}
         rules = {m for r in nri_allow_rules(c) if (m := gpu_minor(*r)) is not None}
         named = visible_gpus(before)
@@ -346,6 +357,16 @@ class HookHandler:
         NRI_UNGRANTED.inc("evicted", amount=len(found))
 
     # -- helpers -------------------------------------------------------------------------------
+
+    def _note_privileged(self, pod: PodInfo, name: str, container_id: str) -> None:
+        """Once per container: it keeps every host device, crihook's grant or not."""
+        if container_id in self._privileged:
+            return
+        self._privileged.add(container_id)
+        log.info(
+            "privileged container: it reaches every device, GPUs included, whatever crihook grants",
+            extra={"pod": pod.ref, "container": name, "id": container_id[:13]},
+        )
 
     def _deadline(self) -> float:
         return time.monotonic() + max(self.request_timeout - MARGIN, 0.1)

@@ -126,6 +126,50 @@ def leaky(name: str, pod: Any, dev: Path) -> Any:
     return container_config(name, pod, envs={"NVIDIA_VISIBLE_DEVICES": "all"}, devices=devices)
 
 
+def privileged_pod(name: str) -> Any:
+    """A pod whose containers may be privileged (containerd refuses one in an unprivileged sandbox)."""
+    pod = pod_config(name)
+    pod.linux.security_context.privileged = True
+    return pod
+
+
+def privileged(name: str, pod: Any, dev: Path) -> Any:
+    """`leaky`, privileged: containerd's CRI then adds every host device node and replaces the
+    device-cgroup rules with one wildcard allow (oci.WithHostDevices, oci.WithAllDevicesAllowed in its
+    container spec), as for kube-proxy, CNI agents or crihook's own node pods."""
+    config = leaky(name, pod, dev)
+    config.linux.security_context.privileged = True
+    return config
+
+
+def every_device(spec: dict[str, Any]) -> bool:
+    """The spec's device cgroup lets the container reach every device (a wildcard allow rule)."""
+    return any(
+        r.get("allow") and r.get("type", "a") == "a" and "major" not in r and "minor" not in r
+        for r in spec["linux"]["resources"].get("devices", [])
+    )
+
+
+def check_privileged(gpu_node: GpuNode, cri: Cri) -> None:
+    """A privileged container brings a GPU node the scheduler did not choose: it is created in either
+    mode (its privilege gives it every device whatever crihook decides; docs/nri.md) and its
+    NVIDIA_VISIBLE_DEVICES is still overwritten, as for any container; NRI mode logs it once."""
+    pod = privileged_pod("node-agent")
+    agent = privileged("agent", pod, gpu_node.node.dev_root)
+    with cri.pod(pod) as pod_id, cri.container(pod_id, agent, pod) as cid:
+        assert cri.container_status(cid).status.state == 1  # CONTAINER_RUNNING
+        assert env_of(cri, cid)["NVIDIA_VISIBLE_DEVICES"] == "void"
+        assert every_device(spec_of(cri, cid))
+    if gpu_node.proxy.mode == "nri":
+        noted = [line for line in gpu_node.proxy.log_text().splitlines() if "privileged container" in line]
+        assert len([line for line in noted if f"id={cid[:13]}" in line]) == 1
+        assert "pod=default/node-agent" in noted[-1] and "container=agent" in noted[-1]
+
+
+def test_a_privileged_container_is_created_in_either_mode(gpu_node: GpuNode, cri: Cri) -> None:
+    check_privileged(gpu_node, cri)
+
+
 def test_scheduled_gpus_and_nics_reach_the_container(gpu_node: GpuNode, cri: Cri) -> None:
     proxy_only(gpu_node, LEAKY)
     annotations = allocated(

@@ -22,6 +22,7 @@ from tests.e2e.test_gpu_containerd import (
     GpuNode,
     allocated,
     allowed,
+    check_privileged,
     env_of,
     gpu_devices,
     leaky,
@@ -98,6 +99,15 @@ def test_a_device_the_runtime_can_not_take_away_is_refused(gpu_node: GpuNode, co
     assert "c 195:1" in why and "proxy mode can" in why
     assert "container cuda of pod default/trainer" in why
     assert "containerd 1.7.24" in why or "containerd 2." in why
+
+
+def test_a_privileged_container_is_not_refused_for_the_devices_its_privilege_gives(gpu_node: GpuNode, cri: Cri) -> None:
+    """The same container unprivileged is refused (the test above): privilege alone lets it in."""
+    check_privileged(gpu_node, cri)
+    pod = pod_config("plain-agent")
+    with cri.pod(pod) as pod_id:
+        why = refused(cri, pod_id, leaky("agent", pod, gpu_node.node.dev_root), pod)
+    assert "removing device /dev/nvidia1" in why
 
 
 def test_forged_allocation_is_refused_naming_the_pod(gpu_node: GpuNode, cri: Cri) -> None:

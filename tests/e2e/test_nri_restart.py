@@ -15,7 +15,7 @@ from crihook.node.store import Store
 from crihook.simnode import fakenvml
 from crihook.simnode.node import make_sim_node
 from tests.e2e import test_gpu_containerd as proxy_mode
-from tests.e2e.test_gpu_containerd import TOPOLOGY, GpuNode, allocated, env_of
+from tests.e2e.test_gpu_containerd import TOPOLOGY, GpuNode, allocated, env_of, leaky, privileged, privileged_pod
 from tests.support.containerd import Containerd
 from tests.support.cri import Cri, CriError, DeviceSpec, container_config, pod_config
 from tests.support.daemon import Crihook, running_crihook
@@ -100,6 +100,45 @@ def test_containers_made_while_crihook_was_away(gpu_node: GpuNode, cri: Cri, act
                     assert running(cri, bad) and "container evicted" not in log()
                 assert running(cri, ok1) and running(cri, ok2)
                 assert log().count("container reaches an ungranted GPU") == 1
+    finally:
+        if plugin.pid is None:
+            plugin.start()
+        with_config(plugin, "")
+
+
+def test_privileged_containers_survive_synchronize(gpu_node: GpuNode, cri: Cri) -> None:
+    """Privileged containers, one created through crihook and one while it was away, both bringing a
+    GPU node nobody granted: a reconnection with evict on passes them over (their privilege gives them
+    every device in either mode) and evicts the unprivileged container that brings the same node."""
+    plugin, dev = gpu_node.proxy, gpu_node.node.dev_root
+    with_config(plugin, '\n[nri]\nsynchronize = "evict"\n')
+    agents, plain = privileged_pod("agents"), pod_config("plain")
+    try:
+        with (
+            cri.pod(agents) as agents_id,
+            cri.pod(plain) as plain_id,
+            cri.container(agents_id, privileged("through", agents, dev), agents) as through,
+        ):
+            plugin.stop()
+            with (
+                cri.container(agents_id, privileged("away", agents, dev), agents) as away,
+                cri.container(plain_id, leaky("cuda", plain, dev), plain) as bad,
+            ):
+                seen = len(plugin.log_text())
+
+                def log() -> str:
+                    return plugin.log_text()[seen:]
+
+                plugin.start()
+                until("the eviction", lambda: not running(cri, bad), plugin)
+                until("the eviction's log line", lambda: "container evicted" in log(), plugin)
+                assert running(cri, through) and running(cri, away)
+                findings = [line for line in log().splitlines() if "reaches an ungranted GPU" in line]
+                assert len(findings) == 1 and "pod=default/plain" in findings[0]
+                noted = [line for line in log().splitlines() if "privileged container" in line]
+                assert len(noted) == 2 and all("pod=default/agents" in line for line in noted)
+                assert env_of(cri, through)["NVIDIA_VISIBLE_DEVICES"] == "void"
+                assert env_of(cri, away)["NVIDIA_VISIBLE_DEVICES"] == "all"  # made while crihook was away
     finally:
         if plugin.pid is None:
             plugin.start()

@@ -18,6 +18,7 @@ from crihook.node.container import (
     nri_allow_rules,
     nri_container_view,
     nri_device_nodes,
+    nri_every_device,
     nri_listed_container,
     spec_container,
 )
@@ -200,3 +201,26 @@ def test_a_container_listed_over_cri_as_nri_would_show_it() -> None:
     view = nri_container_view(msg)
     assert (view.name, view.attempt, view.env("NVIDIA_VISIBLE_DEVICES")) == ("cuda", 1, "all")
     assert nri_container_view(spec_container(listed, cri.ContainerStatusResponse())).envs == ()
+
+
+def rules(*spec: tuple[bool, str, str, int | None]) -> nri.Container:
+    """A container whose device-cgroup rules are (allow, type, access, major or None for any), minor
+    the same as major."""
+    msg = nri.Container(id="c1", name="agent")
+    for allow, kind, access, number in spec:
+        r = msg.linux.resources.devices.add(allow=allow, type=kind, access=access)
+        if number is not None:
+            r.major.value, r.minor.value = 195, number
+    return msg
+
+
+def test_a_privileged_container_is_told_by_its_wildcard_allow_rule() -> None:
+    # what containerd 1.7.24 and 2.1.9 show NRI for a privileged container: one rule, no type
+    assert nri_every_device(rules((True, "", "rwm", None)))
+    assert nri_every_device(rules((False, "a", "rwm", None), (True, "a", "rwm", None)))
+    # an unprivileged container: deny all, then one rule per device
+    assert not nri_every_device(rules((False, "", "rwm", None), (True, "c", "rw", 0)))
+    assert not nri_every_device(rules((True, "a", "rwm", None), (False, "a", "rwm", None)))  # the last wins
+    assert not nri_every_device(rules((True, "a", "m", None)))  # mknod alone opens nothing
+    assert not nri_every_device(rules((True, "c", "rwm", None)))  # every char device but no wildcard
+    assert not nri_every_device(rules())

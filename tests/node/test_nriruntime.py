@@ -155,6 +155,20 @@ def test_the_reasons_name_what_and_which_runtime_would_take_it() -> None:
     assert unapplied(before, swap, nri_runtime("containerd", "v1.7.24")) == []
 
 
+def test_a_privileged_container_keeps_its_device_nodes_without_a_refusal() -> None:
+    """Its wildcard rule reaches the device whether the node stays or not: only the device removal
+    is waived, never what else the runtime would drop."""
+    before = ContainerInfo(
+        name="agent",
+        envs=(("NVIDIA_VISIBLE_DEVICES", "all"), ("X", "1")),
+        devices=(Device("/dev/nvidia3", "/dev/nvidia3"),),
+    )
+    after = replace(before, envs=(("NVIDIA_VISIBLE_DEVICES", "void"),), devices=())
+    rt = nri_runtime("containerd", "2.1.9")
+    assert unapplied(before, after, rt, every_device=True) == ["removing env X (no NRI version applies env removals)"]
+    assert len(unapplied(before, after, rt)) == 2
+
+
 def test_an_env_set_twice_can_not_be_changed() -> None:
     before = ContainerInfo(name="main", envs=(("NVIDIA_VISIBLE_DEVICES", "all"), ("NVIDIA_VISIBLE_DEVICES", "0")))
     after = replace(before, envs=(("NVIDIA_VISIBLE_DEVICES", "void"),))
