@@ -2,7 +2,8 @@
 runtime's NRI socket and stays registered, dialing again after every drop; started by the runtime
 as a pre-registered plugin (`NRI_PLUGIN_SOCKET` set), it serves the socket it was given and exits
 when that closes. The hook chain, config file and store are `crihook serve`'s (nri/handler.py);
-systemd hears READY=1 once the first Synchronize rebuilt the store."""
+systemd hears READY=1, and the GPU usage collector starts, once the first Synchronize rebuilt the
+store."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from crihook.base import config as cfgmod
 from crihook.base import log as logmod
 from crihook.base import metrics
 from crihook.base.config import ConfigError
+from crihook.devices.collector import UsageCollector, start_usage
 from crihook.hooks.registry import build_chain
 from crihook.node.container import spec_container
 from crihook.node.pod import listed_nri_pod
@@ -83,7 +85,8 @@ async def serve(cfg: cfgmod.Config, args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, plugin.stop)
-    tasks = [loop.create_task(_ready(handler))]
+    usage: list[UsageCollector] = []
+    tasks = [loop.create_task(_ready(handler, cfg, usage))]
     interval = systemd.watchdog_interval()
     if interval:
         tasks.append(loop.create_task(systemd.watchdog(interval)))
@@ -110,6 +113,8 @@ async def serve(cfg: cfgmod.Config, args: argparse.Namespace) -> int:
             t.cancel()
         await handler.close()
         await handler.chain.close()
+        if usage:
+            await asyncio.to_thread(usage[0].stop)
         await handler.store.close()
         if metrics_server is not None:
             metrics_server.close()
@@ -147,8 +152,12 @@ async def list_runtime(endpoint: str) -> tuple[list[api.PodSandbox], list[api.Co
     return [listed_nri_pod(s) for s in sandboxes.items if s.state == cri.SANDBOX_READY], containers
 
 
-async def _ready(handler: HookHandler) -> None:
+async def _ready(handler: HookHandler, cfg: cfgmod.Config, usage: list[UsageCollector]) -> None:
+    """Once the store holds the runtime's containers: the usage collector (into `usage`), then READY=1."""
     await handler.synchronized.wait()
+    collector = start_usage(cfg, handler.store, cfg.proxy.state_dir)
+    if collector is not None:
+        usage.append(collector)
     systemd.notify("READY=1\nSTATUS=registered with the runtime")
 
 

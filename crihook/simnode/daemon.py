@@ -32,6 +32,7 @@ class Crihook:
     config_text: str = ""  # extra TOML appended to the generated [proxy] table
     env: dict[str, str] = field(default_factory=dict)
     nri_socket: Path | None = None  # NRI mode: `crihook nri` registers with the runtime there
+    metrics_listen: str = ""  # host:port of the metrics endpoint; empty: none
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     notify_socket: socket.socket | None = field(default=None, repr=False)
 
@@ -72,7 +73,7 @@ class Crihook:
             f'listen = "unix://{self.socket_path}"\n'
             f'runtime_endpoint = "{self.backend}"\n'
             f'state_dir = "{self.state_dir}"\n'
-            'metrics_listen = ""\n'
+            f'metrics_listen = "{self.metrics_listen}"\n'
             "connect_timeout_seconds = 20.0\n"
             "drain_seconds = 5.0\n"
             'log_level = "debug"\n'

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
+import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from crihook.simnode import fakenvml
 from crihook.simnode.node import NVIDIA_MAJOR, NVIDIACTL_MINOR, UVM_MAJOR, make_sim_node
@@ -154,3 +159,73 @@ def test_device_plugin_env_is_replaced_by_the_schedulers_choice(gpu_node: GpuNod
             assert set(gpu_devices(spec_of(cri, cid))) & {"/dev/nvidia1", "/dev/nvidia2"} == {"/dev/nvidia2"}
     finally:
         os.rmdir(node.kubelet / "pods" / pod.metadata.uid)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def scrape(listen: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The metrics endpoint's samples: (name, sorted labels) -> value."""
+    with urllib.request.urlopen(f"http://{listen}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def top_rows(config: Path) -> list[dict[str, object]]:
+    """`crihook top --once --json`'s rows; none while the daemon has not collected yet."""
+    done = subprocess.run(
+        [sys.executable, "-m", "crihook.cli", "top", "--config", str(config), "--once", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    rows: list[dict[str, object]] = json.loads(done.stdout)["rows"] if done.returncode == 0 else []
+    return rows
+
+
+def test_gpu_usage_is_collected_in_nri_mode(gpu_node: GpuNode, cri: Cri) -> None:
+    """`crihook nri` starts the usage collector once Synchronize rebuilt the store: a process NVML
+    reports on the container's granted GPU (the container's own, so its real cgroup names it) shows in
+    `crihook top` and in the per-container series, under the pod crihook adopted at Synchronize."""
+    plugin, node = gpu_node.proxy, gpu_node.node
+    gpu = node.doc["gpus"][1]
+    base = plugin.config_text
+    pod = pod_config("trainer", namespace="ml", annotations=allocated({"minor": gpu["minor"], "id": gpu["uuid"]}))
+    try:
+        with cri.pod(pod) as pod_id, cri.container(pod_id, container_config("cuda", pod), pod) as cid:
+            pid = json.loads(cri.container_status(cid, verbose=True).info["info"])["pid"]
+            gpu["processes"] = [{"pid": pid, "used_memory": 3 << 30, "sm_util": 55}]
+            node.config.write_text(json.dumps(node.doc))
+            plugin.stop()
+            plugin.metrics_listen = f"127.0.0.1:{free_port()}"
+            plugin.write_config(base + "\n[usage]\ninterval_seconds = 0.2\n")
+            plugin.start()
+            deadline = time.monotonic() + 30  # the first collection follows READY=1 at once; bounded wait
+            while not (rows := top_rows(plugin.config_path)) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            samples = scrape(plugin.metrics_listen)
+    finally:
+        gpu.pop("processes", None)
+        node.config.write_text(json.dumps(node.doc))
+        plugin.stop()
+        plugin.metrics_listen = ""
+        plugin.write_config(base)
+        plugin.start()
+    assert len(rows) == 1, rows
+    row = rows[0]
+    assert (row["namespace"], row["pod"], row["container"], row["container_id"]) == ("ml", "trainer", "cuda", cid)
+    assert (row["used_memory"], row["sm_util"], row["granted_core"]) == (3 << 30, 55.0, 100)
+    assert row["gpus"] == [str(gpu["minor"])] and row["pids"] == [pid]
+    labels = (("container", "cuda"), ("gpu", gpu["uuid"]), ("namespace", "ml"), ("pod", "trainer"))
+    assert samples[("crihook_gpu_memory_used_bytes", labels)] == 3 << 30
+    assert samples[("crihook_gpu_sm_utilization_percent", labels)] == 55
+    assert samples[("crihook_gpu_granted_core_percent", labels)] == 100
+    assert samples[("crihook_gpu_granted_memory_bytes", labels)] == gpu["memory_total"]
