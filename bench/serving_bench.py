@@ -2,6 +2,8 @@
 extender filter+prioritize latency at 1,000 and 5,000 nodes, and memory.
 
     .venv/bin/python bench/serving_bench.py [--key rsa|ec] [--nodes 1000,5000] [--requests 200] [--rounds 3]
+    git show REV:scheduler/server.py > other_server.py
+    .venv/bin/python bench/serving_bench.py --nodes 1000 --rounds 7 --compare other_server.py
 
 `scheduler/server.py` serves the scheduler's `server.App` (its verbs, JSON handling and /metrics
 counting) in a process of its own, with a client certificate required, as `crihook scheduler` runs it.
@@ -14,11 +16,17 @@ before connect()) to the last byte of the answer. A failure is an error, a timeo
 webhooks' timeoutSeconds) or a wrong answer. The client runs in this process on threads, so it
 shares the machine's cores with the server: the figures are this machine's, and the server's and
 the client's CPU per burst are printed beside them.
+
+`--compare FILE` serves another version of `scheduler/server.py` in a second process beside this
+one and alternates the bursts between the two (the order swapped every round), so a change to the
+server is measured side by side under the same load; the server's CPU per burst is the steadiest
+figure on a shared machine. Each round's figures are printed, then the medians and ranges.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import ssl
@@ -30,6 +38,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -51,10 +60,22 @@ def cert_files(d: str) -> Certs:
     return Certs(*(str(Path(d) / n) for n in ("ca.crt", "server.crt", "server.key", "client.crt", "client.key")))
 
 
-def child(nodes: int, certs: Certs) -> None:
+def server_module(path: str) -> ModuleType:
+    """`scheduler/server.py`, or the version of it at `path`."""
+    if not path:
+        return server
+    spec = importlib.util.spec_from_file_location("compared_server", path)
+    assert spec is not None and spec.loader is not None
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look it up
+    spec.loader.exec_module(module)
+    return module
+
+
+def child(nodes: int, certs: Certs, server_file: str) -> None:
+    mod = server_module(server_file)
     plugin, _ = loaded_cluster(nodes, 8)
-    app = server.App(Extender(plugin), webhook.WebhookConfig(), lambda: True)
-    srv = server.make_server(app, "127.0.0.1", 0, server.TlsFiles(certs.server_cert, certs.server_key, certs.ca))
+    app = mod.App(Extender(plugin), webhook.WebhookConfig(), lambda: True)
+    srv = mod.make_server(app, "127.0.0.1", 0, mod.TlsFiles(certs.server_cert, certs.server_key, certs.ca))
     print(f"PORT {srv.server_address[1]}", flush=True)
     srv.serve_forever()
 
@@ -62,9 +83,19 @@ def child(nodes: int, certs: Certs) -> None:
 class Child:
     """The server with `nodes` nodes in its own process; memory and CPU read from /proc."""
 
-    def __init__(self, nodes: int, certdir: str) -> None:
+    def __init__(self, nodes: int, certdir: str, server_file: str = "") -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--child", "--nodes", str(nodes), "--certdir", certdir],
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                "--nodes",
+                str(nodes),
+                "--certdir",
+                certdir,
+                "--compare",
+                server_file,
+            ],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -155,18 +186,55 @@ def run_burst(c: Child, certs: Certs, requests: int, conns: int) -> Round:
     return Round(res.latencies, len(res.failures), c.cpu() - cpu0, res.client_cpu)
 
 
+def compare(args: argparse.Namespace, nodes: int) -> None:
+    """The bursts against this server and the one in `args.compare`, alternating; see the docstring."""
+    runs: dict[tuple[str, int, int], list[Round]] = {}
+    with tempfile.TemporaryDirectory() as d:
+        certs = make_certs(Path(d), args.key)
+        print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; {args.key} keys; mutual TLS")
+        servers: dict[str, Child] = {}
+        try:
+            for label, path in (("this", ""), ("other", args.compare)):
+                servers[label] = Child(nodes, d, path)
+                servers[label].wait_serving(certs.client_context())
+            for i in range(args.rounds):
+                order = list(servers.items()) if i % 2 == 0 else list(servers.items())[::-1]
+                for requests, conns in BURSTS:
+                    for label, c in order:
+                        r = run_burst(c, certs, requests, conns)
+                        runs.setdefault((label, requests, conns), []).append(r)
+                        print(burst_line(f"{label:>5} {requests:>4}/{conns:<3}", [r]), flush=True)
+        finally:
+            for c in servers.values():
+                c.stop()
+    print(f"\nmedian [range] of {args.rounds} rounds; server CPU s per burst")
+    for (label, requests, conns), rs in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0] != "this")):
+        cols = []
+        for q in (0.5, 0.99):
+            v = [pct(r.latencies, q) * 1000 for r in rs]
+            cols.append(f"p{round(q * 100)} {statistics.median(v):6.1f} [{min(v):.1f}-{max(v):.1f}] ms")
+        cpu = [r.server_cpu for r in rs]
+        fails = sum(r.failed for r in rs)
+        line = f"{label:>5} {requests:>4} over {conns:<3} {'  '.join(cols)}"
+        print(f"{line}  cpu {statistics.median(cpu):.3f} [{min(cpu):.2f}-{max(cpu):.2f}]  failed {fails}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--key", choices=("rsa", "ec"), default="rsa", help="certificate keys: RSA 2048 or ECDSA P-256")
     ap.add_argument("--nodes", default="1000,5000", help="extender cluster sizes (8 GPUs per node)")
     ap.add_argument("--requests", type=int, default=200, help="extender filter+prioritize cycles per size")
     ap.add_argument("--rounds", type=int, default=3, help="bursts of each size")
+    ap.add_argument("--compare", default="", metavar="FILE", help="another scheduler/server.py, bursts alternating")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--certdir", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     sizes = [int(n) for n in args.nodes.split(",") if n]
     if args.child:
-        child(sizes[0], cert_files(args.certdir))
+        child(sizes[0], cert_files(args.certdir), args.compare)
+        return 0
+    if args.compare:
+        compare(args, sizes[0])
         return 0
     runs: dict[tuple[int, int], list[Round]] = {}
     ext: dict[int, list[float]] = {}
