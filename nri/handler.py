@@ -135,6 +135,9 @@ class HookHandler:
     synchronized: asyncio.Event = field(default_factory=asyncio.Event)  # set after the first Synchronize
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _privileged: set[str] = field(default_factory=set)  # ids of the privileged containers logged
+    # containers Synchronize found reaching ungranted GPUs, with the reason, when evicting: the
+    # eviction (CRI StopContainer) does nothing to one created and not yet started, so its start is refused
+    _barred: dict[str, str] = field(default_factory=dict)
 
     # -- registration --------------------------------------------------------------------------
 
@@ -154,7 +157,9 @@ class HookHandler:
         """The store made to match the runtime (records of known objects kept, others adopted or
         dropped: a reconnection neither loses nor doubles a pod), then the escape check."""
         stats = self.store.reconcile([nri_listed_pod(p) for p in pods], [nri_listed_container(c) for c in containers])
-        self._privileged &= {c.id for c in containers}
+        listed = {c.id for c in containers}
+        self._privileged &= listed
+        self._barred = {cid: why for cid, why in self._barred.items() if cid in listed}
         log.info("store rebuilt", extra={"source": "synchronize", **stats})
         by_id = {p.id: nri_pod_view(p) for p in pods}
         for pod in by_id.values():
@@ -174,6 +179,8 @@ class HookHandler:
                 hit = await self._ungranted(owner, c)
                 if hit is not None:
                     found.append(hit)
+        if self.synchronize_action == "evict":
+            self._barred.update((h.container_id, h.reason) for h in found)
         if found:
             self._spawn(self._act_on(found))
 
@@ -263,15 +270,20 @@ class HookHandler:
         container = nri_container_view(event.container) if event.HasField("container") else None
         if container is None:
             return
+        if event.event == api.START_CONTAINER and container.id in self._barred:
+            reason = self._barred[container.id]
+            self._refuse(pod, container, [], grpc.StatusCode.FAILED_PRECONDITION, reason, "StartContainer")
         if event.event == api.START_CONTAINER and self.chain.wants(Stage.PRE_START_CONTAINER):
             outcome = await self._run(HookContext(Stage.PRE_START_CONTAINER, pod, container, self._deadline()))
             if outcome.error is not None:
-                self._refuse(pod, container, outcome.records, outcome.error.code, outcome.error.reason)
+                why = outcome.error.reason
+                self._refuse(pod, container, outcome.records, outcome.error.code, why, "StartContainer")
         elif event.event == api.POST_START_CONTAINER:
             self.store.set_container_state(container.id, "running")
             self._post(Stage.POST_START_CONTAINER, pod, container)
         elif event.event == api.REMOVE_CONTAINER:
             self._privileged.discard(container.id)
+            self._barred.pop(container.id, None)
             self.store.remove_container(container.id)
             self._post(Stage.POST_REMOVE_CONTAINER, pod, container)
 
@@ -389,8 +401,9 @@ class HookHandler:
         records: Sequence[HookRecord],
         code: grpc.StatusCode,
         reason: str,
+        what: str = "",
     ) -> None:
-        what = "CreateContainer" if container is not None else "RunPodSandbox"
+        what = what or ("CreateContainer" if container is not None else "RunPodSandbox")
         fields: dict[str, Any] = {"pod": pod.ref, "hooks": _summary(records), "reason": reason}
         if container is not None:
             fields["container"] = container.name

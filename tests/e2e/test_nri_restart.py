@@ -106,6 +106,39 @@ def test_containers_made_while_crihook_was_away(gpu_node: GpuNode, cri: Cri, act
         with_config(plugin, "")
 
 
+@pytest.mark.parametrize("action", ["evict", "report"])
+def test_a_container_created_while_away_and_not_started_is_not_started(
+    gpu_node: GpuNode, cri: Cri, action: str
+) -> None:
+    """kubelet's CreateContainer went through while crihook was away and its StartContainer comes
+    after the reconnection: stopping a created container does nothing, so with evict on its start is
+    refused with the finding's reason; report only lets it start."""
+    plugin = gpu_node.proxy
+    with_config(plugin, f'\n[nri]\nsynchronize = "{action}"\n')
+    plugin.stop()
+    web = pod_config("web")
+    try:
+        with cri.pod(web) as web_id:
+            greedy = container_config("cuda", web, envs={"NVIDIA_VISIBLE_DEVICES": "all"})
+            cid = cri.create_container(web_id, greedy, web)
+            seen = len(plugin.log_text())
+            plugin.start()
+            until("the finding", lambda: "container reaches an ungranted GPU" in plugin.log_text()[seen:], plugin)
+            if action == "evict":
+                with pytest.raises(CriError) as err:
+                    cri.start_container(cid)
+                assert "NRI container start failed" in err.value.details
+                assert "container cuda of pod default/web reaches NVIDIA_VISIBLE_DEVICES=all" in err.value.details
+                assert not running(cri, cid)
+            else:
+                cri.start_container(cid)
+                assert running(cri, cid)
+    finally:
+        if plugin.pid is None:
+            plugin.start()
+        with_config(plugin, "")
+
+
 def test_privileged_containers_survive_synchronize(gpu_node: GpuNode, cri: Cri) -> None:
     """Privileged containers, one created through crihook and one while it was away, both bringing a
     GPU node nobody granted: a reconnection with evict on passes them over (their privilege gives them
