@@ -183,11 +183,15 @@ class Elector:
         self._thread.start()
 
     def stop(self, release: bool = True) -> None:
-        """End the loop; a leader then hands the lease back so a standby need not wait it out."""
+        """End the loop; a leader then hands the lease back so a standby need not wait it out.
+
+        Released even past the renew deadline (the term's end, its watches and label, can take that
+        long on a busy node): the write carries the resourceVersion of a record that still names this
+        replica, so it fails if another replica has taken the lease meanwhile."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(self.timing.retry_period + 10)
-        if release and self.may_write():
+        if release and self._leading:
             self._leading = False
             try:
                 current = self.api.get()

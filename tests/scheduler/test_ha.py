@@ -118,6 +118,24 @@ def test_release_lets_a_standby_take_over_at_its_next_look() -> None:
         assert kube.get("leases", LEASE, NS)["spec"]["leaseTransitions"] == 1
 
 
+def test_a_leader_stopped_past_its_renew_deadline_still_releases_a_lease_it_holds() -> None:
+    """The term's end can outlast the renew deadline on a busy node; the lease is still handed back,
+    but only while the record names this replica."""
+    with FakeKube() as kube:
+        clock = Clock()
+        a, b, c = elector(kube, "a", clock), elector(kube, "b", clock), elector(kube, "c", clock)
+        assert a.step() and not b.step()
+        clock.now += TIMING.renew_deadline + 1
+        assert not a.may_write()
+        a.stop()
+        assert kube.get("leases", LEASE, NS)["spec"]["holderIdentity"] == ""
+        assert b.step() and not c.step()
+        clock.now += TIMING.duration + 1
+        assert c.step()  # b's lease ran out and c holds it: b's release must not touch it
+        b.stop()
+        assert kube.get("leases", LEASE, NS)["spec"]["holderIdentity"] == "c"
+
+
 def test_a_leader_that_can_not_renew_stops_writing_at_the_renew_deadline() -> None:
     with FakeKube() as kube:
         clock = Clock()
