@@ -3,7 +3,8 @@ connections at once, as the API server sends them when a Deployment scales up.
 
 The API server's webhook client (Go's net/http) opens a connection per concurrent call it has no
 idle connection for, reuses no TLS session (full handshake each time) and keeps connections alive
-between calls. Used by tests/scheduler/test_server.py and bench/serving_bench.py.
+between calls, but dials again after an answer that says `Connection: close` (what a replica that
+is not ready sends, scheduler/server.py). Used by tests/scheduler/test_server.py and bench/serving_bench.py.
 """
 
 from __future__ import annotations
@@ -76,15 +77,23 @@ def http_request(path: str, body: bytes, method: str = "POST") -> bytes:
     return f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
 
 
-def read_response(sock: socket.socket, buf: bytearray) -> tuple[int, bytes]:
-    """(status, body) of the next answer; `buf` carries bytes read past it."""
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: bytes
+    closes: bool  # the server said `Connection: close`: it closes after this answer
+
+
+def read_answer(sock: socket.socket, buf: bytearray) -> Answer:
+    """The next answer; `buf` carries bytes read past it."""
     while (end := buf.find(b"\r\n\r\n")) < 0:
         data = sock.recv(65536)
         if not data:
             raise ConnectionError("closed")
         buf += data
     head = bytes(buf[:end]).decode("latin-1").split("\r\n")
-    length = next((int(h.split(":", 1)[1]) for h in head[1:] if h.lower().startswith("content-length:")), 0)
+    fields = [(k.strip().lower(), v.strip().lower()) for k, _, v in (h.partition(":") for h in head[1:])]
+    length = next((int(v) for k, v in fields if k == "content-length"), 0)
     del buf[: end + 4]
     while len(buf) < length:
         data = sock.recv(65536)
@@ -93,7 +102,13 @@ def read_response(sock: socket.socket, buf: bytearray) -> tuple[int, bytes]:
         buf += data
     body = bytes(buf[:length])
     del buf[:length]
-    return int(head[0].split()[1]), body
+    return Answer(int(head[0].split()[1]), body, ("connection", "close") in fields)
+
+
+def read_response(sock: socket.socket, buf: bytearray) -> tuple[int, bytes]:
+    """(status, body) of the next answer; `buf` carries bytes read past it."""
+    answer = read_answer(sock, buf)
+    return answer.status, answer.body
 
 
 def connect(port: int, ctx: ssl.SSLContext, timeout: float = TIMEOUT) -> ssl.SSLSocket:
@@ -140,8 +155,12 @@ def _connections(port: int, certs: Certs, per_conn: list[list[int]], start_at: f
                 if sock is None:
                     sock = connect(port, ctx)
                 sock.sendall(raw)
-                if why := check_review(i, *read_response(sock, buf)):
+                answer = read_answer(sock, buf)
+                if why := check_review(i, answer.status, answer.body):
                     out.failures.append(why)
+                if answer.closes:  # as Go's net/http: the next request dials again
+                    sock.close()
+                    sock, buf = None, bytearray()
             except (OSError, ValueError) as e:
                 out.failures.append(f"request {i}: {e!r}")
                 if sock is not None:
