@@ -43,6 +43,7 @@ import proxy_bench as pb
 
 from crihook.base import config as cfgmod
 from crihook.hooks.registry import build_chain
+from crihook.node.lifecycle import Lifecycle
 from crihook.node.store import Store
 from crihook.nri.handler import HookHandler
 from crihook.proto import nri_v1alpha1_pb2 as nri
@@ -191,7 +192,7 @@ async def handler_alone(config_text: str, annotations: dict[str, str], creates: 
     """HookHandler.create_container on kubelet-shaped NRI messages: a pod given every GPU, a
     container with a service account's mounts, some env and containerd's default device rules."""
     cfg = cfgmod.parse(tomllib.loads(config_text))
-    handler = HookHandler(build_chain(cfg.hooks, cfg.node), Store(cfg.proxy.state_dir))
+    handler = HookHandler(Lifecycle(build_chain(cfg.hooks, cfg.node), Store(cfg.proxy.state_dir)))
     await handler.configure(nri.ConfigureRequest(runtime_name="containerd", runtime_version="1.7.24"))
     pod = nri.PodSandbox(id="bench-pod", name="bench", uid="bench-uid", namespace="default")
     pod.annotations.update(annotations)

@@ -98,12 +98,17 @@ class Lifecycle:
     async def _decide(self, ctx: HookContext) -> Decided:
         out = await self.chain.run(ctx)
         if out.error is not None:
-            log.warning(
-                f"{ctx.stage} refused",
-                extra={**out.ctx.log_fields(), "hooks": _summary(out.records), "reason": out.error.reason},
-            )
+            log_refusal(out.ctx, out.records, out.error.reason)
             raise out.error
         return Decided(ctx, out.ctx, out.records)
+
+    async def trial_create(
+        self, pod: PodInfo, container: ContainerInfo, deadline: float | None
+    ) -> ContainerInfo | None:
+        """What the hooks would make of `container` were it created now, None when they refuse it:
+        to judge a container that was created without them. Nothing is recorded or logged."""
+        out = await self.chain.run(HookContext(Stage.PRE_CREATE_CONTAINER, pod, container, deadline))
+        return out.ctx.container if out.error is None else None
 
     # -- what the runtime did: the store, post hooks ----------------------------------------
 
@@ -203,6 +208,12 @@ class Lifecycle:
 
 def _summary(records: Iterable[HookRecord]) -> str:
     return ",".join(f"{r.hook}:{r.result}" for r in records)
+
+
+def log_refusal(ctx: HookContext, records: Iterable[HookRecord], reason: str) -> None:
+    """The line for a refused stage, whoever refused it: a hook, or the front door for what it can
+    not carry out."""
+    log.warning(f"{ctx.stage} refused", extra={**ctx.log_fields(), "hooks": _summary(records), "reason": reason})
 
 
 def _log_event(what: str, pod: PodInfo, container: ContainerInfo | None, records: list[HookRecord]) -> None:

@@ -20,26 +20,25 @@ import stat
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
 from crihook.base.metrics import NRI_UNGRANTED
-from crihook.hooks.base import ContainerInfo, HookContext, PodInfo, Stage
-from crihook.hooks.chain import HookChain, HookRecord, Outcome
+from crihook.hooks.base import ContainerInfo, HookContext, HookError, PodInfo, Stage
+from crihook.hooks.chain import HookRecord
 from crihook.hooks.gpu_edit import VISIBLE
 from crihook.node.container import (
     DeviceNode,
-    container_record,
     nri_adjustment,
     nri_allow_rules,
     nri_container_view,
     nri_every_device,
     nri_listed_container,
 )
+from crihook.node.lifecycle import Lifecycle, log_refusal
 from crihook.node.nriruntime import NriRuntime, gpu_minor, nri_runtime, start_refusal, unapplied, ungranted_gpus
-from crihook.node.pod import nri_listed_pod, nri_pod_view, pod_record
-from crihook.node.store import Store
+from crihook.node.pod import nri_listed_pod, nri_pod_view
 from crihook.nri.stub import RpcError, event_mask
 from crihook.proto import nri_v1alpha1_pb2 as api
 
@@ -58,6 +57,7 @@ EVENTS = event_mask(
 MARGIN = 0.25  # seconds kept back from the runtime's request timeout for the answer's trip
 CATCH_UP = 2.0  # seconds after a Synchronize before the runtime is listed again over CRI
 _NO_GPU = frozenset({"", "void", "none"})  # NVIDIA_VISIBLE_DEVICES values that name no GPU
+T = TypeVar("T")
 
 
 class StartRefused(Exception):
@@ -117,11 +117,12 @@ class Ungranted:
 
 @dataclass
 class HookHandler:
-    """stub.Handler running `chain` and keeping `store`. `evict` (the plugin's update_containers,
-    set once the plugin exists) asks the runtime to evict; None: report only."""
+    """stub.Handler on the lifecycle core `crihook serve` uses: the core runs the hooks, keeps the
+    store and runs post hooks; what is NRI's own (adjustments, what the runtime can not apply,
+    request deadlines, Synchronize's escape check) is here. `evict` (the plugin's
+    update_containers, set once the plugin exists) asks the runtime to evict; None: report only."""
 
-    chain: HookChain
-    store: Store
+    lifecycle: Lifecycle
     synchronize_action: str = "evict"  # "evict" | "report"
     cdi_inject: bool = False  # gpu.inject = "cdi": refused on runtimes that drop CDI adjustments
     node_of: Callable[[str], tuple[DeviceNode, int]] = stat_node
@@ -138,6 +139,8 @@ class HookHandler:
     # containers Synchronize found reaching ungranted GPUs, with the reason, when evicting: the
     # eviction (CRI StopContainer) does nothing to one created and not yet started, so its start is refused
     _barred: dict[str, str] = field(default_factory=dict)
+    # container id -> the records of its PreStartContainer hooks, kept until PostStartContainer
+    _starting: dict[str, list[HookRecord]] = field(default_factory=dict)
 
     # -- registration --------------------------------------------------------------------------
 
@@ -156,14 +159,17 @@ class HookHandler:
     ) -> Sequence[api.ContainerUpdate]:
         """The store made to match the runtime (records of known objects kept, others adopted or
         dropped: a reconnection neither loses nor doubles a pod), then the escape check."""
-        stats = self.store.reconcile([nri_listed_pod(p) for p in pods], [nri_listed_container(c) for c in containers])
+        stats = self.lifecycle.store.reconcile(
+            [nri_listed_pod(p) for p in pods], [nri_listed_container(c) for c in containers]
+        )
         listed = {c.id for c in containers}
         self._privileged &= listed
         self._barred = {cid: why for cid, why in self._barred.items() if cid in listed}
+        self._starting = {cid: r for cid, r in self._starting.items() if cid in listed}
         log.info("store rebuilt", extra={"source": "synchronize", **stats})
         by_id = {p.id: nri_pod_view(p) for p in pods}
         for pod in by_id.values():
-            self.chain.prepare_pod(pod)
+            self.lifecycle.chain.prepare_pod(pod)
         await self._check(by_id, containers)
         if self.relist is not None:
             self._spawn(self._catch_up())
@@ -194,12 +200,12 @@ class HookHandler:
         except Exception as e:  # the next Synchronize lists them
             log.warning("listing the runtime over CRI failed", extra={"error": str(e)})
             return
-        new_pods = [p for p in pods if p.id not in self.store.pods]
-        new = [c for c in containers if c.id not in self.store.containers]
+        new_pods = [p for p in pods if p.id not in self.lifecycle.store.pods]
+        new = [c for c in containers if c.id not in self.lifecycle.store.containers]
         for p in new_pods:
-            self.store.put_pod(nri_listed_pod(p))
+            self.lifecycle.store.put_pod(nri_listed_pod(p))
         for c in new:
-            self.store.put_container(nri_listed_container(c))
+            self.lifecycle.store.put_container(nri_listed_container(c))
         if new_pods or new:
             log.info("store caught up", extra={"pods": len(new_pods), "containers": len(new)})
             await self._check({p.id: nri_pod_view(p) for p in pods}, new)
@@ -211,10 +217,9 @@ class HookHandler:
 
     async def create_container(self, request: api.CreateContainerRequest) -> api.CreateContainerResponse:
         pod, before = nri_pod_view(request.pod), nri_container_view(request.container)
-        outcome = await self._run(HookContext(Stage.PRE_CREATE_CONTAINER, pod, before, self._deadline()))
-        if outcome.error is not None:
-            self._refuse(pod, before, outcome.records, outcome.error.code, outcome.error.reason)
-        after = outcome.ctx.container
+        ctx = HookContext(Stage.PRE_CREATE_CONTAINER, pod, before, self._deadline())
+        decided = await self._in_time(ctx, self.lifecycle.create_container(pod, before, ctx.deadline))
+        after = decided.after.container
         assert after is not None
         every = nri_every_device(request.container)
         if every:
@@ -239,10 +244,8 @@ class HookHandler:
                 f"{self.runtime.ref or 'this runtime'} can not carry out what crihook decided for container"
                 f" {before.name} of pod {pod.ref}: {'; '.join(reasons)}. crihook's proxy mode can (docs/nri.md)"
             )
-            self._refuse(pod, before, outcome.records, grpc.StatusCode.FAILED_PRECONDITION, why)
-        created = replace(after, id=request.container.id)
-        self.store.put_container(container_record(pod.id, created, [r.as_dict() for r in outcome.records]))
-        _log_event("container created", pod, created, outcome.records)
+            self._refuse(ctx, decided.records, grpc.StatusCode.FAILED_PRECONDITION, why)
+        self.lifecycle.container_created(pod, replace(after, id=request.container.id), decided.records)
         return api.CreateContainerResponse(adjust=adjust)
 
     def _nodes(self, msg: api.Container, after: ContainerInfo) -> list[DeviceNode]:
@@ -262,53 +265,44 @@ class HookHandler:
             await self._pod_started(pod)
             return
         if event.event == api.STOP_POD_SANDBOX:
-            self.store.set_pod_state(pod.id, "notready")
-            self._post(Stage.POST_STOP_POD_SANDBOX, pod, None)
+            self.lifecycle.pod_stopped(pod.id)
         elif event.event == api.REMOVE_POD_SANDBOX:
-            self.store.remove_pod(pod.id)
-            self._post(Stage.POST_REMOVE_POD_SANDBOX, pod, None)
+            self.lifecycle.pod_removed(pod.id)
         container = nri_container_view(event.container) if event.HasField("container") else None
         if container is None:
             return
-        if event.event == api.START_CONTAINER and container.id in self._barred:
-            reason = self._barred[container.id]
-            self._refuse(pod, container, [], grpc.StatusCode.FAILED_PRECONDITION, reason, "StartContainer")
-        if event.event == api.START_CONTAINER and self.chain.wants(Stage.PRE_START_CONTAINER):
-            outcome = await self._run(HookContext(Stage.PRE_START_CONTAINER, pod, container, self._deadline()))
-            if outcome.error is not None:
-                why = outcome.error.reason
-                self._refuse(pod, container, outcome.records, outcome.error.code, why, "StartContainer")
+        if event.event == api.START_CONTAINER:
+            ctx = HookContext(Stage.PRE_START_CONTAINER, pod, container, self._deadline())
+            if container.id in self._barred:
+                self._refuse(ctx, [], grpc.StatusCode.FAILED_PRECONDITION, self._barred[container.id])
+            if self.lifecycle.wants(Stage.PRE_START_CONTAINER):
+                decided = await self._in_time(ctx, self.lifecycle.start_container(container.id, ctx.deadline))
+                self._starting[container.id] = decided.records
         elif event.event == api.POST_START_CONTAINER:
-            self.store.set_container_state(container.id, "running")
-            self._post(Stage.POST_START_CONTAINER, pod, container)
+            self.lifecycle.container_started(container.id, self._starting.pop(container.id, []))
         elif event.event == api.REMOVE_CONTAINER:
             self._privileged.discard(container.id)
             self._barred.pop(container.id, None)
-            self.store.remove_container(container.id)
-            self._post(Stage.POST_REMOVE_CONTAINER, pod, container)
+            self._starting.pop(container.id, None)
+            self.lifecycle.container_removed(container.id)
 
     async def _pod_started(self, pod: PodInfo) -> None:
         """RunPodSandbox: NRI takes no answer but an error, so a hook may refuse the pod, not change it."""
         records: list[HookRecord] = []
-        if self.chain.wants(Stage.PRE_RUN_POD_SANDBOX):
-            outcome = await self._run(HookContext(Stage.PRE_RUN_POD_SANDBOX, pod, None, self._deadline()))
-            records = outcome.records
-            if outcome.error is not None:
-                self._refuse(pod, None, records, outcome.error.code, outcome.error.reason)
-            if outcome.ctx.pod != pod:
+        if self.lifecycle.wants(Stage.PRE_RUN_POD_SANDBOX):
+            ctx = HookContext(Stage.PRE_RUN_POD_SANDBOX, pod, None, self._deadline())
+            decided = await self._in_time(ctx, self.lifecycle.run_pod_sandbox(pod, ctx.deadline))
+            records = decided.records
+            if decided.after.pod != pod:
                 why = f"crihook: a hook changed pod {pod.ref} at RunPodSandbox, which NRI can not apply; use proxy mode"
-                self._refuse(pod, None, records, grpc.StatusCode.FAILED_PRECONDITION, why)
-        self.store.put_pod(pod_record(pod, [r.as_dict() for r in records]))
-        self.chain.prepare_pod(pod)
-        _log_event("pod sandbox started", pod, None, records)
+                self._refuse(ctx, records, grpc.StatusCode.FAILED_PRECONDITION, why)
+        self.lifecycle.pod_started(pod, records)
 
     async def update_container(self, request: api.UpdateContainerRequest) -> api.UpdateContainerResponse:
         return api.UpdateContainerResponse()
 
     async def stop_container(self, request: api.StopContainerRequest) -> api.StopContainerResponse:
-        container = nri_container_view(request.container)
-        self.store.set_container_state(container.id, "exited")
-        self._post(Stage.POST_STOP_CONTAINER, nri_pod_view(request.pod), container)
+        self.lifecycle.container_stopped(request.container.id)
         return api.StopContainerResponse()
 
     # -- Synchronize's escape check ------------------------------------------------------------
@@ -327,11 +321,11 @@ class HookHandler:
         named = visible_gpus(before)
         if not (nodes or rules or named):
             return None
-        outcome = await self._run(HookContext(Stage.PRE_CREATE_CONTAINER, pod, before, self._deadline()))
+        ctx = HookContext(Stage.PRE_CREATE_CONTAINER, pod, before, self._deadline())
+        after = await self._in_time(ctx, self.lifecycle.trial_create(pod, before, ctx.deadline))
         granted_minors: set[int] = set()
         granted_named: frozenset[str] = frozenset()
-        if outcome.error is None and outcome.ctx.container is not None:
-            after = outcome.ctx.container
+        if after is not None:
             try:
                 granted_minors = {m for n in self._nodes(c, after) if (m := gpu_minor(*n)) is not None}
             except OSError:
@@ -383,41 +377,24 @@ class HookHandler:
     def _deadline(self) -> float:
         return time.monotonic() + max(self.request_timeout - MARGIN, 0.1)
 
-    async def _run(self, ctx: HookContext) -> Outcome:
-        """The chain on `ctx`, answered by its deadline: a hook still working then makes a refusal,
-        never a late answer (which the runtime would take as the plugin gone, and go on without it)."""
+    async def _in_time(self, ctx: HookContext, work: Awaitable[T]) -> T:
+        """`work` (the core's stage on `ctx`) answered by the deadline: a hook still working then
+        makes a refusal, never a late answer (which the runtime would take as the plugin gone, and
+        go on without it). A hook's refusal becomes the runtime's error; the core logged it."""
         assert ctx.deadline is not None
         try:
-            return await asyncio.wait_for(self.chain.run(ctx), max(ctx.deadline - time.monotonic(), 0.0))
+            return await asyncio.wait_for(work, max(ctx.deadline - time.monotonic(), 0.0))
+        except HookError as e:
+            raise RpcError(_code(e.code), e.reason) from None
         except TimeoutError:
             why = f"crihook: the hooks did not answer within the runtime's {self.request_timeout:g} s request timeout"
-            self._refuse(ctx.pod, ctx.container, [], grpc.StatusCode.DEADLINE_EXCEEDED, why)
+            self._refuse(ctx, [], grpc.StatusCode.DEADLINE_EXCEEDED, why)
             raise  # unreachable: _refuse raises
 
-    def _refuse(
-        self,
-        pod: PodInfo,
-        container: ContainerInfo | None,
-        records: Sequence[HookRecord],
-        code: grpc.StatusCode,
-        reason: str,
-        what: str = "",
-    ) -> None:
-        what = what or ("CreateContainer" if container is not None else "RunPodSandbox")
-        fields: dict[str, Any] = {"pod": pod.ref, "hooks": _summary(records), "reason": reason}
-        if container is not None:
-            fields["container"] = container.name
-        log.warning(f"{what} refused", extra=fields)
+    def _refuse(self, ctx: HookContext, records: Sequence[HookRecord], code: grpc.StatusCode, reason: str) -> None:
+        """Refuse what `ctx` is about for a reason of NRI's own, logged as the core logs a hook's."""
+        log_refusal(ctx, records, reason)
         raise RpcError(_code(code), reason)
-
-    def _post(self, stage: Stage, pod: PodInfo, container: ContainerInfo | None) -> None:
-        if self.chain.wants(stage):
-            self._spawn(self._post_hooks(HookContext(stage, pod, container)))
-
-    async def _post_hooks(self, ctx: HookContext) -> None:
-        outcome = await self.chain.run(ctx)
-        if ctx.container is not None and ctx.stage is not Stage.POST_REMOVE_CONTAINER:
-            self.store.add_hook_records(ctx.container.id, [r.as_dict() for r in outcome.records])
 
     def _spawn(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)
@@ -427,21 +404,4 @@ class HookHandler:
     async def close(self) -> None:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
-def _summary(records: Sequence[HookRecord]) -> str:
-    return ",".join(f"{r.hook}:{r.result}" for r in records)
-
-
-def _log_event(what: str, pod: PodInfo, container: ContainerInfo | None, records: Sequence[HookRecord]) -> None:
-    """The proxy's line for the same event: info when a hook acted, debug otherwise."""
-    level = logging.INFO if any(r.result != "noop" for r in records) else logging.DEBUG
-    if log.isEnabledFor(level):
-        fields: dict[str, Any] = {"pod": pod.ref}
-        if container is not None:
-            fields["container"] = container.name
-        fields["id"] = (container.id if container is not None else pod.id)[:13]
-        if records:
-            fields["hooks"] = _summary(records)
-            fields["ms"] = round(sum(r.ms for r in records), 3)
-        log.log(level, what, extra=fields)
+        await self.lifecycle.close()

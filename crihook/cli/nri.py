@@ -23,6 +23,7 @@ from crihook.base.config import ConfigError
 from crihook.devices.collector import UsageCollector, start_usage
 from crihook.hooks.registry import build_chain
 from crihook.node.container import spec_container
+from crihook.node.lifecycle import Lifecycle
 from crihook.node.pod import listed_nri_pod
 from crihook.node.store import Store
 from crihook.nri.handler import HookHandler
@@ -68,7 +69,7 @@ def handler_from(cfg: cfgmod.Config) -> HookHandler:
     log.info("store loaded", extra={"file": state})
     attach_store(chain, store)
     inject = cfg.hooks.options.get("gpu", {}).get("inject")
-    return HookHandler(chain, store, synchronize_action=cfg.nri.synchronize, cdi_inject=inject == "cdi")
+    return HookHandler(Lifecycle(chain, store), synchronize_action=cfg.nri.synchronize, cdi_inject=inject == "cdi")
 
 
 async def serve(cfg: cfgmod.Config, args: argparse.Namespace) -> int:
@@ -97,7 +98,7 @@ async def serve(cfg: cfgmod.Config, args: argparse.Namespace) -> int:
         extra={
             "plugin": f"{plugin.index}-{plugin.name}",
             "socket": where,
-            "hooks": ",".join(h.hook.name for h in handler.chain.hooks),
+            "hooks": ",".join(h.hook.name for h in handler.lifecycle.chain.hooks),
         },
     )
     runner = loop.create_task(plugin.run())
@@ -112,10 +113,10 @@ async def serve(cfg: cfgmod.Config, args: argparse.Namespace) -> int:
         for t in tasks:
             t.cancel()
         await handler.close()
-        await handler.chain.close()
+        await handler.lifecycle.chain.close()
         if usage:
             await asyncio.to_thread(usage[0].stop)
-        await handler.store.close()
+        await handler.lifecycle.store.close()
         if metrics_server is not None:
             metrics_server.close()
     if handler.refused is not None:
@@ -155,7 +156,7 @@ async def list_runtime(endpoint: str) -> tuple[list[api.PodSandbox], list[api.Co
 async def _ready(handler: HookHandler, cfg: cfgmod.Config, usage: list[UsageCollector]) -> None:
     """Once the store holds the runtime's containers: the usage collector (into `usage`), then READY=1."""
     await handler.synchronized.wait()
-    collector = start_usage(cfg, handler.store, cfg.proxy.state_dir)
+    collector = start_usage(cfg, handler.lifecycle.store, cfg.proxy.state_dir)
     if collector is not None:
         usage.append(collector)
     systemd.notify("READY=1\nSTATUS=registered with the runtime")
