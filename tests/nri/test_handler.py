@@ -1,0 +1,116 @@
+"""NRI's events through the lifecycle core: the store, hook records, post hooks and refusals come
+out as in proxy mode (tests/proxy/test_intercept.py drives the same core from CRI messages)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import grpc
+import pytest
+
+from crihook.base.config import HooksConfig, NodeConfig
+from crihook.hooks.base import Edit, HookContext, HookError, Stage
+from crihook.hooks.registry import build_chain
+from crihook.node.lifecycle import Lifecycle
+from crihook.node.store import Store
+from crihook.nri.handler import HookHandler
+from crihook.nri.stub import RpcError
+from crihook.proto import nri_v1alpha1_pb2 as api
+
+STAGES = {
+    Stage.PRE_CREATE_CONTAINER,
+    Stage.PRE_START_CONTAINER,
+    Stage.POST_START_CONTAINER,
+    Stage.POST_STOP_CONTAINER,
+    Stage.POST_REMOVE_CONTAINER,
+    Stage.POST_REMOVE_POD_SANDBOX,
+}
+
+
+class Recorder:
+    """A hook that sets one env variable at CreateContainer (or refuses it) and notes every call."""
+
+    name = "rec"
+    priority = 10
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.stages = frozenset(STAGES)
+        self.refuse = refuse
+        self.seen: list[HookContext] = []
+
+    async def handle(self, ctx: HookContext) -> Edit | None:
+        self.seen.append(ctx)
+        if ctx.stage is Stage.PRE_CREATE_CONTAINER:
+            if self.refuse:
+                raise HookError(grpc.StatusCode.FAILED_PRECONDITION, f"rec: pod {ctx.pod.ref} refused")
+            return Edit(env={"HOOKED": "1"})
+        return None
+
+
+async def handler(tmp_path: Path, hook: Recorder) -> HookHandler:
+    chain = build_chain(HooksConfig(), NodeConfig(), factories={"rec": lambda options, node: hook})
+    h = HookHandler(Lifecycle(chain, Store(tmp_path)))
+    await h.configure(api.ConfigureRequest(runtime_name="containerd", runtime_version="2.1.9"))
+    await h.synchronize([], [])
+    return h
+
+
+POD = api.PodSandbox(id="sb-1", name="train", namespace="ml", uid="u-1")
+
+
+def container() -> api.Container:
+    return api.Container(id="c-1", pod_sandbox_id=POD.id, name="main", env=["PATH=/bin"])
+
+
+async def event(h: HookHandler, kind: int) -> None:
+    await h.state_change(api.StateChangeEvent(event=kind, pod=POD, container=container()))
+
+
+async def test_events_keep_the_store_and_run_post_hooks(tmp_path: Path) -> None:
+    hook = Recorder()
+    h = await handler(tmp_path, hook)
+    store = h.lifecycle.store
+    await h.state_change(api.StateChangeEvent(event=api.RUN_POD_SANDBOX, pod=POD))
+    assert store.pods["sb-1"].state == "ready"
+
+    answer = await h.create_container(api.CreateContainerRequest(pod=POD, container=container()))
+    assert ("HOOKED", "1") in [(kv.key, kv.value) for kv in answer.adjust.env]
+    rec = store.containers["c-1"]
+    assert (rec.pod_id, rec.state, rec.envs.get("HOOKED")) == ("sb-1", "created", "1")
+
+    await event(h, api.START_CONTAINER)
+    await event(h, api.POST_START_CONTAINER)
+    await h.close()
+    assert store.containers["c-1"].state == "running"
+    stages = [r["stage"] for r in store.containers["c-1"].hooks]
+    assert stages == [Stage.PRE_CREATE_CONTAINER, Stage.PRE_START_CONTAINER, Stage.POST_START_CONTAINER]
+
+    await h.stop_container(api.StopContainerRequest(pod=POD, container=container()))
+    await h.close()
+    assert store.containers["c-1"].state == "exited"
+    await event(h, api.REMOVE_CONTAINER)
+    await h.state_change(api.StateChangeEvent(event=api.REMOVE_POD_SANDBOX, pod=POD))
+    await h.close()
+    assert "c-1" not in store.containers and "sb-1" not in store.pods
+    post = [c for c in hook.seen if c.stage.is_post]
+    assert [c.stage for c in post] == [
+        Stage.POST_START_CONTAINER,
+        Stage.POST_STOP_CONTAINER,
+        Stage.POST_REMOVE_CONTAINER,
+        Stage.POST_REMOVE_POD_SANDBOX,
+    ]
+    # post hooks see the container as the store keeps it: after the hooks, as in proxy mode
+    assert all(c.container is None or c.container.env("HOOKED") == "1" for c in post)
+
+
+async def test_a_hook_refusal_fails_the_creation_once_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    h = await handler(tmp_path, Recorder(refuse=True))
+    await h.state_change(api.StateChangeEvent(event=api.RUN_POD_SANDBOX, pod=POD))
+    with caplog.at_level(logging.WARNING), pytest.raises(RpcError) as err:
+        await h.create_container(api.CreateContainerRequest(pod=POD, container=container()))
+    assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
+    assert err.value.message == "hook rec: pod ml/train container main: rec: pod ml/train refused"
+    assert "c-1" not in h.lifecycle.store.containers
+    refusals = [r for r in caplog.records if r.getMessage().endswith("refused")]
+    assert [r.getMessage() for r in refusals] == [f"{Stage.PRE_CREATE_CONTAINER} refused"]
