@@ -8,6 +8,7 @@ here it runs for a few seconds with fewer callers.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from load_cri import (  # bench/ is not a package: found through sys.path
     CALL_TIMEOUT,
+    CallRecord,
     Load,
     Report,
     kill_containerd,
@@ -40,6 +42,11 @@ pytestmark = pytest.mark.containerd
 # pkg/cri/server/instrumented_service.go on 1.6, pkg/cri/instrument/instrumented_service.go on 1.7,
 # internal/cri/instrument/instrumented_service.go on 2.x); crihook forwards it as it is.
 NOT_INITIALIZED = ("UNKNOWN", "server is not initialized yet")
+# A kill between the overlay snapshotter's rename of its "new-" directory to snapshots/<id> and the
+# commit of the metadata transaction that allotted <id> leaves that directory behind; the restarted
+# containerd allots the same id, and the rename fails "file exists" until its garbage collector
+# removes the orphan (createSnapshot and Cleanup in containerd's snapshots/overlay/overlay.go).
+ORPHAN_SNAPSHOT = re.compile(r"snapshots/\d+: file exists$")
 RECONNECT_SLACK = 8.0  # gRPC clients back off up to a few seconds before dialling again
 ORPHAN_CLEARED_WITHIN = 5.0  # seconds from the first refused removal to the last: the task is cleared
 
@@ -72,6 +79,15 @@ def test_concurrent_lifecycles_lose_nothing(proxy: Crihook, containerd_cri: Cri)
     assert last - first < 16 << 20, "crihook memory grew under a steady load"
 
 
+def containerd_restart_answer(c: CallRecord) -> bool:
+    """An error containerd itself gives while it is killed and started again."""
+    return (
+        c.code == "UNAVAILABLE"
+        or (c.code, c.detail) == NOT_INITIALIZED
+        or (c.code == "UNKNOWN" and c.op == "RunPodSandbox" and bool(ORPHAN_SNAPSHOT.search(c.detail)))
+    )
+
+
 def test_containerd_killed_mid_load(proxy: Crihook, containerd: Containerd, containerd_cri: Cri) -> None:
     load = Load(proxy.address, callers=8, seconds=8)
     report = load.run([kill_containerd(containerd, proxy, at=2.0, down=2.0)], rss_sampler(proxy))
@@ -79,8 +95,9 @@ def test_containerd_killed_mid_load(proxy: Crihook, containerd: Containerd, cont
     print("\n".join(report.lines()))
     (window,) = report.windows
     assert str(window.notes["Version while down"]).startswith("UNAVAILABLE")  # not a hang to the deadline
-    # gone (UNAVAILABLE), then starting again (NOT_INITIALIZED): what containerd itself answers
-    assert [c for c in report.errors() if c.code != "UNAVAILABLE" and (c.code, c.detail) != NOT_INITIALIZED] == []
+    # gone (UNAVAILABLE), starting again (NOT_INITIALIZED), then tripping over what the kill left
+    # (ORPHAN_SNAPSHOT): what containerd itself answers
+    assert [c for c in report.errors() if not containerd_restart_answer(c)] == []
     assert [c for c in report.errors() if not report.in_windows(c, RECONNECT_SLACK)] == []
     assert all(c.seconds < CALL_TIMEOUT for c in report.errors())
     assert report.recovered(window) is not None  # crihook reconnected by itself
