@@ -48,6 +48,7 @@ T = TypeVar("T")
 
 LOAD_LABEL = "crihook.test/load"  # on every pod and container this driver makes
 STAMP = "crihook.test/stamped"  # the annotation the load hook adds on CreateContainer
+KEEP_PATIENCE = 60.0  # seconds a run may go on past its length until a pod was kept
 CALL_TIMEOUT = 30.0  # each caller's deadline per call, as kubelet's runtime-request-timeout is 2 min
 CLEANUP_PATIENCE = 60.0  # how long a caller keeps retrying the cleanup of a pod in doubt
 
@@ -194,6 +195,7 @@ class Load:
         self.t0 = 0.0
         self.calls: list[CallRecord] = []
         self.ledgers = [Ledger() for _ in range(callers)]
+        self.kept = 0  # lifecycles that ended with their pod kept (the ones account() can compare)
         self._lock = threading.Lock()
         self._stop = threading.Event()
 
@@ -238,6 +240,8 @@ class Load:
         ledger.containers[cid] = pod_id
         self.call("StartContainer", lambda: cri.start_container(cid))
         if keep:
+            with self._lock:
+                self.kept += 1
             return
         self.call("StopContainer", lambda: cri.stop_container(cid, grace=2))
         self.call("RemoveContainer", lambda: cri.remove_container(cid))
@@ -283,7 +287,9 @@ class Load:
 
         fault_thread = threading.Thread(target=injector, daemon=True)
         fault_thread.start()
-        while self.now() < self.seconds:
+        # past `seconds`, go on (up to KEEP_PATIENCE more) until some pod was kept: on a loaded machine
+        # a fault's recovery can take the whole run, and an account with no kept pod compares nothing
+        while self.now() < self.seconds or (self.kept == 0 and self.now() < self.seconds + KEEP_PATIENCE):
             got = sample() if sample is not None else None
             if got is not None:
                 rss.append((self.now(), *got))
