@@ -186,10 +186,11 @@ class Report:
 class Load:
     """`callers` threads running pod lifecycles against `address` until `seconds` have passed."""
 
-    def __init__(self, address: str, callers: int, seconds: float, keep_every: int = 8) -> None:
+    def __init__(self, address: str, callers: int, seconds: float, keep_every: int = 8, min_calls: int = 0) -> None:
         self.address = address
         self.callers = callers
         self.seconds = seconds
+        self.min_calls = min_calls
         self.keep_every = keep_every
         self.run_id = uuid.uuid4().hex[:8]
         self.t0 = 0.0
@@ -267,6 +268,10 @@ class Load:
             except CriError:
                 time.sleep(0.2)
 
+    def _enough(self) -> bool:
+        with self._lock:
+            return self.kept > 0 and len(self.calls) >= self.min_calls
+
     def run(
         self,
         faults: Sequence[Callable[[Load], Window]] = (),
@@ -287,9 +292,10 @@ class Load:
 
         fault_thread = threading.Thread(target=injector, daemon=True)
         fault_thread.start()
-        # past `seconds`, go on (up to KEEP_PATIENCE more) until some pod was kept: on a loaded machine
-        # a fault's recovery can take the whole run, and an account with no kept pod compares nothing
-        while self.now() < self.seconds or (self.kept == 0 and self.now() < self.seconds + KEEP_PATIENCE):
+        # past `seconds`, go on (up to KEEP_PATIENCE more) until some pod was kept and `min_calls` were
+        # made: on a loaded machine a fault's recovery can take the whole run, and a load that kept no
+        # pod or made few calls tests little
+        while self.now() < self.seconds or (not self._enough() and self.now() < self.seconds + KEEP_PATIENCE):
             got = sample() if sample is not None else None
             if got is not None:
                 rss.append((self.now(), *got))
