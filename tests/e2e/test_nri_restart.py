@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import pytest
 
@@ -24,6 +25,9 @@ pytestmark = [pytest.mark.containerd, pytest.mark.runtimes("1.7", "2")]
 cri = proxy_mode.cri  # the proxy tests' client fixture, here on this module's gpu_node
 BURST = 12  # pods created while one side is killed
 WAIT = 30.0  # seconds a state change may take before the test gives up (not a speed target)
+SYNC_ATTEMPTS = 5  # tries of one call that containerd failed after its restart
+SYNC_BACKOFF = 0.5  # seconds before the second try, doubled for each further one
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -37,11 +41,12 @@ def gpu_node(containerd: Containerd, tmp_path_factory: pytest.TempPathFactory) -
         yield GpuNode(node, plugin)
 
 
-def until(what: str, check: Callable[[], bool], plugin: Crihook) -> None:
+def until(what: str, check: Callable[[], bool], plugin: Crihook, detail: Callable[[], str] = str) -> None:
+    """Wait for `check`; past WAIT, fail with `detail()` (what differs) and crihook's log tail."""
     deadline = time.monotonic() + WAIT
     while not check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {WAIT}s:\n{plugin.log_tail()}")
+            raise AssertionError(f"{what} did not happen within {WAIT}s: {detail()}\n{plugin.log_tail()}")
         time.sleep(0.1)
 
 
@@ -188,6 +193,20 @@ def runtime_ids(cri: Cri) -> tuple[set[str], set[str]]:
     return {p.id for p in cri.list_pods()}, {c.id for c in cri.list_containers()}
 
 
+def store_matches(plugin: Crihook, cri: Cri) -> None:
+    """Wait until the store holds exactly the runtime's pods and containers; the failure names each side's extras."""
+
+    def differences() -> str:
+        (pods, containers), (rpods, rcontainers) = store_ids(plugin), runtime_ids(cri)
+        return (
+            f"pods only in the store {sorted(pods - rpods)}, only in the runtime {sorted(rpods - pods)}; "
+            f"containers only in the store {sorted(containers - rcontainers)}, "
+            f"only in the runtime {sorted(rcontainers - containers)}"
+        )
+
+    until("the store to match the runtime", lambda: store_ids(plugin) == runtime_ids(cri), plugin, differences)
+
+
 def burst(cri: Cri, errors: list[str], made: list[str]) -> None:
     """BURST pods of one GPU-less container each, as kubelet would make them, errors kept."""
     for i in range(BURST):
@@ -201,6 +220,28 @@ def burst(cri: Cri, errors: list[str], made: list[str]) -> None:
             cri.start_container(cid)
         except CriError as e:
             errors.append(e.details)
+
+
+def synced(cri: Cri, call: Callable[[], T], made: list[str]) -> T:
+    """`call`'s result, retried as kubelet retries a failed pod sync: its pod worker requeues the pod
+    after a jittered backoff (pkg/kubelet/pod_workers.go, completeWork), and the node goes on meanwhile.
+    A containerd SIGKILLed between its overlayfs snapshotter's rename of a new snapshot directory and
+    the commit of that snapshot's record leaves the directory behind; the record's ID is handed out
+    again, so every later snapshot fails ("failed to rename ... file exists") until containerd's
+    snapshot garbage collection removes directories it has no record of, which it does only after a
+    snapshot removal. So between tries one burst pod is deleted, as its deletion would reach a node
+    that kept running. Refusals by crihook (an NRI failure) are never retried: they fail the test."""
+    for attempt in range(SYNC_ATTEMPTS - 1):
+        try:
+            return call()
+        except CriError as e:
+            if "NRI" in e.details or not made:
+                raise
+        doomed = made.pop(0)
+        cri.stop_pod(doomed)
+        cri.remove_pod(doomed)
+        time.sleep(SYNC_BACKOFF * 2**attempt)
+    return call()
 
 
 @pytest.mark.parametrize("side", ["crihook", "containerd"])
@@ -235,9 +276,17 @@ def test_killed_mid_burst_the_store_matches_the_runtime(
                 lambda c=c: env_of(cri, c.id)["NVIDIA_VISIBLE_DEVICES"] == "void" or not running(cri, c.id),
                 plugin,
             )
-    # one more pod through the restarted side, then the store is the runtime's, exactly
+    store_matches(plugin, cri)
+    # one more pod through the restarted side, as kubelet makes it after a runtime restart: a failed
+    # sync retried with backoff, pods deleted meanwhile; then the store is the runtime's, exactly
     pod = pod_config("after")
-    with cri.pod(pod) as pod_id, cri.container(pod_id, container_config("app", pod), pod):
-        until("the store to match the runtime", lambda: store_ids(plugin) == runtime_ids(cri), plugin)
+    pod_id = synced(cri, lambda: cri.run_pod(pod), made)
+    cid = synced(cri, lambda: cri.create_container(pod_id, container_config("app", pod), pod), made)
+    synced(cri, lambda: cri.start_container(cid), made)
+    store_matches(plugin, cri)
+    assert pod_id in store_ids(plugin)[0] and cid in store_ids(plugin)[1]
+    cri.stop_pod(pod_id)
+    cri.remove_pod(pod_id)
+    store_matches(plugin, cri)
     # calls failed only for the outage itself, never because crihook refused
     assert not [e for e in errors if "NRI adjustment" in e], errors
