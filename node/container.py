@@ -345,6 +345,14 @@ def nri_adjustment(
     return adj
 
 
+# CRI's container states as NRI names them; the escape check looks only at the live ones
+_NRI_STATE = {
+    cri.CONTAINER_CREATED: nri.CONTAINER_CREATED,
+    cri.CONTAINER_RUNNING: nri.CONTAINER_RUNNING,
+    cri.CONTAINER_EXITED: nri.CONTAINER_STOPPED,
+}
+
+
 def spec_container(c: cri.Container, status: cri.ContainerStatusResponse) -> nri.Container:
     """A container as NRI would show it, from CRI's listing and the OCI spec in its verbose status:
     for the containers a Synchronize can miss (containerd 1.7 lets a creation race the plugin's
@@ -355,7 +363,7 @@ def spec_container(c: cri.Container, status: cri.ContainerStatusResponse) -> nri
         id=c.id,
         pod_sandbox_id=c.pod_sandbox_id,
         name=c.metadata.name,
-        state=nri.CONTAINER_RUNNING if c.state == cri.CONTAINER_RUNNING else nri.CONTAINER_CREATED,
+        state=_NRI_STATE.get(c.state, nri.CONTAINER_UNKNOWN),
         env=[e for e in process.get("env") or () if isinstance(e, str)],
         created_at=c.created_at,
     )

@@ -138,19 +138,24 @@ async def stop_containers(endpoint: str, ids: Sequence[str]) -> None:
 
 
 async def list_runtime(endpoint: str) -> tuple[list[api.PodSandbox], list[api.Container]]:
-    """The runtime's sandboxes and live containers over CRI, as NRI would show them."""
+    """Every sandbox and container the runtime lists over CRI, in whatever state, as NRI would show
+    them: the store holds what the runtime has (as proxy mode's rebuild does), and a container that
+    was being created when containerd died is listed by CRI but by no Synchronize."""
     async with grpc.aio.insecure_channel(endpoint, options=[("grpc.max_receive_message_length", 64 << 20)]) as ch:
         stub = cri_grpc.RuntimeServiceStub(ch)
         sandboxes = await stub.ListPodSandbox(cri.ListPodSandboxRequest(), timeout=30)
         listed = await stub.ListContainers(cri.ListContainersRequest(), timeout=30)
         containers = []
         for c in listed.containers:
-            if c.state in (cri.CONTAINER_CREATED, cri.CONTAINER_RUNNING):
-                status = await stub.ContainerStatus(
-                    cri.ContainerStatusRequest(container_id=c.id, verbose=True), timeout=30
-                )
-                containers.append(spec_container(c, status))
-    return [listed_nri_pod(s) for s in sandboxes.items if s.state == cri.SANDBOX_READY], containers
+            try:
+                request = cri.ContainerStatusRequest(container_id=c.id, verbose=True)
+                status = await stub.ContainerStatus(request, timeout=30)
+            except grpc.aio.AioRpcError as e:
+                if e.code() != grpc.StatusCode.NOT_FOUND:
+                    raise
+                continue  # removed since it was listed
+            containers.append(spec_container(c, status))
+    return [listed_nri_pod(s) for s in sandboxes.items], containers
 
 
 async def _ready(handler: HookHandler, cfg: cfgmod.Config, usage: list[UsageCollector]) -> None:
