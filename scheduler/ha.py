@@ -113,6 +113,9 @@ class Replica:
         self.cache: ClusterCache | None = None
         self._labelled: ClusterCache | None = None  # the term whose label is on the pod
         self._guard = threading.Lock()
+        # label writes one at a time: a term's claim still under way on the cache's thread when the
+        # term ends would otherwise land after the end's drop and leave a stopped replica labelled
+        self._label_lock = threading.Lock()
         extender.ready = self.ready
         extender.may_write = self.may_write
         if elector is not None:
@@ -158,8 +161,9 @@ class Replica:
             cache.stop()
             log.info("term ended")
         if self.label is not None and cache is not None:  # also after a claim that failed late
-            self._labelled = None
-            self.label.drop()
+            with self._label_lock:
+                self._labelled = None
+                self.label.drop()
         if self.freeze_heap:
             gc.unfreeze()
 
@@ -177,11 +181,16 @@ class Replica:
     def _label(self, cache: ClusterCache) -> None:
         """Label the pod once per term, while the term is still on and the Lease still held; tried
         again every LABEL_RETRY until it is written (the Service reaches no one until then)."""
-        if self.label is None or self._labelled is cache or self.cache is not cache or not self.may_write():
+        if self.label is None:
             return
-        self._labelled = cache
-        if not self.label.claim():
-            self._labelled = None
+        with self._label_lock:
+            if self._labelled is cache or self.cache is not cache or not self.may_write():
+                return
+            self._labelled = cache
+            claimed = self.label.claim()
+            if not claimed:
+                self._labelled = None
+        if not claimed:
             retry = threading.Timer(LABEL_RETRY, self._label, (cache,))
             retry.daemon = True
             retry.start()
