@@ -7,19 +7,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TypeVar
 
 import pytest
 
 from crihook.node.store import Store
-from crihook.simnode import fakenvml
-from crihook.simnode.node import make_sim_node
 from tests.e2e import test_gpu_containerd as proxy_mode
-from tests.e2e.test_gpu_containerd import TOPOLOGY, GpuNode, allocated, env_of, leaky, privileged, privileged_pod
+from tests.e2e import test_gpu_nri
+from tests.e2e.test_gpu_containerd import GpuNode, allocated, env_of, leaky, privileged, privileged_pod
 from tests.support.containerd import Containerd
 from tests.support.cri import Cri, CriError, DeviceSpec, container_config, pod_config
-from tests.support.daemon import Crihook, running_crihook
+from tests.support.daemon import Crihook
 
 pytestmark = [pytest.mark.containerd, pytest.mark.runtimes("1.7", "2")]
 cri = proxy_mode.cri  # the proxy tests' client fixture, here on this module's gpu_node
@@ -29,16 +28,7 @@ SYNC_ATTEMPTS = 5  # tries of one call that containerd failed after its restart
 SYNC_BACKOFF = 0.5  # seconds before the second try, doubled for each further one
 T = TypeVar("T")
 
-
-@pytest.fixture(scope="module")
-def gpu_node(containerd: Containerd, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpuNode]:
-    if not containerd.nri:
-        pytest.skip(f"containerd {containerd.runtime.name} has no NRI")
-    node = make_sim_node(tmp_path_factory.mktemp("nri-node"), TOPOLOGY, char_devices=True)
-    env = {fakenvml.CONFIG_ENV: str(node.config)}
-    config = node.proxy_config(fakenvml.build())
-    with running_crihook(containerd.address, node.root / "crihook", config, env, containerd.nri_socket) as plugin:
-        yield GpuNode(node, plugin)
+gpu_node = test_gpu_nri.gpu_node  # the fixture: one simulated GPU node in NRI mode, as there
 
 
 def until(what: str, check: Callable[[], bool], plugin: Crihook, detail: Callable[[], str] = str) -> None:
