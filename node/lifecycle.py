@@ -30,7 +30,7 @@ from crihook.node.resources import resources_from_record, resources_record
 from crihook.node.store import Store
 from crihook.node.update import apply_update
 
-log = logging.getLogger("crihook.proxy")
+log = logging.getLogger("crihook.node")
 
 POD_VIEWS = 512  # pods whose view is kept, more than a node runs (cleared when full)
 Views = tuple[PodInfo, ContainerInfo | None]

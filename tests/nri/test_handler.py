@@ -113,4 +113,4 @@ async def test_a_hook_refusal_fails_the_creation_once_logged(tmp_path: Path, cap
     assert err.value.message == "hook rec: pod ml/train container main: rec: pod ml/train refused"
     assert "c-1" not in h.lifecycle.store.containers
     refusals = [r for r in caplog.records if r.getMessage().endswith("refused")]
-    assert [r.getMessage() for r in refusals] == [f"{Stage.PRE_CREATE_CONTAINER} refused"]
+    assert [(r.name, r.getMessage()) for r in refusals] == [("crihook.node", f"{Stage.PRE_CREATE_CONTAINER} refused")]
