@@ -13,7 +13,6 @@ Pure: dicts in, dicts out; the HTTP server is in server.py.
 from __future__ import annotations
 
 import base64
-import copy
 import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -81,24 +80,31 @@ def _shared_for(resources: Mapping[str, Any]) -> str | None:
 
 
 def mutate_pod(pod: dict[str, Any], config: WebhookConfig) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The mutated pod and the JSON patch from `pod` to it. `pod` is not changed."""
-    out = copy.deepcopy(pod)
+    """The mutated pod and the JSON patch from `pod` to it. `pod` is not changed: the dicts and lists
+    on the way to the resources are copied, and `out` shares the rest with it (a deep copy of a whole
+    pod cost more than the rest of an admission review)."""
+    out = dict(pod)
     ops: list[dict[str, Any]] = []
     spec = out.get("spec")
     if not isinstance(spec, dict):
         return out, ops
+    spec = out["spec"] = dict(spec)
     for field in ("initContainers", "containers"):
         containers = spec.get(field)
         if not isinstance(containers, list):
             continue
+        containers = spec[field] = list(containers)
         for i, c in enumerate(containers):
             res = c.get("resources") if isinstance(c, dict) else None
             if not isinstance(res, dict):
                 continue
+            res = dict(res)
+            containers[i] = {**c, "resources": res}
             for kind in ("limits", "requests"):
                 values = res.get(kind)
                 if not isinstance(values, dict):
                     continue
+                values = res[kind] = dict(values)
                 base = f"/spec/{field}/{i}/resources/{kind}/"
                 # koordinator.sh/gpu alone converts; beside core or memory it is left for validation to refuse
                 if KOORD_GPU in values and not any(_positive(values, n) for n in SHARE_NAMES):

@@ -225,3 +225,18 @@ def test_mutation_is_idempotent_and_never_invents_an_invalid_pod(resources: dict
         before.ratio,
         before.memory,
     )
+
+
+@given(st.dictionaries(names, quantities, max_size=4), st.dictionaries(names, quantities, max_size=4), st.booleans())
+def test_mutate_pod_leaves_its_input_alone_and_returns_what_its_patch_makes(
+    limits_: dict[str, str], requests: dict[str, str], init: bool
+) -> None:
+    """The mutated pod shares what it does not change with the input, so a change made in place
+    would show here: the input stays equal to a deep copy of itself, and the pod returned is the
+    input with the returned patch applied."""
+    pod = with_resources(review(), limits_, init)["request"]["object"]
+    pod["spec"]["containers"][0]["resources"]["requests"] = dict(requests)
+    before = copy.deepcopy(pod)
+    out, ops = webhook.mutate_pod(pod, webhook.WebhookConfig(scheduler_name="crihook"))
+    assert pod == before
+    assert out == json_patch(before, ops)
