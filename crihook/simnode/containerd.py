@@ -281,6 +281,28 @@ def _nri_section(base: Path, quote: str, nri: bool) -> str:
 """
 
 
+def _top(base: Path, version: int, quote: str, nri: bool) -> str:
+    """What both config versions start with: the private root, state and sockets, and NRI."""
+    # Without CRI the daemon is useless to us: exit at once instead of serving without it. (The
+    # legacy io.containerd.runtime.v1.linux must stay enabled: in 1.6 the tasks service, and through
+    # it CRI, refuse to load without it.)
+    return f"""\
+version = {version}
+root = "{base}/root"
+state = "{base}/state"
+oom_score = 0
+{_DISABLED}
+required_plugins = ["io.containerd.grpc.v1.cri"]
+
+[grpc]
+  address = "{base}/containerd.sock"
+
+[ttrpc]
+  address = "{base}/containerd.sock.ttrpc"
+
+{_nri_section(base, quote, nri)}"""
+
+
 def _config_v2(base: Path, rt: Runtime, nri: bool = False) -> str:
     """containerd 1.6/1.7 config (version 2) with every path inside `base`, so it shares nothing with a
     containerd the machine may already run. runc's state root is ours too, which lets cleanup find
@@ -296,24 +318,7 @@ def _config_v2(base: Path, rt: Runtime, nri: bool = False) -> str:
         else ""
     )
     shim = f'\n      runtime_path = "{rt.binary("containerd-shim-runc-v2")}"' if rt.prefix is not None else ""
-    return f"""\
-version = 2
-root = "{base}/root"
-state = "{base}/state"
-oom_score = 0
-{_DISABLED}
-# Without CRI the daemon is useless to us: exit at once instead of serving without it.
-# (The legacy io.containerd.runtime.v1.linux must stay enabled: in 1.6 the tasks service, and
-# through it CRI, refuse to load without it.)
-required_plugins = ["io.containerd.grpc.v1.cri"]
-
-[grpc]
-  address = "{base}/containerd.sock"
-
-[ttrpc]
-  address = "{base}/containerd.sock.ttrpc"
-
-{_nri_section(base, '"', nri)}
+    return f"""{_top(base, 2, '"', nri)}
 {cri}]
   sandbox_image = "{PAUSE_IMAGE}"
   restrict_oom_score_adj = true
@@ -341,21 +346,7 @@ def _config_v3(base: Path, rt: Runtime, nri: bool = False) -> str:
     """containerd 2.x config (version 3): CRI is split into an images and a runtime plugin, and the
     sandbox image is a pinned image."""
     run = "[plugins.'io.containerd.cri.v1.runtime'"
-    return f"""\
-version = 3
-root = "{base}/root"
-state = "{base}/state"
-oom_score = 0
-{_DISABLED}
-required_plugins = ["io.containerd.grpc.v1.cri"]
-
-[grpc]
-  address = "{base}/containerd.sock"
-
-[ttrpc]
-  address = "{base}/containerd.sock.ttrpc"
-
-{_nri_section(base, "'", nri)}
+    return f"""{_top(base, 3, "'", nri)}
 [plugins.'io.containerd.grpc.v1.cri']
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"

@@ -105,6 +105,17 @@ def gpu_devices(spec: dict[str, Any]) -> dict[str, tuple[str, int, int]]:
     }
 
 
+def gpu_nodes(*minors: int) -> dict[str, tuple[str, int, int]]:
+    """What `gpu_devices` reads for a container given the GPUs `minors`: theirs, the control device
+    and UVM's two."""
+    return {
+        **{f"/dev/nvidia{m}": ("c", NVIDIA_MAJOR, m) for m in minors},
+        "/dev/nvidiactl": ("c", NVIDIA_MAJOR, NVIDIACTL_MINOR),
+        "/dev/nvidia-uvm": ("c", UVM_MAJOR, 0),
+        "/dev/nvidia-uvm-tools": ("c", UVM_MAJOR, 1),
+    }
+
+
 def allowed(spec: dict[str, Any]) -> set[tuple[int, int, str]]:
     """Device-cgroup allow rules (major, minor, access) for the nodes above."""
     majors = {NVIDIA_MAJOR, UVM_MAJOR, UVERBS_MAJOR}
@@ -183,11 +194,7 @@ def test_scheduled_gpus_and_nics_reach_the_container(gpu_node: GpuNode, cri: Cri
         assert env_of(cri, cid)["NVIDIA_VISIBLE_DEVICES"] == f"{gpu_node.node.uuid(3)},{gpu_node.node.uuid(0)}"
         spec = spec_of(cri, cid)
         assert gpu_devices(spec) == {
-            "/dev/nvidia3": ("c", NVIDIA_MAJOR, 3),
-            "/dev/nvidia0": ("c", NVIDIA_MAJOR, 0),
-            "/dev/nvidiactl": ("c", NVIDIA_MAJOR, NVIDIACTL_MINOR),
-            "/dev/nvidia-uvm": ("c", UVM_MAJOR, 0),
-            "/dev/nvidia-uvm-tools": ("c", UVM_MAJOR, 1),
+            **gpu_nodes(3, 0),
             "/dev/infiniband/rdma_cm": ("c", 10, RDMA_CM_MINOR),
             "/dev/infiniband/uverbs3": ("c", UVERBS_MAJOR, UVERBS_BASE + 3),  # the VF's, not the PF's
         }

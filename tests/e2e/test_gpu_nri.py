@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from crihook.simnode import fakenvml
-from crihook.simnode.node import NVIDIA_MAJOR, NVIDIACTL_MINOR, UVM_MAJOR, make_sim_node
+from crihook.simnode.node import make_sim_node
 from tests.e2e import test_gpu_containerd as proxy_mode
 from tests.e2e.test_gpu_containerd import (
     TOPOLOGY,
@@ -30,6 +30,7 @@ from tests.e2e.test_gpu_containerd import (
     check_privileged,
     env_of,
     gpu_devices,
+    gpu_nodes,
     leaky,
     spec_of,
 )
@@ -67,19 +68,9 @@ def test_scheduled_gpus_reach_the_container_and_an_image_all_is_overwritten(gpu_
     with cri.pod(pod) as pod_id, cri.container(pod_id, cuda, pod) as cid:
         assert env_of(cri, cid)["NVIDIA_VISIBLE_DEVICES"] == f"{node.uuid(3)},{node.uuid(0)}"
         spec = spec_of(cri, cid)
-        assert gpu_devices(spec) == {
-            "/dev/nvidia3": ("c", NVIDIA_MAJOR, 3),
-            "/dev/nvidia0": ("c", NVIDIA_MAJOR, 0),
-            "/dev/nvidiactl": ("c", NVIDIA_MAJOR, NVIDIACTL_MINOR),
-            "/dev/nvidia-uvm": ("c", UVM_MAJOR, 0),
-            "/dev/nvidia-uvm-tools": ("c", UVM_MAJOR, 1),
-        }
+        assert gpu_devices(spec) == gpu_nodes(3, 0)
         assert {(major, minor) for major, minor, _ in allowed(spec)} == {
-            (NVIDIA_MAJOR, 3),
-            (NVIDIA_MAJOR, 0),
-            (NVIDIA_MAJOR, NVIDIACTL_MINOR),
-            (UVM_MAJOR, 0),
-            (UVM_MAJOR, 1),
+            (major, minor) for _, major, minor in gpu_nodes(3, 0).values()
         }
         assert {"nvidia0", "nvidia3"} <= set(cri.output(cid, "ls", "/dev").split())
     assert "container created" in gpu_node.proxy.log_text()
