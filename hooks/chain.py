@@ -178,7 +178,7 @@ class HookChain:
         limit = reg.timeout
         if reg.follows_deadline and out.ctx.deadline is not None:
             limit = max(out.ctx.deadline - time.monotonic(), 0.0)
-        try:  # wait_for, not asyncio.timeout: a rewrite runs its first step outside any task (link.start)
+        try:  # wait_for, not asyncio.timeout: on 3.11 a rewrite runs its first step outside any task (link.start)
             result: Any = await asyncio.wait_for(reg.hook.handle(out.ctx), limit)  # type: ignore[arg-type]
         except Exception as exc:
             self._settle(reg, out, start, exc=exc, limit=limit)

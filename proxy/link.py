@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import sys
 import time
 from collections.abc import Coroutine, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -59,9 +60,13 @@ T = TypeVar("T")
 
 
 def start(coro: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
-    """`coro` run at once up to its first wait, as Python 3.12's eager tasks run: the future is done
-    already when it never waited (and no task was made), else a task finishes it."""
+    """`coro` run at once up to its first wait: the future is done already when it never waited, else
+    a task finishes it. Python 3.12 has this as an eager task, and needs it: from 3.12 on,
+    `asyncio.wait_for` (a hook's timeout) refuses to run outside a task, and a frame callback is
+    outside any. 3.11 has no eager tasks, so there the first step runs bare and a task drives the rest."""
     loop = asyncio.get_running_loop()
+    if sys.version_info >= (3, 12):
+        return asyncio.Task(coro, loop=loop, eager_start=True)
     try:
         waiting = coro.send(None)
     except StopIteration as done:
