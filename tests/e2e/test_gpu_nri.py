@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from crihook.devices import usage
 from crihook.simnode import fakenvml
 from crihook.simnode.node import make_sim_node
 from tests.e2e import test_gpu_containerd as proxy_mode
@@ -129,11 +130,14 @@ def test_cdi_annotation_for_an_ungranted_gpu_does_not_reach_it(gpu_node: GpuNode
         ],
     }
     (cdi_spec_dir / "gpus.json").write_text(json.dumps(spec))
-    time.sleep(1.5)  # containerd picks a new spec up within about a second (runtimes.md)
     pod = pod_config("cdi", annotations=allocated({"minor": 2}))
     sneaky = container_config("main", pod, annotations={"cdi.k8s.io/sneaky": f"nvidia.com/gpu={node.uuid(1)}"})
     with cri.pod(pod) as pod_id:
-        why = refused(cri, pod_id, sneaky, pod)
+        # containerd picks a new spec up within about a second (runtimes.md); before, it refuses the
+        # device as unresolvable itself
+        deadline = time.monotonic() + 15
+        while "c 195:1" not in (why := refused(cri, pod_id, sneaky, pod)) and time.monotonic() < deadline:
+            time.sleep(0.2)
     assert "/dev/nvidia1" in why and "c 195:1" in why
 
 
@@ -198,6 +202,7 @@ def test_gpu_usage_is_collected_in_nri_mode(gpu_node: GpuNode, cri: Cri) -> None
             plugin.stop()
             plugin.metrics_listen = f"127.0.0.1:{free_port()}"
             plugin.write_config(base + "\n[usage]\ninterval_seconds = 0.2\n")
+            (plugin.state_dir / usage.STATE_FILE).unlink(missing_ok=True)  # the last daemon's collection
             plugin.start()
             deadline = time.monotonic() + 30  # the first collection follows READY=1 at once; bounded wait
             while not (rows := top_rows(plugin.config_path)) and time.monotonic() < deadline:

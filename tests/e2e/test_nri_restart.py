@@ -15,7 +15,7 @@ import pytest
 from crihook.node.store import Store
 from tests.e2e import test_gpu_containerd as proxy_mode
 from tests.e2e import test_gpu_nri
-from tests.e2e.test_gpu_containerd import GpuNode, allocated, env_of, leaky, privileged, privileged_pod
+from tests.e2e.test_gpu_containerd import GpuNode, allocated, env_of, leaky, privileged, privileged_pod, spec_of
 from tests.support.containerd import Containerd
 from tests.support.cri import Cri, CriError, DeviceSpec, container_config, pod_config
 from tests.support.daemon import Crihook
@@ -263,7 +263,10 @@ def test_killed_mid_burst_the_store_matches_the_runtime(
         if c.state == 1:
             until(
                 f"container {c.id[:13]} voided or evicted",
-                lambda c=c: env_of(cri, c.id)["NVIDIA_VISIBLE_DEVICES"] == "void" or not running(cri, c.id),
+                # the spec, not an exec: crihook may stop the container between the listing and a look
+                lambda c=c: (
+                    "NVIDIA_VISIBLE_DEVICES=void" in spec_of(cri, c.id)["process"]["env"] or not running(cri, c.id)
+                ),
                 plugin,
             )
     store_matches(plugin, cri)
