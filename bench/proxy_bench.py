@@ -244,7 +244,7 @@ def added_interval(target: list[float], direct: list[float], q: float, resamples
     """95 % bootstrap interval of the q-quantile of `target` minus that of `direct`, resampling whole
     rounds so each pair measured side by side stays together: how far the printed difference can be
     from the truth with this many calls."""
-    import numpy as np  # here: intercept_instructions imports this module, and numpy's BLAS threads would count
+    import numpy as np  # here: only the report needs it, and numpy's BLAS threads would count in the run
 
     rng = np.random.default_rng(0)
     t, d = np.asarray(target), np.asarray(direct)

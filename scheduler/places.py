@@ -6,13 +6,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
-
-if TYPE_CHECKING:
-    pass
-
 
 BIG = 2**30  # places of a shape on a node when nothing limits it (CPU-free, memory-free, GPU-free)
 PLACE = np.int32  # places are counted in int32: the (options x shapes) arrays are most of the outlook's cost

@@ -89,6 +89,7 @@ def test_the_proxy_bench_runs_every_section_briefly() -> None:
     assert "pod start through baseline:" in out and "crihook RSS" in out
 
 
+@pytest.mark.containerd
 def test_the_nri_bench_runs_every_mode_briefly() -> None:
     """Two containerd 2.x (NRI on): straight, through `crihook serve`, with `crihook nri`; a few calls each."""
     if (why := missing_requirements()) is not None:
