@@ -267,8 +267,7 @@ class Store:
         pod = self.pods.pop(pod_id, None)
         for cid in [cid for cid, c in self.containers.items() if c.pod_id == pod_id]:
             del self.containers[cid]
-            self._rows.pop(("containers", cid), None)
-            self._pending.add(("containers", cid))
+            self.changed(("containers", cid))
         if pod is not None:
             self.changed(("pods", pod_id))
         return pod

@@ -100,6 +100,20 @@ async def test_remove_pod_removes_its_containers(tmp_path: Path) -> None:
     await s.close()
 
 
+async def test_removing_a_pod_the_store_never_saw_removes_its_containers_on_disk_too(tmp_path: Path) -> None:
+    """A container can outlive the record of its pod (adopted from the runtime without it): removing
+    the pod must write the container's removal, not only forget it in memory."""
+    s = Store(tmp_path)
+    s.put_container(ctr("c1", "gone"))
+    await s.close()
+    s = Store(tmp_path)
+    assert s.load() == "ok" and set(s.containers) == {"c1"}
+    assert s.remove_pod("gone") is None
+    await s.close()
+    t = Store(tmp_path)
+    assert t.load() == "ok" and not t.containers
+
+
 async def test_what_a_container_was_created_with_survives_restart_and_reconcile(tmp_path: Path) -> None:
     from crihook.hooks.base import LinuxResources
     from crihook.node.resources import resources_record
