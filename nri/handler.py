@@ -33,6 +33,7 @@ from crihook.node.container import (
     nri_adjustment,
     nri_allow_rules,
     nri_container_view,
+    nri_device_nodes,
     nri_every_device,
     nri_listed_container,
 )
@@ -226,7 +227,8 @@ class HookHandler:
             self._note_privileged(pod, before.name, request.container.id)
         try:
             reasons = unapplied(before, after, self.runtime, every_device=every)
-            ungranted = ungranted_gpus(nri_allow_rules(request.container), self._nodes(request.container, after))
+            nodes = self._nodes(request.container, before, after)
+            ungranted = ungranted_gpus(nri_allow_rules(request.container), nodes)
             if ungranted:
                 rules = ", ".join(f"c 195:{m}" for m in ungranted)
                 reasons.append(
@@ -248,43 +250,42 @@ class HookHandler:
         self.lifecycle.container_created(pod, replace(after, id=request.container.id), decided.records)
         return api.CreateContainerResponse(adjust=adjust)
 
-    def _nodes(self, msg: api.Container, after: ContainerInfo) -> list[DeviceNode]:
-        """(type, major, minor) of every device node `after` keeps or is given."""
-        known = {d.path: (d.type, d.major, d.minor) for d in msg.linux.devices}
-        before = {d.container_path: d for d in nri_container_view(msg).devices}
+    def _nodes(self, msg: api.Container, before: ContainerInfo, after: ContainerInfo) -> list[DeviceNode]:
+        """(type, major, minor) of every device node `after` keeps from `before` (the view of `msg`) or
+        is given."""
+        known = dict(zip((d.path for d in msg.linux.devices), nri_device_nodes(msg), strict=True))
+        kept = {d.container_path: d for d in before.devices}
         return [
-            known[d.container_path] if before.get(d.container_path) == d else self.node_of(d.host_path)[0]
+            known[d.container_path] if kept.get(d.container_path) == d else self.node_of(d.host_path)[0]
             for d in after.devices
         ]
 
     # -- the other events: bookkeeping, refusals, post hooks -------------------------------------
 
     async def state_change(self, event: api.StateChangeEvent) -> None:
-        pod = nri_pod_view(event.pod)
-        if event.event == api.RUN_POD_SANDBOX:
-            await self._pod_started(pod)
-            return
-        if event.event == api.STOP_POD_SANDBOX:
-            self.lifecycle.pod_stopped(pod.id)
-        elif event.event == api.REMOVE_POD_SANDBOX:
-            self.lifecycle.pod_removed(pod.id)
-        container = nri_container_view(event.container) if event.HasField("container") else None
-        if container is None:
-            return
-        if event.event == api.START_CONTAINER:
+        """Views are made only for the events whose hooks see them; the others need the ids alone."""
+        kind, cid = event.event, event.container.id
+        if kind == api.RUN_POD_SANDBOX:
+            await self._pod_started(nri_pod_view(event.pod))
+        elif kind == api.STOP_POD_SANDBOX:
+            self.lifecycle.pod_stopped(event.pod.id)
+        elif kind == api.REMOVE_POD_SANDBOX:
+            self.lifecycle.pod_removed(event.pod.id)
+        elif kind == api.START_CONTAINER and event.HasField("container"):
+            pod, container = nri_pod_view(event.pod), nri_container_view(event.container)
             ctx = HookContext(Stage.PRE_START_CONTAINER, pod, container, self._deadline())
-            if container.id in self._barred:
-                self._refuse(ctx, [], grpc.StatusCode.FAILED_PRECONDITION, self._barred[container.id])
+            if cid in self._barred:
+                self._refuse(ctx, [], grpc.StatusCode.FAILED_PRECONDITION, self._barred[cid])
             if self.lifecycle.wants(Stage.PRE_START_CONTAINER):
-                decided = await self._in_time(ctx, self.lifecycle.start_container(container.id, ctx.deadline))
-                self._starting[container.id] = decided.records
-        elif event.event == api.POST_START_CONTAINER:
-            self.lifecycle.container_started(container.id, self._starting.pop(container.id, []))
-        elif event.event == api.REMOVE_CONTAINER:
-            self._privileged.discard(container.id)
-            self._barred.pop(container.id, None)
-            self._starting.pop(container.id, None)
-            self.lifecycle.container_removed(container.id)
+                decided = await self._in_time(ctx, self.lifecycle.start_container(cid, ctx.deadline))
+                self._starting[cid] = decided.records
+        elif kind == api.POST_START_CONTAINER and event.HasField("container"):
+            self.lifecycle.container_started(cid, self._starting.pop(cid, []))
+        elif kind == api.REMOVE_CONTAINER and event.HasField("container"):
+            self._privileged.discard(cid)
+            self._barred.pop(cid, None)
+            self._starting.pop(cid, None)
+            self.lifecycle.container_removed(cid)
 
     async def _pod_started(self, pod: PodInfo) -> None:
         """RunPodSandbox: NRI takes no answer but an error, so a hook may refuse the pod, not change it."""
@@ -316,7 +317,7 @@ class HookHandler:
         if nri_every_device(c):
             self._note_privileged(pod, before.name, c.id)
             return None
-        nodes = {m for d in c.linux.devices if (m := gpu_minor(d.type, d.major, d.minor)) is not None}
+        nodes = {m for n in nri_device_nodes(c) if (m := gpu_minor(*n)) is not None}
         rules = {m for r in nri_allow_rules(c) if (m := gpu_minor(*r)) is not None}
         named = visible_gpus(before)
         if not (nodes or rules or named):
@@ -327,7 +328,7 @@ class HookHandler:
         granted_named: frozenset[str] = frozenset()
         if after is not None:
             try:
-                granted_minors = {m for n in self._nodes(c, after) if (m := gpu_minor(*n)) is not None}
+                granted_minors = {m for n in self._nodes(c, before, after) if (m := gpu_minor(*n)) is not None}
             except OSError:
                 granted_minors = set()
             granted_named = visible_gpus(after)
