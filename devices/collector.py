@@ -148,6 +148,8 @@ class UsageCollector:
             memo[cid] = (pod.annotations, grants)
             found[cid] = usage.KnownContainer(cid, pod.namespace, pod.name, c.name, grants)
         self._memo.by_container = memo
+        if self._bad:  # containers gone since their grant was found unreadable
+            self._bad = {cid: why for cid, why in self._bad.items() if cid in memo}
         return found
 
     def _grants(self, cid: str, pod: PodView, container: str) -> tuple[usage.Grant, ...]:

@@ -19,7 +19,7 @@ class Allowlist:
     def __init__(self, patterns: Iterable[str]) -> None:
         self.patterns = tuple(os.path.normpath(p) for p in patterns)
         # host path -> allowed: a node's hooks add the same few device nodes and mounts to every
-        # container, and matching each against every pattern was a tenth of a CreateContainer
+        # container, and matching each against every pattern costs a tenth of a CreateContainer
         self._verdicts: dict[str, bool] = {}
 
     def allows(self, host: str) -> bool:

@@ -294,7 +294,7 @@ class GpuHook:
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"{e} ({self.checkpoint.path}); can not tell which GPUs the device plugin handed out",
             ) from None
-        # the common case needs no view of the node's pods (building one was a tenth of a cold
+        # the common case needs no view of the node's pods (building one costs a tenth of a cold
         # CreateContainer's hook time); a CDI grant still goes to _decide's check
         plain = plain_grant(ctx.pod, ctx.container, cp, self.placements, stamp)
         if plain is not None and plain.add_cdi_devices and self.cdi is not None:

@@ -34,6 +34,7 @@ T = TypeVar("T")
 PACKAGE = "nri.pkg.api.v1alpha1"
 PLUGIN_SERVICE = f"{PACKAGE}.Plugin"
 RUNTIME_SERVICE = f"{PACKAGE}.Runtime"
+DEFAULT_SOCKET = "/var/run/nri/nri.sock"  # where containerd and CRI-O serve NRI unless told otherwise
 
 # NRI's defaults (pkg/api/timeouts.go); a runtime from NRI v0.8 on sends its own in Configure.
 REGISTRATION_TIMEOUT = 5.0
@@ -354,7 +355,7 @@ class Plugin:
     handler: Handler
     name: str
     index: str
-    socket_path: str = "/var/run/nri/nri.sock"
+    socket_path: str = DEFAULT_SOCKET
     fd: int | None = None
     backoff: float = 0.1
     max_backoff: float = 2.0

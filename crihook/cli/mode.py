@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crihook.devices.kubelet import flag_value
+from crihook.nri.stub import DEFAULT_SOCKET
 
 MODES = {"serve": "proxy", "nri": "nri"}
-DEFAULT_NRI_SOCKET = "/var/run/nri/nri.sock"
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class Running:
 
     @property
     def nri_socket(self) -> str:
-        return flag_value(self.argv, "nri-socket") or DEFAULT_NRI_SOCKET
+        return flag_value(self.argv, "nri-socket") or DEFAULT_SOCKET
 
     def describe(self) -> str:
         command = "nri" if self.mode == "nri" else "serve"

@@ -27,7 +27,7 @@ from crihook.node.lifecycle import Lifecycle
 from crihook.node.pod import listed_nri_pod
 from crihook.node.store import Store
 from crihook.nri.handler import HookHandler
-from crihook.nri.stub import ConnectionLost, Plugin, inherited_socket
+from crihook.nri.stub import DEFAULT_SOCKET, ConnectionLost, Plugin, inherited_socket
 from crihook.proto import nri_v1alpha1_pb2 as api
 from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proto import runtime_v1_pb2_grpc as cri_grpc
@@ -35,8 +35,6 @@ from crihook.proxy import systemd
 from crihook.proxy.serve import attach_store
 
 log = logging.getLogger("crihook.nri")
-
-DEFAULT_SOCKET = "/var/run/nri/nri.sock"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -39,7 +39,7 @@ def _size(n: int | None) -> str:
 
 
 def _gpu_names(state: usage.State) -> dict[str, str]:
-    """UUID -> how a row names the device: the GPU's minor, or minor:MIG-<first hex> for a MIG device."""
+    """GPU UUID -> its minor, as a row names it."""
     return {g.uuid: str(g.minor) for g in state.gpus}
 
 
@@ -94,7 +94,8 @@ def render(state: usage.State, now: float) -> str:
         lines.append(f"  GPU {g.minor:<3} {_size(g.memory_used):>8} / {_size(g.memory_total):<8} {g.uuid}")
     names = _gpu_names(state)
     table = [("POD", "CONTAINER", "GPUS", "CORE", "GRANTED", "USED", "SM%", "PIDS")]
-    for t in usage.per_container(state):
+    totals = usage.per_container(state)
+    for t in totals:
         pod, container = _who(t)
         table.append(
             (
@@ -111,7 +112,7 @@ def render(state: usage.State, now: float) -> str:
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     lines.append("")
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
-    if any(t.over_grant for t in usage.per_container(state)):
+    if any(t.over_grant for t in totals):
         lines.append("! above its memory grant (reported only)")
     return "\n".join(lines) + "\n"
 

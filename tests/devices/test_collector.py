@@ -95,7 +95,7 @@ def series(metric: metrics.Gauge, pod: str, gpu: str) -> float | None:
 def test_collection_attributes_and_publishes(sim, caplog: pytest.LogCaptureFixture) -> None:
     fake, collector, _, _, state_dir = sim
     g0, g1 = (g["uuid"] for g in fake.doc["gpus"][:2])
-    before = metrics.OVER_GRANT.value("team")
+    before, rounds = metrics.OVER_GRANT.value("team"), metrics.USAGE_SECONDS.count()
     with caplog.at_level(logging.WARNING, "crihook.usage"):
         collection = collector.collect_once()
     assert not collection.read.reason and len(collection.read.gpus) == 8
@@ -129,7 +129,7 @@ def test_collection_attributes_and_publishes(sim, caplog: pytest.LogCaptureFixtu
         ("share", g1),
         ("gone", g0),
     }
-    assert metrics.USAGE_SECONDS.count() >= 2
+    assert metrics.USAGE_SECONDS.count() == rounds + 2
     assert "crihook_gpu_memory_used_bytes{" in metrics.REGISTRY.render().decode()
 
 
@@ -190,6 +190,9 @@ def test_a_bad_annotation_costs_only_that_containers_grant(sim, caplog: pytest.L
     assert series(metrics.USAGE_MEMORY, "train", g0) == 30 * GiB
     assert series(metrics.GRANT_CORE, "train", g0) is None
     assert series(metrics.GRANT_CORE, "gone", g0) == 100
+    del store.containers[CIDS["train"]]
+    collector.collect_once()
+    assert not collector._bad  # what it remembers of a container goes with the container
 
 
 def test_a_node_without_nvml_reports_the_reason(tmp_path: Path) -> None:

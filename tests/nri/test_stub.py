@@ -204,7 +204,8 @@ async def test_a_slow_handler_is_refused_before_the_runtimes_deadline(sock: Path
             response.status.message == "CreateContainer: no answer within 0.36 s, refused before the runtime's deadline"
         )
         quick = api.CreateContainerRequest(container=api.Container(id="quick")).SerializeToString()
-        assert (await peer.call_raw("CreateContainer", quick, timeout_nano=400_000_000)).status.code == 0
+        # a long deadline: whether a loaded machine answers within 0.36 s is not what this checks
+        assert (await peer.call_raw("CreateContainer", quick, timeout_nano=10_000_000_000)).status.code == 0
     assert rt.peers.empty()
 
 
@@ -308,6 +309,7 @@ async def test_dials_until_the_socket_appears(sock: Path) -> None:
     p = plugin(Recorder(), sock)
     async with running(p):
         await asyncio.sleep(0.1)  # several failed dials
+        assert not p.connected
         async with FakeRuntime(sock) as rt:
             await (await rt.accept()).handshake()
             assert p.connected

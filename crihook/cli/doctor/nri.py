@@ -10,16 +10,17 @@ from typing import Any
 from crihook.base.config import Config
 from crihook.cli.doctor.finding import Finding, Level
 from crihook.cli.doctor.parse import kubelet_runtime_endpoint, parse_version, same_endpoint
-from crihook.cli.mode import DEFAULT_NRI_SOCKET, Running
+from crihook.cli.mode import Running
 from crihook.devices.kubelet import kubelet_argv
 from crihook.node.nriruntime import nri_runtime, start_refusal
+from crihook.nri.stub import DEFAULT_SOCKET
 
 ENABLE_17 = '[plugins."io.containerd.nri.v1.nri"] disable = false in /etc/containerd/config.toml'
 
 
 def check_nri(config: Config, runtime: Any, daemon: Running | None) -> Finding:
     name = "NRI"
-    socket = daemon.nri_socket if daemon is not None else DEFAULT_NRI_SOCKET
+    socket = daemon.nri_socket if daemon is not None else DEFAULT_SOCKET
     if runtime is not None and runtime.runtime_name == "containerd":
         rt = nri_runtime(runtime.runtime_name, runtime.runtime_version)
         if parse_version(runtime.runtime_version)[:2] < (1, 7):
