@@ -10,10 +10,7 @@ from importlib.metadata import entry_points
 
 from crihook.base.config import ConfigError, HooksConfig, NodeConfig
 from crihook.hooks.allowlist import Allowlist
-from crihook.hooks.base import (
-    Factory,
-    options_type,
-)
+from crihook.hooks.base import Factory, Recalls, options_type
 from crihook.hooks.chain import HookChain, Registered
 
 ENTRY_POINT_GROUP = "crihook.hooks"
@@ -46,7 +43,7 @@ def build_chain(
         timeout_ms = hooks_cfg.default_timeout_ms if common.timeout_ms is None else common.timeout_ms
         is_async = inspect.iscoroutinefunction(hook.handle)
         follows = is_async and common.timeout_ms is None and getattr(hook, "follows_call_deadline", False) is True
-        cached = not is_async and callable(getattr(hook, "handle_cached", None))
+        cached = not is_async and isinstance(hook, Recalls)
         narrows = callable(getattr(hook, "wants", None))
         regs.append(Registered(hook, common.failure_policy, timeout_ms / 1000, is_async, follows, cached, narrows))
     explicit = {n: i for i, n in enumerate(hooks_cfg.order)}
