@@ -32,6 +32,7 @@ from crihook.node.resources import (
     write_resources,
 )
 from crihook.node.status import container_created_with, runtime_spec
+from crihook.node.update import changed_keys
 from crihook.proto import nri_v1alpha1_pb2 as nri
 from crihook.proto import runtime_v1_pb2 as cri
 
@@ -312,9 +313,7 @@ def nri_adjustment(
     (nriruntime.unapplied). `node_of(host path)`: ((type, major, minor), permission bits) of a device
     node to add."""
     adj = nri.ContainerAdjustment()
-    for k, v in after.annotations.items():
-        if before.annotations.get(k) != v:
-            adj.annotations[k] = v
+    adj.annotations.update(changed_keys(before.annotations, after.annotations))
     for k in before.annotations.keys() - after.annotations.keys():
         adj.annotations["-" + k] = ""
     old_env = dict(before.envs)

@@ -179,8 +179,7 @@ class Lifecycle:
     def _post(self, stage: Stage, rec: ContainerRecord | None) -> None:
         if rec is None or not self.chain.wants(stage):
             return
-        prec = self.store.pods.get(rec.pod_id)
-        pod = pod_info(prec) if prec is not None else unknown_pod(rec.pod_id)
+        pod = self.pod(rec.pod_id) or unknown_pod(rec.pod_id)
         self._spawn(HookContext(stage, pod, container_info(rec)))
 
     def _post_pod(self, stage: Stage, rec: PodRecord | None) -> None:

@@ -14,13 +14,18 @@ from crihook.node.resources import resources_record, resources_view
 from crihook.proto import runtime_v1_pb2 as cri
 
 
-def _verbose_config(info: Mapping[str, str]) -> dict[str, Any]:
-    """The config under "info"; {} when it is not there or not readable."""
+def _info_key(info: Mapping[str, str], key: str) -> dict[str, Any]:
+    """The object at `key` of the JSON under "info"; {} when it is not there or not readable."""
     try:
-        config = json.loads(info.get("info") or "{}").get("config")
+        value = json.loads(info.get("info") or "{}").get(key)
     except (ValueError, AttributeError):
         return {}
-    return config if isinstance(config, dict) else {}
+    return value if isinstance(value, dict) else {}
+
+
+def _verbose_config(info: Mapping[str, str]) -> dict[str, Any]:
+    """The config an object was created with, under "info"."""
+    return _info_key(info, "config")
 
 
 def _section(doc: dict[str, Any], key: str) -> dict[str, Any]:
@@ -62,8 +67,4 @@ def container_created_with(status: cri.ContainerStatusResponse) -> tuple[dict[st
 def runtime_spec(info: Mapping[str, str]) -> dict[str, Any]:
     """The OCI spec under "info" of a verbose ContainerStatus (containerd's runtimeSpec); {} when
     it is not there or not readable."""
-    try:
-        spec = json.loads(info.get("info") or "{}").get("runtimeSpec")
-    except (ValueError, AttributeError):
-        return {}
-    return spec if isinstance(spec, dict) else {}
+    return _info_key(info, "runtimeSpec")
