@@ -60,14 +60,3 @@ def test_every_key_is_documented_with_its_default() -> None:
             value = None if default == "none" else tomllib.loads(f"v = {default.strip('`')}")["v"]
             want = getattr(table, key)
             assert (list(want) if isinstance(want, tuple) else want) == value, f"[{section}] {key}"
-
-
-def test_every_metric_is_documented() -> None:
-    from crihook.base import metrics
-
-    text = README.read_text()
-    section = text[text.index("## Metrics") :]
-    section = section[: section.index("\n## ", 1)]
-    rows = dict(re.findall(r"^\| `(crihook_\w+)` \| (\w+) \|", section, re.M))
-    exposed = {m.name: m.kind for m in metrics.REGISTRY}
-    assert rows == exposed
