@@ -1,7 +1,9 @@
 """The runtime's side of an NRI connection, for what a real containerd never sends: broken frames,
 errors on demand, a connection cut at a chosen point. It follows containerd/nri's
 pkg/adaptation/plugin.go: accept, wait for RegisterPlugin on conn 2, then call the plugin on conn 1
-(Configure, Synchronize, events), one ttrpc client stream id (odd) per call."""
+(Configure, Synchronize, events), one ttrpc client stream id (odd) per call. It reads each logical
+connection as the runtime does (`GoReader`): a frame the runtime's reader would refuse ends the
+connection here too."""
 
 from __future__ import annotations
 
@@ -22,6 +24,51 @@ PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
 M = TypeVar("M", bound=Message)
 
 
+class Enomem(OSError):
+    """What NRI's multiplexer answers a read whose buffer is shorter than the frame at hand."""
+
+
+class GoReader:
+    """ttrpc's `channel.recv` over one of NRI's multiplexed connections, frame by frame: a 10-byte
+    header, then the payload, each read with `io.ReadFull` through a 4096-byte `bufio.Reader`
+    (ttrpc channel.go). bufio reads the connection only when it holds nothing: straight into the
+    caller's buffer when that is at least 4096 bytes long, else into its own 4096 bytes; the
+    multiplexer's `conn.Read` hands over one whole frame, or fails with ENOMEM when it does not fit
+    (pkg/net/multiplex/mux.go)."""
+
+    BUFFER = 4096
+
+    def __init__(self) -> None:
+        self._need = ttrpc.HEADER_LEN
+        self._got = bytearray()
+        self._header: tuple[int, int, int] | None = None  # (stream, type, flags) of the payload being read
+
+    def push(self, frame: bytes) -> list[Frame]:
+        """One frame read from the connection: the messages it completes."""
+        into = self._need - len(self._got)
+        room = into if into >= self.BUFFER else self.BUFFER
+        if len(frame) > room:
+            raise Enomem(f"frame of {len(frame)} bytes read into a {room}-byte buffer")
+        out: list[Frame] = []
+        buffered = memoryview(frame)
+        while True:
+            take = min(self._need - len(self._got), len(buffered))
+            self._got += buffered[:take]
+            buffered = buffered[take:]
+            if len(self._got) < self._need:
+                return out
+            if self._header is None:
+                length, stream, kind, flags = ttrpc.HEADER.unpack(self._got)
+                self._header, self._need = (stream, kind, flags), length
+            else:
+                stream, kind, flags = self._header
+                out.append(Frame(stream, MessageType(kind), bytes(self._got), flags))
+                self._header, self._need = None, ttrpc.HEADER_LEN
+            self._got = bytearray()
+            if not buffered and self._header is None:
+                return out
+
+
 @dataclass
 class Peer:
     """One accepted plugin connection."""
@@ -30,6 +77,7 @@ class Peer:
     writer: asyncio.StreamWriter
     requests: asyncio.Queue[tuple[int, ttrpc_pb2.Request]] = field(default_factory=asyncio.Queue)
     closed: asyncio.Event = field(default_factory=asyncio.Event)
+    closed_by: BaseException | None = None  # what made the runtime close the connection, if it did
     _pending: dict[int, asyncio.Future[ttrpc_pb2.Response]] = field(default_factory=dict)
     _next: int = 1
     _reading: asyncio.Task[None] | None = None
@@ -39,11 +87,11 @@ class Peer:
 
     async def _read(self) -> None:
         demux = mux.Decoder()
-        decoders = {mux.PLUGIN_CONN: ttrpc.Decoder(), mux.RUNTIME_CONN: ttrpc.Decoder()}
+        decoders = {mux.PLUGIN_CONN: GoReader(), mux.RUNTIME_CONN: GoReader()}
         try:
             while data := await self.reader.read(65536):
                 for conn, payload in demux.feed(data):
-                    for frame in decoders[conn].feed(payload):
+                    for frame in decoders[conn].push(payload):
                         if conn == mux.RUNTIME_CONN:
                             assert frame.type == MessageType.REQUEST
                             await self.requests.put((frame.stream_id, ttrpc_pb2.Request.FromString(frame.payload)))
@@ -52,6 +100,9 @@ class Peer:
                             waiter = self._pending.pop(frame.stream_id, None)
                             if waiter is not None:  # else an answer to a call the test sent raw
                                 waiter.set_result(ttrpc_pb2.Response.FromString(frame.payload))
+        except Enomem as e:  # ttrpc takes a read error as the connection's end; the runtime closes the plugin
+            self.closed_by = e
+            self.writer.close()
         except (ConnectionError, OSError):
             pass
         finally:

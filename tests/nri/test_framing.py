@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from crihook.nri import mux, ttrpc
 from crihook.nri.ttrpc import Frame, MessageType
+from tests.nri.fakeruntime import Enomem, GoReader
 
 # What containerd/ttrpc and containerd/nri send, spelled out from their Go sources' constants: a
 # 10-byte header with a 4 MiB payload limit, an 8-byte multiplexer header, conns 1 and 2.
@@ -110,6 +111,7 @@ def test_mux_header_layout_is_the_wire_format() -> None:
     assert mux.encode(2, b"hello") == struct.pack(MUX_HEADER, 2, 5) + b"hello"
     assert mux.encode(1, b"") == b""  # an empty write sends nothing
     assert (mux.PLUGIN_CONN, mux.RUNTIME_CONN, mux.MAX_FRAME) == (1, 2, 10 + 4 * 1024 * 1024)
+    assert mux.WRITE_FRAME == 4096  # ttrpc's bufio.NewReader(conn) on the runtime's side
 
 
 @pytest.mark.parametrize("conn_id", [0, -1, 2**32])
@@ -118,12 +120,60 @@ def test_mux_refuses_to_write_on_a_conn_that_cannot_exist(conn_id: int) -> None:
         mux.encode(conn_id, b"x")
 
 
-def test_a_write_longer_than_a_frame_is_cut_into_frames() -> None:
-    data = bytes(range(256)) * ((mux.MAX_FRAME * 2) // 256 + 1)
-    raw = mux.encode(1, data)
-    parts = mux.Decoder().feed(raw)
-    assert [len(p) for _, p in parts] == [mux.MAX_FRAME, mux.MAX_FRAME, len(data) - 2 * mux.MAX_FRAME]
+def test_a_write_longer_than_the_runtimes_read_buffer_is_cut_into_frames_that_fit_it() -> None:
+    data = bytes(range(256)) * 21  # 5,376 bytes: one frame would be refused with ENOMEM
+    parts = mux.Decoder().feed(mux.encode(1, data))
+    assert [len(p) for _, p in parts] == [4096, len(data) - 4096]
     assert b"".join(p for _, p in parts) == data and {c for c, _ in parts} == {1}
+    whole = mux.encode(2, bytes(4096))
+    assert len(whole) == 8 + 4096 and struct.unpack_from(MUX_HEADER, whole) == (2, 4096)
+
+
+@given(st.integers(1, 3), st.binary(max_size=20_000) | st.integers(0, 3).map(lambda k: bytes(4096 * k)))
+def test_every_frame_written_fits_the_runtimes_read_buffer_and_they_reassemble(conn: int, data: bytes) -> None:
+    raw = mux.encode(conn, data)
+    offset, payloads = 0, []
+    while offset < len(raw):  # the frames as NRI's multiplexer reads them, header by header
+        conn_id, length = struct.unpack_from(MUX_HEADER, raw, offset)
+        assert conn_id == conn and 0 < length <= 4096
+        payloads.append(raw[offset + 8 : offset + 8 + length])
+        offset += 8 + length
+    assert b"".join(payloads) == data
+    assert len(payloads) == -(-len(data) // 4096)
+
+
+long_payloads = st.tuples(st.integers(4087, 13_000), st.binary(min_size=1, max_size=32)).map(
+    lambda t: (t[1] * t[0])[: t[0]]
+)
+
+
+@given(st.lists(frames, min_size=1, max_size=4), long_payloads, st.data())
+def test_ttrpc_messages_over_a_frame_reassemble_into_the_same_messages(
+    small: list[Frame], big: bytes, data: st.DataObject
+) -> None:
+    """Both readers, ours and the runtime's (ttrpc's 4096-byte buffered reader over NRI's
+    multiplexer, played by fakeruntime.GoReader), get back exactly the messages written."""
+    sent = data.draw(st.permutations([*small, Frame(7, MessageType.RESPONSE, big)]), label="order")
+    stream = b"".join(mux.encode(mux.PLUGIN_CONN, ttrpc.encode(f)) for f in sent)
+    demux, ours, theirs = mux.Decoder(), ttrpc.Decoder(), GoReader()
+    got: list[Frame] = []
+    runtime_got: list[Frame] = []
+    for piece in splits(stream, data.draw(st.lists(st.integers(0, 30_000), max_size=10), label="reads")):
+        for conn, payload in demux.feed(piece):
+            assert conn == mux.PLUGIN_CONN and len(payload) <= 4096
+            got += ours.feed(payload)
+            runtime_got += theirs.push(payload)
+    assert got == sent == runtime_got
+
+
+def test_the_runtimes_reader_refuses_a_frame_longer_than_its_buffer() -> None:
+    """What made a long answer end the connection: one frame for a whole 5 KiB message."""
+    message = ttrpc.encode(Frame(1, MessageType.RESPONSE, bytes(5120)))
+    with pytest.raises(Enomem, match="frame of 5130 bytes read into a 4096-byte buffer"):
+        GoReader().push(message)
+    reader = GoReader()
+    assert reader.push(message[:10]) == []  # the header alone; the payload then goes straight into its buffer
+    assert reader.push(message[10:]) == [Frame(1, MessageType.RESPONSE, bytes(5120))]
 
 
 @pytest.mark.parametrize("length", [mux.MAX_FRAME + 1, 2**32 - 1])

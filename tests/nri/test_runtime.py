@@ -133,6 +133,36 @@ def test_a_refusal_fails_that_create_only(nri_socket: Path, containerd_cri: Cri)
         assert plugin.plugin.connections == 1  # the refusal did not cost the connection
 
 
+class Long(Marking):
+    """Marking, with MARK 5 KiB long and a 5 KiB refusal message: both over the 4 KiB the runtime
+    reads of a logical connection at a time."""
+
+    LONG = 5120
+
+    async def create_container(self, request: api.CreateContainerRequest) -> api.CreateContainerResponse:
+        if request.container.name == REFUSED:
+            raise RpcError(Code.INVALID_ARGUMENT, f"pod {request.pod.name}: " + "r" * self.LONG)
+        answer = await super().create_container(request)
+        answer.adjust.env[0].value += "m" * self.LONG
+        return answer
+
+
+def test_a_long_adjustment_and_a_long_refusal_keep_the_plugin(
+    containerd: Containerd, nri_socket: Path, containerd_cri: Cri
+) -> None:
+    closing = containerd.log_path.read_text(errors="replace").count("closing plugin")
+    with plugin_thread(Long(), nri_socket) as plugin:
+        plugin.wait_synchronized()
+        pod = pod_config("long")
+        with containerd_cri.pod(pod) as pod_id:
+            with pytest.raises(CriError, match=f"pod long: r{{{Long.LONG}}}"):
+                containerd_cri.create_container(pod_id, container_config(REFUSED, pod), pod)
+            with containerd_cri.container(pod_id, container_config("main", pod), pod) as ctr_id:
+                assert env_of(containerd_cri, ctr_id)["MARK"] == "long/main" + "m" * Long.LONG
+        assert plugin.plugin.connections == 1
+    assert containerd.log_path.read_text(errors="replace").count("closing plugin") == closing
+
+
 def test_every_event_is_answered_and_an_error_answer_does_not_break_the_runtime(
     nri_socket: Path, containerd_cri: Cri
 ) -> None:

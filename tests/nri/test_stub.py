@@ -209,6 +209,34 @@ async def test_a_slow_handler_is_refused_before_the_runtimes_deadline(sock: Path
     assert rt.peers.empty()
 
 
+class Long(Recorder):
+    """Answers CreateContainer with a 5 KiB adjustment, or a 5 KiB refusal when `fail` is set."""
+
+    async def create_container(self, request: api.CreateContainerRequest) -> api.CreateContainerResponse:
+        if self.fail is not None:
+            raise self.fail
+        return api.CreateContainerResponse(
+            adjust=api.ContainerAdjustment(env=[api.KeyValue(key="A", value="y" * 5120)])
+        )
+
+
+async def test_answers_longer_than_the_runtimes_read_buffer_reach_it_and_keep_the_connection(sock: Path) -> None:
+    """The runtime reads a logical connection 4096 bytes at a time and ends it at a longer frame
+    (fakeruntime.GoReader): a 5 KiB adjustment and a 5 KiB refusal arrive whole."""
+    handler = Long()
+    async with FakeRuntime(sock) as rt, running(plugin(handler, sock)):
+        peer = await rt.accept()
+        await peer.handshake()
+        answer = await peer.call("CreateContainer", api.CreateContainerRequest(), api.CreateContainerResponse)
+        assert answer.adjust.env[0].value == "y" * 5120
+        handler.fail = RpcError(Code.INVALID_ARGUMENT, "z" * 5120)
+        refused = await peer.call_raw("CreateContainer", b"")
+        assert (refused.status.code, refused.status.message) == (Code.INVALID_ARGUMENT, "z" * 5120)
+        big_request = api.CreateContainerRequest(container=api.Container(id="c" * 9000))
+        assert (await peer.call_raw("CreateContainer", big_request.SerializeToString())).status.code == 3
+        assert peer.closed_by is None and not peer.closed.is_set()
+
+
 class Huge(Recorder):
     async def create_container(self, request: api.CreateContainerRequest) -> api.CreateContainerResponse:
         return api.CreateContainerResponse(adjust=api.ContainerAdjustment(annotations={"big": "x" * (5 << 20)}))
