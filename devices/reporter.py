@@ -9,6 +9,10 @@ Failure handling: an API error or an unreachable API server ends the round; the 
 an exponential back-off (1 s doubling up to the interval, with jitter), and the round after a
 success comes after the interval. A 409 Conflict re-reads the object and tries again at once, a few
 times, since it only means someone else wrote in between.
+
+The Device's status goes through its status subresource, which crihook's CRD declares. Koordinator's
+CRD declares none: there `/status` answers 404 and the object's own write carries the status, so on a
+404 from `/status` the reporter writes the status with the object from then on (said once).
 """
 
 from __future__ import annotations
@@ -123,6 +127,7 @@ class Reporter:
         self._thread: threading.Thread | None = None
         self._said_problems: set[str] = set()
         self.failures = 0  # consecutive failed rounds
+        self.status_subresource = True  # False once /status answered 404 (a CRD without it)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -223,8 +228,7 @@ class Reporter:
                     self._wrote(done, "Device")
                 if report.status_changed(current, want):
                     assert current is not None
-                    body = {**current, "status": want.status}
-                    self._custom_call("replace_status", body)
+                    self._write_status({**current, "status": want.status})
                     self._wrote(done, "Device status")
                 return
             except _Conflict:
@@ -232,6 +236,25 @@ class Reporter:
                     raise ReportError(f"Device {self.node_name}: still conflicting after {attempt + 1} tries") from None
                 log.debug("Device changed under us; reading it again", extra={"attempt": attempt + 1})
                 self._stop.wait(0.05 * (attempt + 1))
+
+    def _write_status(self, body: dict[str, Any]) -> None:
+        if self.status_subresource:
+            try:
+                self._custom_call("replace_status", body)
+                return
+            except _NoStatus:
+                self.status_subresource = False
+                log.warning(
+                    "the Device resource has no status subresource (a CRD that declares none, such as "
+                    "Koordinator's): writing the status with the object",
+                    extra={"node": self.node_name},
+                )
+        written = self._custom_call("replace", body)
+        if written.get("status") != body["status"]:
+            # the object's write dropped the status: the resource has a status subresource after all
+            # (the 404 was the object going away in between); the next round writes /status again
+            self.status_subresource = True
+            raise ReportError(f"Device {self.node_name}: status not written, the resource has a status subresource")
 
     def _get_device(self) -> dict[str, Any] | None:
         from kubernetes.client.exceptions import ApiException
@@ -263,6 +286,8 @@ class Reporter:
         except ApiException as e:
             if e.status == 409:
                 raise _Conflict() from None
+            if e.status == 404 and verb == "replace_status":
+                raise _NoStatus() from None
             raise ReportError(f"{verb} Device {self.node_name}: {_api_reason(e)}") from None
         except Exception as e:
             raise ReportError(f"{verb} Device {self.node_name}: {_api_reason(e)}") from None
@@ -303,3 +328,7 @@ class Reporter:
 
 class _Conflict(Exception):
     """409 from a write: the object changed since we read it."""
+
+
+class _NoStatus(Exception):
+    """404 from a write of `/status` of an object just read: the resource has no status subresource."""

@@ -5,6 +5,7 @@ server that is away, the CRD schema, and `crihook report --once`."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -701,3 +702,51 @@ def test_report_once_command(fake_nvml, kube: FakeKube, tmp_path: Path, capsys) 
     assert cli.main(["report", "--once", "--config", str(conf)]) == 2
     assert "no kubeconfig" in capsys.readouterr().err
     Nvml(str(fake.library)).close()
+
+
+def test_device_without_status_subresource_gets_its_status_with_the_object(
+    fake_nvml, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Koordinator's Device CRD declares no status subresource: /status is 404, and the round must
+    still write the status (through the object) and go on to the node's labels and resources."""
+    with FakeKube(no_status=frozenset({"devices"})) as kube:
+        kube.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}, "status": {}})
+        fake = fake_nvml("pcie-l40s")
+        conf = cfg.Config(
+            node=cfg.NodeConfig(
+                name=NODE,
+                sys_root=str(fake.sys_root),
+                kubelet_checkpoint=str(tmp_path / "kubelet_internal_checkpoint"),
+                nvml_library=str(fake.library),
+            ),
+            reporter=cfg.ReporterConfig(kubeconfig="unused"),
+        )
+        r = Reporter(conf, kube.api_client(), rdma_links=dict)
+        try:
+            with caplog.at_level(logging.WARNING, "crihook.devices.reporter"):
+                assert r.run_once().writes == ["Device create", "Device status", "Node labels", "Node status"]
+            assert kube.get("devices", NODE)["status"]["gpuCount"] == 4
+            assert kube.get("nodes", NODE)["status"]["allocatable"][GPU_CORE] == "400"
+            assert sum("no status subresource" in m for m in caplog.messages) == 1
+            fake.doc["gpus"][1]["row_remap_failure"] = True
+            fake.write()
+            fake.reload()
+            since = len(kube.requests)
+            assert r.run_once().writes == ["Device", "Device status", "Node status"]
+            assert [q.path.endswith("/status") for q in kube.requests[since:] if q.method == "PUT"] == [False, False]
+            assert kube.get("devices", NODE)["status"]["healthyGPUCount"] == 3
+            assert sum("no status subresource" in m for m in caplog.messages) == 1
+        finally:
+            r.nvml.close()
+
+
+def test_status_404_from_a_vanished_device_does_not_stop_status_writes(setup, kube: FakeKube) -> None:
+    """A 404 on /status that was the object going away, on a resource that has the subresource: the
+    fallback write loses the status, which says the subresource exists; the next round uses it."""
+    _, r = setup("pcie-l40s")
+    kube.fail_next(1, 404, method="PUT", path="/status")
+    with pytest.raises(ReportError, match="status not written"):
+        r.run_once()
+    assert r.status_subresource is True
+    assert r.run_once().writes == ["Device status", "Node labels", "Node status"]
+    assert kube.get("devices", NODE)["status"]["gpuCount"] == 4

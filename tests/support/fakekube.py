@@ -10,7 +10,9 @@ It serves exactly what crihook uses, the way the API server does it on the wire:
 - `?watch=true` streams: chunked JSON lines of ADDED/MODIFIED/DELETED from a resourceVersion, or the
   current state as ADDED first when none is given.
 Status subresources behave as on the API server: a PUT or PATCH of the object ignores `status`, and
-one of `/status` changes only `status`.
+one of `/status` changes only `status`. A resource in `no_status` is served as a custom resource
+whose definition declares no status subresource (Koordinator's Device CRD): `/status` is 404 and a
+write of the object writes its `status` too.
 
 Where each rule comes from (kubernetes/kubernetes, paths under staging/src/k8s.io/ for apiserver and
 apimachinery):
@@ -430,6 +432,7 @@ class FakeKube:
     history: int = 10_000  # events kept for watch resume
     requests: list[Request] = field(default_factory=list)
     tls: ssl.SSLContext | None = None  # serve HTTPS with this server context
+    no_status: frozenset[str] = frozenset()  # plurals without a status subresource
 
     def __post_init__(self) -> None:
         self._cond = threading.Condition()
@@ -727,6 +730,10 @@ class FakeKube:
             new = _clone(cur)
             if sub == "status":
                 new["status"] = obj.get("status", {})
+            elif res.plural in self.no_status:
+                new = {**obj}
+                keep = ("uid", "creationTimestamp", "namespace", "name")
+                new["metadata"] = {**meta, **{k: cur["metadata"][k] for k in keep if k in cur["metadata"]}}
             else:
                 new = {k: v for k, v in obj.items() if k != "status"}
                 if "status" in cur:
@@ -1100,6 +1107,8 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         key_ns = ns or ""
         if sub not in ("", "status") and not (res is PODS and sub == "binding"):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if sub == "status" and res.plural in fake.no_status:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         if name is None:
             if method == "GET" and query.get("watch") in ("true", "1"):
