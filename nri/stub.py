@@ -6,7 +6,8 @@ One unix socket carries two ttrpc connections through the multiplexer (mux.py): 
 the runtime calls the plugin (Configure, Synchronize, CreateContainer, ...), on `RUNTIME_CONN` the
 plugin calls the runtime (RegisterPlugin, UpdateContainers). Calls are unary. A method this stub
 does not serve is answered Unimplemented, which NRI v0.12+ runtimes take as "send it as a
-StateChange". Bytes that are not ttrpc end the connection, never the plugin.
+StateChange". ttrpc messages of other types are ignored, as ttrpc does; bytes that are not ttrpc
+end the connection, never the plugin.
 """
 
 from __future__ import annotations
@@ -296,24 +297,33 @@ class Connection:
             log.debug("dropped bytes for an unknown logical connection", extra={"conn": conn_id})
             return
         for frame in decoder.feed(payload):
-            if conn_id == mux.PLUGIN_CONN and frame.type == MessageType.REQUEST:
+            if conn_id == mux.RUNTIME_CONN:
+                self._resolve(frame)
+            elif frame.type == MessageType.REQUEST:
                 task = asyncio.create_task(self._serve_one(frame))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
-            elif conn_id == mux.RUNTIME_CONN and frame.type == MessageType.RESPONSE:
-                self._resolve(frame)
-            else:
-                raise ConnectionLost(f"unexpected ttrpc {frame.type.name.lower()} on conn {conn_id}")
+            elif frame.type == MessageType.DATA:  # as ttrpc's server answers data for no open stream
+                no_stream = _error(Code.INVALID_ARGUMENT, f"stream {frame.stream_id} is not open: unary calls only")
+                self._send(mux.PLUGIN_CONN, Frame(frame.stream_id, MessageType.RESPONSE, no_stream.SerializeToString()))
+            else:  # a response, or a type of a later ttrpc: ttrpc's server ignores both
+                log.debug("ignored a ttrpc message", extra={"conn": conn_id, "type": frame.type})
 
     def _resolve(self, frame: Frame) -> None:
+        """A message on our client's connection: the answer to a waiting call, or, as ttrpc's client
+        has it, the failure of that call when it is something else; ignored on a stream no call waits on."""
         waiter = self._pending.get(frame.stream_id)
         if waiter is None or waiter.done():
-            log.debug("response for no waiting call", extra={"stream": frame.stream_id})
-            return
-        try:
-            waiter.set_result(ttrpc_pb2.Response.FromString(frame.payload))
-        except DecodeError as e:
-            waiter.set_exception(RpcError(Code.INTERNAL, f"undecodable ttrpc response: {e}"))
+            log.debug("ttrpc message for no waiting call", extra={"stream": frame.stream_id, "type": frame.type})
+        elif frame.type != MessageType.RESPONSE:
+            waiter.set_exception(
+                RpcError(Code.INTERNAL, f"ttrpc message of type {frame.type} where a response was due")
+            )
+        else:
+            try:
+                waiter.set_result(ttrpc_pb2.Response.FromString(frame.payload))
+            except DecodeError as e:
+                waiter.set_exception(RpcError(Code.INTERNAL, f"undecodable ttrpc response: {e}"))
 
     async def _serve_one(self, frame: Frame) -> None:
         response = await self.service.respond(frame)

@@ -5,6 +5,9 @@ Each message is a 10-byte big-endian header, `length u32 | stream_id u32 | type 
 `length` bytes of payload (containerd/ttrpc channel.go, PROTOCOL.md). A payload over 4 MiB is refused
 on both sides; the first header byte is therefore always zero. Clients number their streams with odd
 ids; a unary call is one request and one response on the same stream. NRI uses unary calls only.
+A message of a type this module does not know is framed like any other and delivered with its type
+as a plain int: ttrpc's server ignores such messages, for compatibility with later versions
+(server.go), and so does the plugin.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ class MessageType(enum.IntEnum):
 @dataclass(frozen=True, slots=True)
 class Frame:
     stream_id: int
-    type: MessageType
+    type: int  # a MessageType, or a type of a later ttrpc version as an int
     payload: bytes
     flags: int = 0
 
@@ -64,7 +67,7 @@ class Decoder:
         while len(self._buf) >= HEADER_LEN:
             length, stream_id, kind, flags = HEADER.unpack_from(self._buf)
             try:
-                check_header(length, stream_id, kind)
+                check_header(length, stream_id)
             except FrameError as e:
                 self._failed = e
                 raise
@@ -72,16 +75,14 @@ class Decoder:
                 break
             payload = bytes(self._buf[HEADER_LEN : HEADER_LEN + length])
             del self._buf[: HEADER_LEN + length]
-            frames.append(Frame(stream_id, MessageType(kind), payload, flags))
+            frames.append(Frame(stream_id, MessageType(kind) if kind in _TYPES else kind, payload, flags))
         return frames
 
 
-def check_header(length: int, stream_id: int, kind: int) -> None:
+def check_header(length: int, stream_id: int) -> None:
     """Refuse a header no ttrpc peer sends, before waiting for its payload."""
     if length > MAX_PAYLOAD:
         raise FrameError(f"ttrpc message of {length} bytes on stream {stream_id} is over the {MAX_PAYLOAD}-byte limit")
-    if kind not in _TYPES:
-        raise FrameError(f"ttrpc message of unknown type {kind} on stream {stream_id}")
 
 
 _TYPES = frozenset(MessageType)

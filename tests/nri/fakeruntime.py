@@ -62,7 +62,7 @@ class GoReader:
                 self._header, self._need = (stream, kind, flags), length
             else:
                 stream, kind, flags = self._header
-                out.append(Frame(stream, MessageType(kind), bytes(self._got), flags))
+                out.append(Frame(stream, kind, bytes(self._got), flags))
                 self._header, self._need = None, ttrpc.HEADER_LEN
             self._got = bytearray()
             if not buffered and self._header is None:

@@ -86,12 +86,10 @@ calls = st.builds(
     st.binary(max_size=64),
 )
 frames = st.builds(
-    lambda conn, stream, kind, payload, flags: mux.encode(
-        conn, ttrpc.encode(Frame(stream, MessageType(kind), payload, flags))
-    ),
+    lambda conn, stream, kind, payload, flags: mux.encode(conn, ttrpc.encode(Frame(stream, kind, payload, flags))),
     st.sampled_from([mux.PLUGIN_CONN, mux.RUNTIME_CONN, 3]),
     st.integers(0, 2**32 - 1),
-    st.sampled_from(list(MessageType)),
+    st.sampled_from(list(MessageType)) | st.integers(0, 255),
     st.binary(max_size=64),
     st.integers(0, 255),
 )
