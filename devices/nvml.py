@@ -45,12 +45,14 @@ class GpuInfo:
     numa_node: int = sysfs.UNKNOWN
     socket: int = sysfs.UNKNOWN
     pcie_root: str = ""  # PCIe root port above the GPU (sysfs), "" unknown
+    pcie_root_complex: str = ""  # the host bridge above it, "pci0000:17" (sysfs), "" unknown
     healthy: bool = True
     health_reason: str = ""  # why not healthy
     mig_enabled: bool = False
     # with MIG enabled, the MIG devices configured now: (NVML's MIG device index under this GPU, the
     # MIG device's UUID), which is how NVIDIA's device plugin names them (index and uuid strategies)
     mig_devices: tuple[tuple[int, str], ...] = ()
+    cuda_capability: str = ""  # CUDA compute capability, "9.0"; "" when NVML does not say
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,6 +326,7 @@ class Nvml:
         mig_enabled = bool(mig and mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE)
         mig_devices = _mig_devices(handle, problems) if mig_enabled else ()
         numa = sysfs.numa_node(self.sys_root, pci)
+        capability = _ask(pynvml.nvmlDeviceGetCudaComputeCapability, handle, [], "compute capability")
         return GpuInfo(
             index=index,
             minor=minor,
@@ -334,10 +337,12 @@ class Nvml:
             numa_node=numa,
             socket=sysfs.socket_of_node(self.sys_root, numa),
             pcie_root=sysfs.root_port(self.sys_root, pci),
+            pcie_root_complex=sysfs.host_bridge(self.sys_root, pci),
             healthy=not problems,
             health_reason="; ".join(problems),
             mig_enabled=mig_enabled,
             mig_devices=mig_devices,
+            cuda_capability=f"{capability[0]}.{capability[1]}" if capability else "",
         )
 
     def _links(self, handle: object) -> list[LinkEnd]:

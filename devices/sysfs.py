@@ -79,3 +79,10 @@ def root_port(sys_root: str, address: str) -> str:
                 return below
             return part
     return ""
+
+
+def host_bridge(sys_root: str, address: str) -> str:
+    """The PCIe root complex (host bridge) above the function, "pci<domain>:<bus>", as Kubernetes'
+    `resource.kubernetes.io/pcieRoot` attribute spells it; "" when sysfs does not show it."""
+    path = os.path.realpath(pci_device_dir(sys_root, address))
+    return next((part for part in path.split(os.sep) if _HOST_BRIDGE.fullmatch(part)), "")

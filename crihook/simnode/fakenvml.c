@@ -117,6 +117,7 @@ struct gpu {
     int mig_mode;              /* ABSENT, 0 or 1 */
     int retired_pages_pending; /* ABSENT, 0 or 1 */
     int row_remap_failure;     /* ABSENT, 0 or 1 */
+    int cc_major, cc_minor;    /* CUDA compute capability; ABSENT when not given */
     int lost;
     int nlinks; /* links the GPU has; 0 = no NVLink at all */
     struct link links[MAX_LINKS];
@@ -345,6 +346,13 @@ static int load_gpu(struct gpu *g, unsigned int index, const jv *o) {
     g->mig_mode = tri(jget(o, "mig_mode"));
     g->retired_pages_pending = tri(jget(o, "retired_pages_pending"));
     g->row_remap_failure = tri(jget(o, "row_remap_failure"));
+    jv *cc = jget(o, "cuda_capability"); /* [major, minor] */
+    g->cc_major = g->cc_minor = ABSENT;
+    if (cc && cc->t != J_NULL) {
+        if (cc->t != J_ARR || cc->n != 2 || cc->items[0]->t != J_NUM || cc->items[1]->t != J_NUM) return -1;
+        g->cc_major = (int)cc->items[0]->num;
+        g->cc_minor = (int)cc->items[1]->num;
+    }
     jv *lost = jget(o, "lost");
     g->lost = lost ? (int)lost->num : 0;
     /* MIG devices by slot, null for an empty one: NVML answers NOT_FOUND for it */
@@ -592,6 +600,15 @@ static void fill_pci(nvmlPciInfo_t *info, const char *address, unsigned int devi
     info->pciSubSystemId = subsystem_id;
     snprintf(info->busIdLegacy, sizeof info->busIdLegacy, "%04X:%02X:%02X.%X", domain, bus, dev, fn);
     snprintf(info->busId, sizeof info->busId, "%08X:%02X:%02X.%X", domain, bus, dev, fn);
+}
+
+nvmlReturn_t nvmlDeviceGetCudaComputeCapability(void *device, int *major, int *minor) {
+    DEVICE(device, major);
+    if (!minor) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    if (g->cc_major == ABSENT) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    *major = g->cc_major;
+    *minor = g->cc_minor;
+    LEAVE(NVML_SUCCESS);
 }
 
 nvmlReturn_t nvmlDeviceGetPciInfo_v3(void *device, nvmlPciInfo_t *pci) {

@@ -17,6 +17,7 @@ Topology file (see the three shipped ones):
                "mig_mode": 0,               # optional, absent = NOT_SUPPORTED (same for the two below)
                "mig_devices": ["MIG-…", null],  # optional: MIG device UUIDs by slot (up to 7), null = empty
                "retired_pages_pending": false, "row_remap_failure": false,
+               "cuda_capability": [9, 0],   # optional: [major, minor], absent = NOT_SUPPORTED
                "lost": false,               # optional: live queries answer GPU_IS_LOST
                "processes": [{"pid": 4242, "used_memory": 1073741824,  # bytes, null = not available
                               "type": "compute" | "graphics" | "both",  # optional, compute

@@ -4,6 +4,7 @@ health, MIG, a node without the driver, and the hot-path index."""
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import replace
 
 import pynvml
@@ -69,6 +70,10 @@ def test_discovery_matches_the_topology(node, name: str) -> None:
         assert g.numa_node == want["numa_node"]
         assert g.socket == want["numa_node"]  # make_sys_tree puts NUMA node N on socket N
         assert g.pcie_root == root_port(doc, fake.sys_root, i)
+        assert g.pcie_root_complex.startswith("pci0000:") and g.pcie_root_complex in os.path.realpath(
+            fake.sys_root / "bus" / "pci" / "devices" / g.pci_bus_id
+        )
+        assert g.cuda_capability == "{}.{}".format(*want["cuda_capability"])
         assert g.healthy and g.health_reason == ""
         assert g.mig_enabled is False
     topo = snap.topology
