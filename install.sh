@@ -272,7 +272,7 @@ try:
     c = load(sys.argv[1])
 except ConfigError as e:
     sys.exit(f"install.sh: error: {e}")
-print(c.proxy.listen, c.proxy.image_backend)
+print(c.proxy.listen, c.proxy.image_endpoint or c.node.runtime_endpoint)
 PY
     ) || exit 1
     read -r listen images <<<"$endpoints"

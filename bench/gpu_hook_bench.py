@@ -42,9 +42,9 @@ from crihook.base.config import HooksConfig, NodeConfig
 from crihook.base.spec import Device
 from crihook.hooks.base import ContainerInfo, HookContext, PodInfo, Stage
 from crihook.hooks.registry import build_chain, discover_factories
+from crihook.node.daemon import attach_store
 from crihook.node.records import ContainerRecord, PodRecord
 from crihook.node.store import Store
-from crihook.proxy.serve import attach_store
 from crihook.simnode import fakenvml
 from crihook.simnode.node import make_dev_root
 from tests.support.gpu_fixtures import Entry, write_checkpoint

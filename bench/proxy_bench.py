@@ -61,6 +61,7 @@ sys.path.insert(0, str(ROOT))
 from crihook.base import allocation as al  # noqa: E402
 from crihook.base import config as cfgmod  # noqa: E402
 from crihook.hooks.registry import build_chain  # noqa: E402
+from crihook.node.lifecycle import Lifecycle  # noqa: E402
 from crihook.node.store import Store  # noqa: E402
 from crihook.proto import runtime_v1_pb2 as api  # noqa: E402
 from crihook.proxy.intercept import HANDLERS, Interceptor  # noqa: E402
@@ -120,7 +121,7 @@ class Rewriter:
 
     def __init__(self, config_text: str, state: Path) -> None:
         cfg = cfgmod.parse(__import__("tomllib").loads(config_text))
-        self.interceptor = Interceptor(build_chain(cfg.hooks, cfg.node), Store(state))
+        self.interceptor = Interceptor(Lifecycle(build_chain(cfg.hooks, cfg.node), Store(state)))
         self.loop = asyncio.new_event_loop()
 
     def __call__(self, request: bytes) -> bytes:

@@ -79,8 +79,8 @@ class Call:
 class Interceptor:
     """The relay's call handler for the CRI lifecycle methods in HANDLERS."""
 
-    def __init__(self, chain: HookChain, store: Store, janitor: TaskJanitor | None = None) -> None:
-        self.lifecycle = Lifecycle(chain, store)
+    def __init__(self, lifecycle: Lifecycle, janitor: TaskJanitor | None = None) -> None:
+        self.lifecycle = lifecycle
         self.janitor = janitor
 
     @property

@@ -78,8 +78,8 @@ def not_negative(value: Any) -> str | None:
 @dataclass(frozen=True)
 class ProxyConfig:
     listen: str = DEFAULT_LISTEN
-    runtime_endpoint: str = DEFAULT_RUNTIME
-    image_endpoint: str = ""  # empty: same as runtime_endpoint
+    runtime_endpoint: str = ""  # deprecated: [node] runtime_endpoint; used only when that is not given
+    image_endpoint: str = ""  # empty: same as [node] runtime_endpoint
     state_dir: str = "/var/lib/crihook"
     max_message_bytes: int = 16 * MiB
     connect_timeout_seconds: float = 60.0
@@ -89,16 +89,15 @@ class ProxyConfig:
     clear_orphan_tasks: bool = True  # containerd only: see proxy/orphans.py
     runtime_namespace: str = "k8s.io"  # containerd's namespace for CRI's containers
 
-    @property
-    def image_backend(self) -> str:
-        return self.image_endpoint or self.runtime_endpoint
-
 
 @dataclass(frozen=True)
 class NodeConfig:
     """Where this node's facts live; tests and the demo point these into a temporary tree."""
 
     name: str = ""  # empty: the host name
+    # the runtime's CRI socket: proxy mode forwards to it; both modes list the runtime's pods and
+    # containers and stop containers on it (NRI mode's catch-up and eviction)
+    runtime_endpoint: str = DEFAULT_RUNTIME
     dev_root: str = "/dev"
     sys_root: str = "/sys"
     proc_root: str = "/proc"
@@ -184,6 +183,8 @@ class Config:
     usage: UsageConfig = field(default_factory=UsageConfig)
     nri: NriConfig = field(default_factory=NriConfig)
     source: str = ""  # the file it came from, for messages
+    # what the file says in a way crihook still reads but will not forever: logged once the log is set up
+    deprecations: tuple[str, ...] = ()
 
 
 def check_table(cls: type[_D], values: Mapping[str, Any], file: str, table: str) -> _D:
@@ -252,20 +253,31 @@ def parse(data: Mapping[str, Any], source: str = "") -> Config:
     for k in options:
         del hooks_table[k]
     hooks = replace(check_table(HooksConfig, hooks_table, source, "hooks"), options=options, source=source)
+    proxy = check_table(ProxyConfig, data.get("proxy", {}), source, "proxy")
+    node = check_table(NodeConfig, data.get("node", {}), source, "node")
+    deprecations = []
+    if proxy.runtime_endpoint:
+        where = f"{source or 'config'} [proxy].runtime_endpoint"
+        if "runtime_endpoint" in data.get("node", {}):
+            deprecations.append(f"{where} is ignored: [node].runtime_endpoint is set; remove the [proxy] key")
+        else:
+            node = replace(node, runtime_endpoint=proxy.runtime_endpoint)
+            deprecations.append(f"{where} is deprecated: move it to [node].runtime_endpoint")
     return Config(
-        proxy=check_table(ProxyConfig, data.get("proxy", {}), source, "proxy"),
-        node=check_table(NodeConfig, data.get("node", {}), source, "node"),
+        proxy=proxy,
+        node=node,
         hooks=hooks,
         reporter=check_table(ReporterConfig, data.get("reporter", {}), source, "reporter"),
         usage=check_table(UsageConfig, data.get("usage", {}), source, "usage"),
         nri=check_table(NriConfig, data.get("nri", {}), source, "nri"),
         source=source,
+        deprecations=tuple(deprecations),
     )
 
 
 def load(path: str | Path | None, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> Config:
     """Read `path` (a missing default file means all defaults) and apply `overrides`
-    ({"proxy": {"listen": ...}}) on top."""
+    ({"proxy": {"listen": ...}}; a None value is no override) on top."""
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)

@@ -1,62 +1,72 @@
-"""`crihook serve`: the node daemon's command line. The daemon itself (start order, reload, drain)
-is crihook.proxy.serve."""
+"""`crihook serve`: the node daemon in proxy mode (crihook.proxy.serve in front of the node daemon,
+crihook.node.daemon)."""
 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from crihook.base import config as cfgmod
 from crihook.base import log as logmod
 from crihook.base.config import ConfigError
-from crihook.proxy.serve import Daemon, StartupError
+from crihook.node.daemon import NodeDaemon, Overrides, run_daemon
+from crihook.proxy.serve import ProxyDoor
 
-log = logging.getLogger("crihook.proxy")
 
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_node_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of the node daemon in either mode."""
     p.add_argument("--config", default=str(cfgmod.DEFAULT_CONFIG), help="TOML config file (default: %(default)s)")
-    p.add_argument("--listen", "--koord-runtimeproxy-endpoint", dest="listen", help="unix:///path of crihook's socket")
     p.add_argument(
         "--runtime-endpoint",
         "--remote-runtime-service-endpoint",
         dest="runtime_endpoint",
-        help="containerd's CRI socket (unix:///...)",
+        help="the runtime's CRI socket (unix:///...); [node] runtime_endpoint",
     )
+    p.add_argument("--state-dir", dest="state_dir", help="where the store lives")
+    p.add_argument("--log-level", dest="log_level", choices=logmod.LEVELS)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_node_arguments(p)
+    p.add_argument("--listen", "--koord-runtimeproxy-endpoint", dest="listen", help="unix:///path of crihook's socket")
     p.add_argument(
         "--image-endpoint",
         "--remote-image-service-endpoint",
         dest="image_endpoint",
         help="image service socket; default: the runtime endpoint",
     )
-    p.add_argument("--state-dir", dest="state_dir", help="where the store lives")
-    p.add_argument("--log-level", dest="log_level", choices=logmod.LEVELS)
 
 
-def load_config(args: argparse.Namespace) -> cfgmod.Config:
-    overrides = {
-        "proxy": {
-            k: getattr(args, k, None)
-            for k in ("listen", "runtime_endpoint", "image_endpoint", "state_dir", "log_level")
-        }
+def overrides(args: argparse.Namespace) -> Overrides:
+    """The configuration the flags set, over the file's (a flag not given sets nothing)."""
+    proxy = ("listen", "image_endpoint", "state_dir", "log_level")
+    return {
+        "proxy": {k: getattr(args, k, None) for k in proxy},
+        "node": {"runtime_endpoint": args.runtime_endpoint},
     }
-    return cfgmod.load(args.config, overrides)
 
 
-def run(args: argparse.Namespace) -> int:
+def load_config(args: argparse.Namespace) -> tuple[cfgmod.Config, Overrides] | None:
+    """The configuration with the flags on top, the log set up; None, with the reason printed, when
+    it is wrong."""
+    flags = overrides(args)
     try:
-        cfg = load_config(args)
+        cfg = cfgmod.load(args.config, flags)
         logmod.setup(cfg.proxy.log_level)
     except (ConfigError, ValueError) as e:
         print(f"crihook: {e}", file=sys.stderr)
-        return 2
-    try:
-        import uvloop
+        return None
+    return cfg, flags
 
-        uvloop.run(Daemon(cfg, args.config).main())
-    except (StartupError, ConfigError) as e:
-        log.error("cannot start", extra={"error": str(e)})
+
+def run(args: argparse.Namespace) -> int:
+    loaded = load_config(args)
+    if loaded is None:
+        return 2
+    cfg, flags = loaded
+    try:
+        door = ProxyDoor(cfg)
+    except ConfigError as e:
         print(f"crihook: {e}", file=sys.stderr)
-        return 1
-    return 0
+        return 2
+    return run_daemon(NodeDaemon(cfg, door, args.config, flags))

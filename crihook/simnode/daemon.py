@@ -71,7 +71,6 @@ class Crihook:
         proxy = (
             "[proxy]\n"
             f'listen = "unix://{self.socket_path}"\n'
-            f'runtime_endpoint = "{self.backend}"\n'
             f'state_dir = "{self.state_dir}"\n'
             f'metrics_listen = "{self.metrics_listen}"\n'
             "connect_timeout_seconds = 20.0\n"
@@ -94,9 +93,10 @@ class Crihook:
         self.notify_socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.notify_socket.bind(str(notify_path))
         env = {**os.environ, **self.env, "NOTIFY_SOCKET": str(notify_path)}
-        command = ["serve", "--config", str(self.config_path)]
+        # the runtime's CRI socket is a [node] key, and the tests' own text may hold a [node] table
+        command = ["serve", "--config", str(self.config_path), "--runtime-endpoint", self.backend]
         if self.nri_socket is not None:
-            command = ["nri", "--config", str(self.config_path), "--nri-socket", str(self.nri_socket)]
+            command = ["nri", *command[1:], "--nri-socket", str(self.nri_socket)]
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "crihook.cli", *command],

@@ -10,7 +10,7 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from crihook.base.config import Config, HookPolicy
+from crihook.base.config import Config, HookPolicy, parse
 from crihook.hooks.base import options_type
 from crihook.hooks.registry import discover_factories
 
@@ -35,7 +35,7 @@ def documented() -> dict[str, dict[str, str]]:
 def declared() -> dict[str, Any]:
     """Table name -> its declaration's defaults: crihook's sections, the keys every hook table has,
     and each installed hook's options with their sub-tables."""
-    out: dict[str, Any] = {f.name: getattr(Config(), f.name) for f in fields(Config) if f.name != "source"}
+    out: dict[str, Any] = {f.name: v for f in fields(Config) if is_dataclass(v := getattr(Config(), f.name))}
     out["hooks.<name>"] = HookPolicy()
     pending = [(f"hooks.{name}", options_type(factory)()) for name, factory in discover_factories().items()]
     while pending:
@@ -60,3 +60,19 @@ def test_every_key_is_documented_with_its_default() -> None:
             value = None if default == "none" else tomllib.loads(f"v = {default.strip('`')}")["v"]
             want = getattr(table, key)
             assert (list(want) if isinstance(want, tuple) else want) == value, f"[{section}] {key}"
+
+
+def test_the_runtime_endpoint_is_a_node_key_and_the_proxy_key_still_read() -> None:
+    assert parse({}).node.runtime_endpoint == "unix:///run/containerd/containerd.sock"
+    new = parse({"node": {"runtime_endpoint": "unix:///run/k3s/containerd.sock"}})
+    assert (new.node.runtime_endpoint, new.deprecations) == ("unix:///run/k3s/containerd.sock", ())
+    old = parse({"proxy": {"runtime_endpoint": "unix:///old.sock"}}, "/etc/crihook/config.toml")
+    assert old.node.runtime_endpoint == "unix:///old.sock"
+    assert old.deprecations == (
+        "/etc/crihook/config.toml [proxy].runtime_endpoint is deprecated: move it to [node].runtime_endpoint",
+    )
+    both = parse({"proxy": {"runtime_endpoint": "unix:///old.sock"}, "node": {"runtime_endpoint": "unix:///new.sock"}})
+    assert both.node.runtime_endpoint == "unix:///new.sock"
+    assert both.deprecations == (
+        "config [proxy].runtime_endpoint is ignored: [node].runtime_endpoint is set; remove the [proxy] key",
+    )

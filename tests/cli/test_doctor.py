@@ -200,7 +200,7 @@ def fake_runtime(short_tmp: Path) -> Iterator[Any]:
 
 
 def test_runtime_missing_socket(short_tmp: Path) -> None:
-    f, version = cri.check_runtime(ProxyConfig(runtime_endpoint=f"unix://{short_tmp}/none.sock"), 1.0)
+    f, version = cri.check_runtime(NodeConfig(runtime_endpoint=f"unix://{short_tmp}/none.sock"), 1.0)
     assert (f.level, version) == (Level.FAIL, None)
     assert f.found == f"no socket at {short_tmp}/none.sock" and "systemctl status containerd" in f.fix
 
@@ -208,22 +208,22 @@ def test_runtime_missing_socket(short_tmp: Path) -> None:
 def test_runtime_socket_nobody_listens(short_tmp: Path) -> None:
     with socket.socket(socket.AF_UNIX) as s:
         s.bind(str(short_tmp / "dead.sock"))
-    f, _ = cri.check_runtime(ProxyConfig(runtime_endpoint=f"unix://{short_tmp}/dead.sock"), 1.0)
+    f, _ = cri.check_runtime(NodeConfig(runtime_endpoint=f"unix://{short_tmp}/dead.sock"), 1.0)
     assert f.level is Level.FAIL and "does not answer CRI v1 (UNAVAILABLE" in f.found
     assert "journalctl -u containerd" in f.fix
 
 
 def test_runtime_without_cri_plugin(fake_runtime: Any) -> None:
     endpoint = fake_runtime("nocri.sock", None)
-    f, _ = cri.check_runtime(ProxyConfig(runtime_endpoint=endpoint), 2.0)
+    f, _ = cri.check_runtime(NodeConfig(runtime_endpoint=endpoint), 2.0)
     assert f.level is Level.FAIL and "UNIMPLEMENTED" in f.found
     assert "disabled_plugins" in f.fix
 
 
 def test_runtime_too_old_and_new_enough(fake_runtime: Any) -> None:
-    f, _ = cri.check_runtime(ProxyConfig(runtime_endpoint=fake_runtime("old.sock", "v1.5.9")), 2.0)
+    f, _ = cri.check_runtime(NodeConfig(runtime_endpoint=fake_runtime("old.sock", "v1.5.9")), 2.0)
     assert f.level is Level.FAIL and "containerd v1.5.9 answers CRI v1" in f.found and "1.6 or newer" in f.fix
-    f, version = cri.check_runtime(ProxyConfig(runtime_endpoint=fake_runtime("new.sock", "1.7.2")), 2.0)
+    f, version = cri.check_runtime(NodeConfig(runtime_endpoint=fake_runtime("new.sock", "1.7.2")), 2.0)
     assert f.level is Level.OK and version.runtime_version == "1.7.2"
 
 
@@ -242,10 +242,10 @@ def test_proxy_socket_missing_not_a_socket_and_dead(short_tmp: Path) -> None:
 def test_proxy_answering_for_another_runtime_or_open_to_all(fake_runtime: Any, short_tmp: Path) -> None:
     """Whatever answers at crihook's socket is checked against the runtime doctor reached itself."""
     listen = fake_runtime("proxy.sock", "1.7.2")
-    _, other = cri.check_runtime(ProxyConfig(runtime_endpoint=fake_runtime("other.sock", "1.7.9")), 2.0)
+    _, other = cri.check_runtime(NodeConfig(runtime_endpoint=fake_runtime("other.sock", "1.7.9")), 2.0)
     f = cri.check_proxy(ProxyConfig(listen=listen), other, 2.0)
     assert f.level is Level.WARN and "systemctl restart crihook" in f.fix
-    _, same = cri.check_runtime(ProxyConfig(runtime_endpoint=fake_runtime("same.sock", "1.7.2")), 2.0)
+    _, same = cri.check_runtime(NodeConfig(runtime_endpoint=fake_runtime("same.sock", "1.7.2")), 2.0)
     os.chmod(short_tmp / "proxy.sock", 0o666)
     f = cri.check_proxy(ProxyConfig(listen=listen), same, 2.0)
     assert f.level is Level.WARN and "mode 0666" in f.found and "0600" in f.fix
@@ -483,10 +483,10 @@ def test_broken_node_command_line(short_tmp: Path) -> None:
         short_tmp / "config.toml",
         proxy={
             "listen": f"unix://{short_tmp}/crihook.sock",
-            "runtime_endpoint": f"unix://{short_tmp}/containerd.sock",
             "state_dir": str(short_tmp / "state"),
         },
         node={
+            "runtime_endpoint": f"unix://{short_tmp}/containerd.sock",
             "proc_root": str(fake_proc(short_tmp, None)),
             "dev_root": str(short_tmp / "dev"),
             "kubelet_checkpoint": str(short_tmp / "checkpoint"),
@@ -545,11 +545,11 @@ def test_healthy_node(containerd: Any, short_tmp: Path) -> None:
         short_tmp / "config.toml",
         proxy={
             "listen": f"unix://{listen}",
-            "runtime_endpoint": containerd.address,
             "state_dir": str(short_tmp / "state"),
             "metrics_listen": "",
         },
         node={
+            "runtime_endpoint": containerd.address,
             "proc_root": str(fake_proc(short_tmp, ["kubelet", f"--container-runtime-endpoint=unix://{listen}", root])),
             "dev_root": str(dev_tree(short_tmp, [0, 1])),
             "kubelet_checkpoint": str(checkpoint),

@@ -45,8 +45,8 @@ def nri_node(short_tmp: Path, runtime: str, kubelet_endpoint: str, nri_socket: P
         with_process(proc, 777, ["/opt/crihook/venv/bin/crihook", "nri", "--nri-socket", str(nri_socket)])
     return write_config(
         short_tmp / "config.toml",
-        proxy={"listen": f"unix://{short_tmp}/crihook.sock", "runtime_endpoint": runtime, "state_dir": str(short_tmp)},
-        node={"proc_root": str(proc)},
+        proxy={"listen": f"unix://{short_tmp}/crihook.sock", "state_dir": str(short_tmp)},
+        node={"proc_root": str(proc), "runtime_endpoint": runtime},
     )
 
 

@@ -89,7 +89,7 @@ class EditHook:
 def interceptor(tmp_path: Path, hook: EditHook, node: NodeConfig | None = None) -> Interceptor:
     cfg = HooksConfig(allowed_host_paths=("/dev/nvidia*",))
     chain = build_chain(cfg, node or NodeConfig(), factories={"edit": lambda options, node: hook})
-    return Interceptor(chain, Store(tmp_path))
+    return Interceptor(Lifecycle(chain, Store(tmp_path)))
 
 
 def test_every_intercepted_method_is_a_runtime_method() -> None:

@@ -25,7 +25,6 @@ from crihook.proxy.orphans import TaskJanitor
 from tests.support.containerd import BUSYBOX_IMAGE, Containerd, cut_by_deadline
 from tests.support.cri import Cri, CriError, container_config, pod_config
 from tests.support.daemon import Crihook, CrihookError, install_hook_package, running_crihook
-from tests.support.loop import assert_loop_keeps_ticking
 
 pytestmark = pytest.mark.containerd
 
@@ -431,51 +430,3 @@ def test_waits_for_a_runtime_that_comes_late(containerd: Containerd, tmp_path: P
         if containerd.pid is None:
             containerd.start()
         proxy.stop()
-
-
-async def test_a_reload_stuck_on_the_file_system_never_freezes_the_event_loop(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """SIGHUP reads the configuration file and builds the hooks (which read their own directories)
-    on a thread: a read that hangs leaves the loop serving with the running hooks, and the new ones
-    take over once it returns."""
-    from crihook.base import config as cfgmod
-    from crihook.hooks.registry import build_chain
-    from crihook.node.store import Store
-    from crihook.proxy import serve
-    from crihook.proxy.intercept import Interceptor
-
-    path = tmp_path / "crihook.toml"
-    path.write_text(f'[proxy]\nstate_dir = "{tmp_path / "state"}"\n[hooks]\ndisabled = ["remote"]\n')
-    cfg = cfgmod.load(str(path))
-    daemon = serve.Daemon(cfg, str(path))
-    daemon.store = Store(tmp_path / "state")
-    running = build_chain(cfg.hooks, cfg.node)
-    daemon.interceptor = Interceptor(running, daemon.store)
-    release, reading = threading.Event(), threading.Event()
-    real_load = cfgmod.load
-
-    def stalled_load(*args: object, **kwargs: object) -> cfgmod.Config:
-        reading.set()
-        release.wait(10)
-        return real_load(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(cfgmod, "load", stalled_load)
-    path.write_text(path.read_text().replace('disabled = ["remote"]', 'disabled = ["remote", "rdma"]'))
-    try:
-        daemon.reload()
-        assert await asyncio.to_thread(reading.wait, 10), "the reload never read the file"
-        await assert_loop_keeps_ticking()
-        assert daemon.interceptor.chain is running  # still serving with the running hooks
-    finally:
-        release.set()
-    for _ in range(200):
-        if daemon.interceptor.chain is not running:
-            break
-        await asyncio.sleep(0.02)
-    assert [r.hook.name for r in daemon.interceptor.chain.hooks] == ["gpu"]
-    for task in list(daemon._closing):  # the running chain's close, due after its grace
-        task.cancel()
-    await running.close()
-    await daemon.interceptor.chain.close()
-    await daemon.store.close()

@@ -31,6 +31,7 @@ from crihook.hooks.base import Edit, HookContext, ResourcesPatch, Stage
 from crihook.hooks.chain import HookChain, Registered
 from crihook.hooks.gpu import GpuHook
 from crihook.hooks.gpu_edit import VISIBLE, GpuOptions
+from crihook.node.lifecycle import Lifecycle
 from crihook.node.store import Store
 from crihook.proto import runtime_v1_pb2 as cri
 from crihook.proto import wire as wire_format
@@ -78,7 +79,7 @@ def _interceptor() -> tuple[Interceptor, asyncio.AbstractEventLoop]:
         [Registered(Editor(), "fail", 5.0, False), Registered(gpu, "fail", 5.0, False)],
         Allowlist(["/dev/nvidia*"]),
     )
-    return Interceptor(chain, Store(tmp / "state")), asyncio.new_event_loop()
+    return Interceptor(Lifecycle(chain, Store(tmp / "state"))), asyncio.new_event_loop()
 
 
 INTERCEPTOR, LOOP = _interceptor()

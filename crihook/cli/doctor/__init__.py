@@ -36,7 +36,7 @@ def diagnose(
     (NRI when only `crihook nri` runs, proxy otherwise)."""
     config, finding = check_config(config_path)
     findings = [finding]
-    runtime_finding, runtime = check_runtime(config.proxy, timeout)
+    runtime_finding, runtime = check_runtime(config.node, timeout)
     findings.append(runtime_finding)
     daemons = running(config.node.proc_root)
     nri = next((d for d in daemons if d.mode == "nri"), None)

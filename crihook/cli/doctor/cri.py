@@ -50,17 +50,17 @@ def _rpc_problem(e: grpc.RpcError) -> str:
     return f"{code.name if code else 'error'}: {details}"
 
 
-def check_runtime(proxy: ProxyConfig, timeout: float) -> tuple[Finding, Any]:
+def check_runtime(node: NodeConfig, timeout: float) -> tuple[Finding, Any]:
     """containerd answers CRI v1 at the runtime endpoint, and is new enough."""
     name = "containerd"
-    endpoint = proxy.runtime_endpoint
+    endpoint = node.runtime_endpoint
     path = socket_path(endpoint)
     if path is not None and not Path(path).exists():
         return Finding(
             name,
             Level.FAIL,
             f"no socket at {path}",
-            "start containerd (systemctl status containerd), or set proxy.runtime_endpoint to its socket",
+            "start containerd (systemctl status containerd), or set node.runtime_endpoint to its socket",
         ), None
     try:
         version = cri_version(endpoint, timeout)
@@ -107,7 +107,7 @@ def check_proxy(proxy: ProxyConfig, runtime: Any, timeout: float) -> Finding:
         return Finding(
             name,
             Level.WARN,
-            found + f", not to the {runtime.runtime_name} {runtime.runtime_version} at proxy.runtime_endpoint",
+            found + f", not to the {runtime.runtime_name} {runtime.runtime_version} at node.runtime_endpoint",
             "crihook is running with another configuration than this one: systemctl restart crihook",
         )
     if st is not None and (st.st_mode & 0o077 or st.st_uid != 0):

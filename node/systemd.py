@@ -1,5 +1,6 @@
-"""sd_notify without libsystemd: READY=1 once serving, WATCHDOG=1 from the event loop itself, so a
-stalled loop stops the pings and systemd restarts the daemon."""
+"""sd_notify without libsystemd, for the node daemon in either mode: READY=1 once serving,
+WATCHDOG=1 from the event loop itself, so a stalled loop stops the pings and systemd restarts the
+daemon."""
 
 from __future__ import annotations
 
