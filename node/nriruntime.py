@@ -21,38 +21,69 @@ _GPU_MINORS = range(254)
 _VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?")
 # the LinuxResources fields an NRI adjustment can set on every NRI version; oom_score_adj needs v0.8
 _RESOURCES_ANY = frozenset(RESOURCE_FIELDS) - {"memory_swap_limit_in_bytes", "oom_score_adj"}
+# the NRI release each containerd release vendors, from the first release that vendors it on: NRI's
+# own table (pkg/api/version.go, InferVersionFromRuntime, as of v0.12.5). Later containerd releases
+# send their NRI release in Configure.
+_CONTAINERD_NRI = (
+    ((1, 7, 0), (0, 3, 0)),
+    ((1, 7, 7), (0, 4, 0)),
+    ((1, 7, 14), (0, 6, 0)),
+    ((1, 7, 16), (0, 6, 1)),
+    ((1, 7, 26), (0, 8, 0)),
+    ((2, 0, 0), (0, 8, 0)),
+    ((2, 2, 0), (0, 10, 0)),
+    ((2, 2, 1), (0, 11, 0)),
+)
+
+Version = tuple[int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
 class NriRuntime:
-    """The runtime's name and version as Configure reports them, and what its NRI applies."""
+    """The runtime's name and version as Configure reports them, the NRI release it runs, and what
+    that applies."""
 
     name: str
     version: str
+    nri: Version | None = None  # Configure's NRI_version (NRI v0.12+), else inferred from `version`
     removes_mounts: bool = False  # a "-DEST" mount entry reaches the spec (NRI v0.8.0: containerd 1.7.26, 2.0)
     cdi_devices: bool = False  # CDI_devices are injected (containerd 1.7.30+, 2.1+)
     oom_score_adj: bool = False  # linux.oom_score_adj is applied (NRI v0.8.0)
+    # linux.resources.devices of an adjustment, deny rules included, are appended to the spec's
+    # rules (NRI v0.10: containerd 2.2), and the runtime asks validators for the merged adjustment
+    device_rules: bool = False
 
     @property
     def ref(self) -> str:
         return f"{self.name} {self.version}".strip()
 
 
-def nri_runtime(name: str, version: str) -> NriRuntime:
-    """The runtime from Configure's runtime_name and runtime_version ("v1.7.24", "2.1.9+unknown").
-    A runtime crihook has not read the sources of, or a version it can not parse, gets the least:
-    nothing beyond what every NRI version applies."""
-    m = _VERSION.match(version.strip())
-    if name != "containerd" or m is None:
+def parse_version(text: str) -> Version | None:
+    """(major, minor, patch) of "v1.7.24", "2.1.9+unknown", "1.7.24~ds1"; None when it is not one."""
+    m = _VERSION.match(text.strip())
+    return (int(m[1]), int(m[2]), int(m[3] or 0)) if m else None
+
+
+def nri_runtime(name: str, version: str, nri_version: str = "") -> NriRuntime:
+    """The runtime from Configure's runtime_name, runtime_version ("v1.7.24", "2.1.9+unknown") and,
+    from NRI v0.12 on, NRI_version ("v0.12.5"): the NRI release is the runtime's own word when it
+    gives one, else read off containerd's version. A runtime crihook has not read the sources of, or
+    a version it can not place, gets the least: nothing beyond what every NRI version applies."""
+    v = parse_version(version)
+    if name != "containerd" or v is None:
         return NriRuntime(name, version)
-    v = (int(m[1]), int(m[2]), int(m[3] or 0))
-    nri_080 = v >= (1, 7, 26)
+    nri = parse_version(nri_version) or next((n for since, n in reversed(_CONTAINERD_NRI) if v >= since), None)
+    if nri is None:
+        return NriRuntime(name, version)
     return NriRuntime(
         name,
         version,
-        removes_mounts=nri_080,
+        nri=nri,
+        removes_mounts=nri >= (0, 8, 0),
+        # containerd wires NRI's CDI injector from 1.7.30 and 2.1 on (nri_api_linux.go)
         cdi_devices=v >= (2, 1) or (1, 7, 30) <= v < (2,),
-        oom_score_adj=nri_080,
+        oom_score_adj=nri >= (0, 8, 0),
+        device_rules=nri >= (0, 10, 0),
     )
 
 

@@ -146,7 +146,7 @@ class HookHandler:
     # -- registration --------------------------------------------------------------------------
 
     async def configure(self, request: api.ConfigureRequest) -> int:
-        self.runtime = nri_runtime(request.runtime_name, request.runtime_version)
+        self.runtime = nri_runtime(request.runtime_name, request.runtime_version, request.NRI_version)
         if request.request_timeout > 0:
             self.request_timeout = request.request_timeout / 1000
         why = start_refusal(self.runtime, cdi_inject=self.cdi_inject)

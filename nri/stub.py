@@ -145,7 +145,12 @@ class _Service:
         events = await self.handler.configure(req)
         log.info(
             "configured by the runtime",
-            extra={"runtime": req.runtime_name, "version": req.runtime_version, "events": hex(events)},
+            extra={
+                "runtime": req.runtime_name,
+                "version": req.runtime_version,
+                "nri": req.NRI_version or "-",
+                "events": hex(events),
+            },
         )
         return api.ConfigureResponse(events=events)
 

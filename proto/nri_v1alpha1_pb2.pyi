@@ -77,6 +77,50 @@ class MpolFlag(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MPOL_F_STATIC_NODES: _ClassVar[MpolFlag]
     MPOL_F_RELATIVE_NODES: _ClassVar[MpolFlag]
     MPOL_F_NUMA_BALANCING: _ClassVar[MpolFlag]
+
+class Field(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NoField: _ClassVar[Field]
+    Annotations: _ClassVar[Field]
+    Mounts: _ClassVar[Field]
+    OciHooks: _ClassVar[Field]
+    Devices: _ClassVar[Field]
+    CdiDevices: _ClassVar[Field]
+    Env: _ClassVar[Field]
+    Args: _ClassVar[Field]
+    MemLimit: _ClassVar[Field]
+    MemReservation: _ClassVar[Field]
+    MemSwapLimit: _ClassVar[Field]
+    MemKernelLimit: _ClassVar[Field]
+    MemTCPLimit: _ClassVar[Field]
+    MemSwappiness: _ClassVar[Field]
+    MemDisableOomKiller: _ClassVar[Field]
+    MemUseHierarchy: _ClassVar[Field]
+    CPUShares: _ClassVar[Field]
+    CPUQuota: _ClassVar[Field]
+    CPUPeriod: _ClassVar[Field]
+    CPURealtimeRuntime: _ClassVar[Field]
+    CPURealtimePeriod: _ClassVar[Field]
+    CPUSetCPUs: _ClassVar[Field]
+    CPUSetMems: _ClassVar[Field]
+    PidsLimit: _ClassVar[Field]
+    HugepageLimits: _ClassVar[Field]
+    BlockioClass: _ClassVar[Field]
+    RdtClass: _ClassVar[Field]
+    CgroupsUnified: _ClassVar[Field]
+    CgroupsPath: _ClassVar[Field]
+    OomScoreAdj: _ClassVar[Field]
+    Rlimits: _ClassVar[Field]
+    IoPriority: _ClassVar[Field]
+    SeccompPolicy: _ClassVar[Field]
+    Namespace: _ClassVar[Field]
+    Sysctl: _ClassVar[Field]
+    LinuxNetDevices: _ClassVar[Field]
+    LinuxSched: _ClassVar[Field]
+    RdtClosID: _ClassVar[Field]
+    RdtSchemata: _ClassVar[Field]
+    RdtEnableMonitoring: _ClassVar[Field]
+    MemoryPolicy: _ClassVar[Field]
 UNKNOWN: Event
 RUN_POD_SANDBOX: Event
 STOP_POD_SANDBOX: Event
@@ -127,6 +171,47 @@ MPOL_WEIGHTED_INTERLEAVE: MpolMode
 MPOL_F_STATIC_NODES: MpolFlag
 MPOL_F_RELATIVE_NODES: MpolFlag
 MPOL_F_NUMA_BALANCING: MpolFlag
+NoField: Field
+Annotations: Field
+Mounts: Field
+OciHooks: Field
+Devices: Field
+CdiDevices: Field
+Env: Field
+Args: Field
+MemLimit: Field
+MemReservation: Field
+MemSwapLimit: Field
+MemKernelLimit: Field
+MemTCPLimit: Field
+MemSwappiness: Field
+MemDisableOomKiller: Field
+MemUseHierarchy: Field
+CPUShares: Field
+CPUQuota: Field
+CPUPeriod: Field
+CPURealtimeRuntime: Field
+CPURealtimePeriod: Field
+CPUSetCPUs: Field
+CPUSetMems: Field
+PidsLimit: Field
+HugepageLimits: Field
+BlockioClass: Field
+RdtClass: Field
+CgroupsUnified: Field
+CgroupsPath: Field
+OomScoreAdj: Field
+Rlimits: Field
+IoPriority: Field
+SeccompPolicy: Field
+Namespace: Field
+Sysctl: Field
+LinuxNetDevices: Field
+LinuxSched: Field
+RdtClosID: Field
+RdtSchemata: Field
+RdtEnableMonitoring: Field
+MemoryPolicy: Field
 
 class RegisterPluginRequest(_message.Message):
     __slots__ = ("plugin_name", "plugin_idx", "NRI_version")
@@ -169,10 +254,20 @@ class ConfigureRequest(_message.Message):
     def __init__(self, config: _Optional[str] = ..., runtime_name: _Optional[str] = ..., runtime_version: _Optional[str] = ..., registration_timeout: _Optional[int] = ..., request_timeout: _Optional[int] = ..., NRI_version: _Optional[str] = ...) -> None: ...
 
 class ConfigureResponse(_message.Message):
-    __slots__ = ("events",)
+    __slots__ = ("events", "failure_policy")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_POLICY_FIELD_NUMBER: _ClassVar[int]
     events: int
-    def __init__(self, events: _Optional[int] = ...) -> None: ...
+    failure_policy: FailurePolicy
+    def __init__(self, events: _Optional[int] = ..., failure_policy: _Optional[_Union[FailurePolicy, _Mapping]] = ...) -> None: ...
+
+class FailurePolicy(_message.Message):
+    __slots__ = ("fail_request", "keep_connected")
+    FAIL_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    KEEP_CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    fail_request: bool
+    keep_connected: bool
+    def __init__(self, fail_request: _Optional[bool] = ..., keep_connected: _Optional[bool] = ...) -> None: ...
 
 class SynchronizeRequest(_message.Message):
     __slots__ = ("pods", "containers", "more")
@@ -1068,3 +1163,23 @@ class OwningPlugins(_message.Message):
     OWNERS_FIELD_NUMBER: _ClassVar[int]
     owners: _containers.MessageMap[str, FieldOwners]
     def __init__(self, owners: _Optional[_Mapping[str, FieldOwners]] = ...) -> None: ...
+
+class LogRequest(_message.Message):
+    __slots__ = ("msg", "level")
+    class Level(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        LEVEL_UNSPECIFIED: _ClassVar[LogRequest.Level]
+        LEVEL_DEBUG: _ClassVar[LogRequest.Level]
+        LEVEL_INFO: _ClassVar[LogRequest.Level]
+        LEVEL_WARN: _ClassVar[LogRequest.Level]
+        LEVEL_ERROR: _ClassVar[LogRequest.Level]
+    LEVEL_UNSPECIFIED: LogRequest.Level
+    LEVEL_DEBUG: LogRequest.Level
+    LEVEL_INFO: LogRequest.Level
+    LEVEL_WARN: LogRequest.Level
+    LEVEL_ERROR: LogRequest.Level
+    MSG_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    msg: str
+    level: LogRequest.Level
+    def __init__(self, msg: _Optional[str] = ..., level: _Optional[_Union[LogRequest.Level, str]] = ...) -> None: ...

@@ -24,25 +24,52 @@ from crihook.node.nriruntime import (
 
 
 @pytest.mark.parametrize(
-    ("name", "version", "mounts", "cdi", "oom"),
+    ("name", "version", "nri", "mounts", "cdi", "oom", "rules"),
     [
-        ("containerd", "v1.7.24", False, False, False),  # trixie: NRI v0.6.1
-        ("containerd", "1.7.25", False, False, False),
-        ("containerd", "v1.7.26", True, False, True),  # NRI v0.8.0, CDI injector not wired
-        ("containerd", "v1.7.29", True, False, True),
-        ("containerd", "v1.7.30", True, True, True),
-        ("containerd", "v2.0.7", True, False, True),
-        ("containerd", "2.1.9+unknown", True, True, True),  # sid
-        ("containerd", "v2.2.0", True, True, True),
-        ("containerd", "2.3", True, True, True),
-        ("containerd", "devel", False, False, False),  # unparsable: the least
-        ("cri-o", "1.31.0", False, False, False),  # not read: the least
+        ("containerd", "v1.7.24", (0, 6, 1), False, False, False, False),  # trixie
+        ("containerd", "1.7.25", (0, 6, 1), False, False, False, False),
+        ("containerd", "v1.7.26", (0, 8, 0), True, False, True, False),  # CDI injector not wired
+        ("containerd", "v1.7.29", (0, 8, 0), True, False, True, False),
+        ("containerd", "v1.7.30", (0, 8, 0), True, True, True, False),
+        ("containerd", "v2.0.7", (0, 8, 0), True, False, True, False),
+        ("containerd", "2.1.9+unknown", (0, 8, 0), True, True, True, False),  # sid
+        ("containerd", "v2.2.0", (0, 10, 0), True, True, True, True),
+        ("containerd", "v2.2.3", (0, 11, 0), True, True, True, True),
+        ("containerd", "2.3", (0, 11, 0), True, True, True, True),  # sends its NRI release itself
+        ("containerd", "1.6.20~ds1", None, False, False, False, False),  # no NRI
+        ("containerd", "devel", None, False, False, False, False),  # unparsable: the least
+        ("cri-o", "1.31.0", None, False, False, False, False),  # not read: the least
     ],
 )
-def test_what_each_runtime_applies(name: str, version: str, mounts: bool, cdi: bool, oom: bool) -> None:
+def test_what_each_runtime_applies(
+    name: str, version: str, nri: tuple[int, int, int] | None, mounts: bool, cdi: bool, oom: bool, rules: bool
+) -> None:
     rt = nri_runtime(name, version)
-    assert (rt.removes_mounts, rt.cdi_devices, rt.oom_score_adj) == (mounts, cdi, oom)
+    assert (rt.nri, rt.removes_mounts, rt.cdi_devices, rt.oom_score_adj, rt.device_rules) == (
+        nri,
+        mounts,
+        cdi,
+        oom,
+        rules,
+    )
     assert rt.ref == f"{name} {version}"
+
+
+@pytest.mark.parametrize(
+    ("version", "nri_version", "nri", "rules"),
+    [
+        ("v2.3.0", "v0.12.5", (0, 12, 5), True),  # NRI v0.12+ says which it runs
+        ("v2.1.9", "v0.10.0", (0, 10, 0), True),  # its word wins over the table
+        ("v2.2.1", "v0.8.0", (0, 8, 0), False),
+        ("v2.2.1", "", (0, 11, 0), True),  # before v0.12: read off containerd's version
+        ("v2.2.1", "unknown", (0, 11, 0), True),  # NRI's stub says "unknown" when it does not know
+    ],
+)
+def test_the_nri_release_configure_names_decides(
+    version: str, nri_version: str, nri: tuple[int, int, int], rules: bool
+) -> None:
+    rt = nri_runtime("containerd", version, nri_version)
+    assert (rt.nri, rt.device_rules, rt.removes_mounts) == (nri, rules, nri >= (0, 8, 0))
 
 
 # -- the oracle: what the runtime makes of crihook's adjustment -------------------------------------

@@ -114,3 +114,12 @@ async def test_a_hook_refusal_fails_the_creation_once_logged(tmp_path: Path, cap
     assert "c-1" not in h.lifecycle.store.containers
     refusals = [r for r in caplog.records if r.getMessage().endswith("refused")]
     assert [(r.name, r.getMessage()) for r in refusals] == [("crihook.node", f"{Stage.PRE_CREATE_CONTAINER} refused")]
+
+
+async def test_configure_takes_the_nri_release_the_runtime_names(tmp_path: Path) -> None:
+    """NRI v0.12+ runtimes say which NRI they run; before, it is read off containerd's version."""
+    h = HookHandler(Lifecycle(build_chain(HooksConfig(), NodeConfig()), Store(tmp_path)))
+    await h.configure(api.ConfigureRequest(runtime_name="containerd", runtime_version="2.1.9", NRI_version="v0.12.5"))
+    assert (h.runtime.nri, h.runtime.device_rules) == ((0, 12, 5), True)
+    await h.configure(api.ConfigureRequest(runtime_name="containerd", runtime_version="2.1.9"))
+    assert (h.runtime.nri, h.runtime.device_rules) == ((0, 8, 0), False)
