@@ -43,6 +43,13 @@ REQUEST_TIMEOUT = 2.0
 
 READ_SIZE = 64 * 1024
 
+# Asked of every runtime in Configure; NRI v0.12.4+ honours it, older runtimes drop the field. A
+# request crihook did not answer in time (or lost with the connection) fails, where by default the
+# runtime goes on without the plugin: the container would start unadjusted. After a timeout the
+# plugin stays registered, where by default the runtime drops it and every container until the
+# next registration starts unadjusted (pkg/adaptation/plugin.go, handleRequestError).
+FAILURE_POLICY = api.FailurePolicy(fail_request=True, keep_connected=True)
+
 # A call the handler has not answered within this share of the runtime's deadline (the request's
 # timeout_nano) is answered DeadlineExceeded instead: an error fails that one container's creation,
 # while a late answer makes the runtime drop the plugin and create the container unadjusted. A
@@ -152,7 +159,7 @@ class _Service:
                 "events": hex(events),
             },
         )
-        return api.ConfigureResponse(events=events)
+        return api.ConfigureResponse(events=events, failure_policy=FAILURE_POLICY)
 
     async def _synchronize(self, req: Message) -> Message:
         assert isinstance(req, api.SynchronizeRequest)

@@ -93,6 +93,9 @@ async def test_registers_configures_and_synchronizes(sock: Path) -> None:
         assert (registered.plugin_name, registered.plugin_idx) == ("test", "10")
         configured = await peer.call("Configure", api.ConfigureRequest(runtime_name="rt"), api.ConfigureResponse)
         assert configured.events == EVENTS == (1 << 3) | (1 << 9)
+        # fail the request and stay registered when an answer is late (NRI v0.12.4+)
+        policy = configured.failure_policy
+        assert (policy.fail_request, policy.keep_connected) == (True, True)
         sync = api.SynchronizeRequest(pods=[api.PodSandbox(id="p")], containers=[api.Container(id="c")])
         answer = await peer.call("Synchronize", sync, api.SynchronizeResponse)
         assert [u.container_id for u in answer.update] == ["c"] and not answer.more
