@@ -18,23 +18,27 @@ from typing import Literal, Protocol
 import grpc
 
 from crihook.base import allocation as al
-from crihook.base.config import absolute_path, absolute_path_or_empty, not_empty
-from crihook.base.spec import Device, Mount
+from crihook.base.config import absolute_path, not_empty
+from crihook.base.spec import Device
 from crihook.devices.checkpoint import Checkpoint, PodDeviceEntry, base_device_id, gpu_device_ids
 from crihook.hooks.base import ContainerInfo, Edit, HookError, PodInfo
 from crihook.hooks.cdi import ANNOTATION_PREFIX, DEFAULT_SPEC_DIRS
+from crihook.hooks.grant import (
+    VISIBLE,
+    HamiCore,
+    MissingDeviceNode,
+    Share,
+    cuda_key,
+    device_nodes,
+    hami_env,
+    hami_mounts,
+)
 from crihook.hooks.scheduled import refuse, scheduled
 
-VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 VOID = "void"  # the NVIDIA runtime injects nothing, whatever the image says
 CDI_KIND = "nvidia.com/gpu"
-CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
 ISOLATION_LABEL = "koordinator.sh/gpu-isolation-provider"
 HAMI_CORE = "hami-core"  # compared case-insensitively: Koordinator's docs spell it both ways
-HAMI_CACHE_MOUNT = "/tmp/vgpu"
-HAMI_PRELOAD_MOUNT = "/etc/ld.so.preload"
-DEVICE_PERMISSIONS = "rw"  # what NVIDIA's device plugin grants
-MiB = 1 << 20
 # what a container the scheduler gave no GPU gets when it brings nothing to strip; shared by all of
 # them, so never changed (see Placement.grant)
 DENIED = Edit(env={VISIBLE: VOID})
@@ -90,21 +94,6 @@ class SeenPods(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class HamiCore:
-    """The `[hooks.gpu.hami_core]` table: host paths for HAMi-core isolation; the operator lists them
-    in hooks.allowed_host_paths."""
-
-    library: str = field(default="/usr/local/vgpu/libvgpu.so", metadata={"check": absolute_path})
-    """the HAMi-core library"""
-    preload_file: str = field(default="/usr/local/vgpu/ld.so.preload", metadata={"check": absolute_path})
-    """holds the library's path, one line; mounted as the container's /etc/ld.so.preload"""
-    cache_root: str = field(default="/usr/local/vgpu/containers", metadata={"check": absolute_path})
-    """a directory per container below it"""
-    lock_dir: str = field(default="/tmp/vgpulock", metadata={"check": absolute_path_or_empty})
-    """shared by every container of a GPU; empty: not mounted"""
-
-
-@dataclass(frozen=True, slots=True)
 class GpuOptions:
     """The `[hooks.gpu]` table (docs/gpu-hook.md)."""
 
@@ -116,7 +105,7 @@ class GpuOptions:
         default=("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*"), metadata={"each": not_empty}
     )
     """checkpoint resources (globs) whose device-plugin injections the scheduler's choice replaces"""
-    hami_core: HamiCore = HamiCore()
+    hami_core: HamiCore = field(default_factory=HamiCore)
     """host paths for HAMi-core isolation"""
     kubelet_pods_dir: str | None = field(default=None, metadata={"check": absolute_path})
     """kubelet's pods directory; None: <the running kubelet's --root-dir>/pods"""
@@ -155,6 +144,7 @@ class Placement:
 
     chosen: tuple[tuple[al.DeviceAllocation, GpuLike], ...]  # in PCI bus order (CUDA's numbering)
     gpus: tuple[GpuLike, ...]  # the same GPUs, alone
+    shares: tuple[Share, ...]  # what of each the container may use
     visible: str  # NVIDIA_VISIBLE_DEVICES
     names: frozenset[str]  # the chosen GPUs' UUIDs and NVML indexes: the GPU CDI names that may stay
     devices: tuple[Device, ...]  # env+devices: the device nodes to add
@@ -177,23 +167,19 @@ def place(
     opts: GpuOptions,
 ) -> Placement:
     """The placement of `allocs` on this node. Raises HookError (a GPU or device node it lacks)."""
-    chosen = tuple(sorted(_resolve(allocs, gpus), key=lambda pair: pair[1].pci_bus_id.lower()))
+    chosen = tuple(sorted(_resolve(allocs, gpus), key=lambda pair: cuda_key(pair[1])))
+    shares = tuple(Share(g, _memory_bytes(a, g), a.resources.get(al.GPU_CORE, 100)) for a, g in chosen)
     gs = tuple(g for _, g in chosen)
     uuids = [g.uuid for g in gs]
     names = frozenset(n for g in gs for n in (g.uuid, str(g.index)))
-    shared = any(_is_shared(a, g) for a, g in chosen)
+    shared = any(s.shared for s in shares)
     if opts.inject == "cdi":
-        return Placement(chosen, gs, VOID, names, (), tuple(f"{CDI_KIND}={u}" for u in uuids), shared)
-    for g in gs:
-        if not exists(f"{dev_root}/nvidia{g.minor}"):
-            raise refuse(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"device node {dev_root}/nvidia{g.minor} of minor {g.minor} is missing on this node",
-            )
-    nodes = [f"nvidia{g.minor}" for g in gs]
-    nodes += [n for n in CONTROL_NODES if exists(f"{dev_root}/{n}")]
-    devices = tuple(Device(f"/dev/{n}", f"{dev_root}/{n}", DEVICE_PERMISSIONS) for n in nodes)
-    return Placement(chosen, gs, ",".join(uuids), names, devices, (), shared)
+        return Placement(chosen, gs, shares, VOID, names, (), tuple(f"{CDI_KIND}={u}" for u in uuids), shared)
+    try:
+        devices = device_nodes(gs, exists, dev_root)
+    except MissingDeviceNode as e:
+        raise refuse(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from None
+    return Placement(chosen, gs, shares, ",".join(uuids), names, devices, (), shared)
 
 
 class Placements:
@@ -241,7 +227,7 @@ def gpu_edit(pod: PodInfo, container: ContainerInfo, gpus: GpuLookup, node: Node
     stripped = _strip(container, plugin, placed.names)
     if placed.shared and pod.labels.get(ISOLATION_LABEL, "").lower() == HAMI_CORE:
         edit = _granted(stripped or Edit(), placed.grant)
-        _isolate(edit, pod, container, placed.chosen, opts.hami_core)
+        _isolate(edit, pod, container, placed.shares, opts.hami_core)
         return edit
     return _granted(stripped, placed.grant)
 
@@ -442,34 +428,10 @@ def _memory_bytes(a: al.DeviceAllocation, g: GpuLike) -> int:
     return g.memory_total
 
 
-def _is_shared(a: al.DeviceAllocation, g: GpuLike) -> bool:
-    r = a.resources
-    return (
-        r.get(al.GPU_MEMORY_RATIO, 100) < 100
-        or r.get(al.GPU_CORE, 100) < 100
-        or (al.GPU_MEMORY in r and r[al.GPU_MEMORY] < g.memory_total)
-    )
-
-
-def _isolate(
-    edit: Edit,
-    pod: PodInfo,
-    container: ContainerInfo,
-    chosen: Sequence[tuple[al.DeviceAllocation, GpuLike]],
-    paths: HamiCore,
-) -> None:
-    """HAMi-core: per-GPU memory limits in the order CUDA numbers the visible GPUs (PCI bus order,
-    which CUDA_DEVICE_ORDER pins), the SM share, the library preloaded, a cache of its own."""
+def _isolate(edit: Edit, pod: PodInfo, container: ContainerInfo, shares: Sequence[Share], paths: HamiCore) -> None:
+    """HAMi-core: the limits and mounts of hooks.grant, with a cache directory per container."""
     for part, what in ((pod.uid, "pod UID"), (container.name, "container name")):
         if not _PATH_PART.fullmatch(part):
             raise HookError(grpc.StatusCode.INVALID_ARGUMENT, f"{what} {part[:64]!r} can not name a cache directory")
-    for i, (a, g) in enumerate(chosen):
-        edit.env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{max(1, _memory_bytes(a, g) // MiB)}m"
-    edit.env["CUDA_DEVICE_SM_LIMIT"] = str(min(a.resources.get(al.GPU_CORE, 100) for a, _ in chosen))
-    edit.env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    edit.env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{HAMI_CACHE_MOUNT}/cudevshr.cache"
-    edit.add_mounts.append(Mount(paths.library, paths.library, readonly=True))
-    edit.add_mounts.append(Mount(HAMI_PRELOAD_MOUNT, paths.preload_file, readonly=True))
-    edit.add_mounts.append(Mount(HAMI_CACHE_MOUNT, f"{paths.cache_root}/{pod.uid}_{container.name}"))
-    if paths.lock_dir:
-        edit.add_mounts.append(Mount(paths.lock_dir, paths.lock_dir))
+    edit.env.update(hami_env(shares))
+    edit.add_mounts.extend(hami_mounts(paths, f"{pod.uid}_{container.name}"))

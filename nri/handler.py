@@ -27,7 +27,7 @@ import grpc
 from crihook.base.metrics import NRI_UNGRANTED
 from crihook.hooks.base import ContainerInfo, HookContext, HookError, PodInfo, Stage
 from crihook.hooks.chain import HookRecord
-from crihook.hooks.gpu_edit import VISIBLE
+from crihook.hooks.grant import VISIBLE
 from crihook.node.container import (
     DeviceNode,
     nri_adjustment,

@@ -19,7 +19,8 @@ from crihook.devices import checkpoint as checkpoint_module
 from crihook.devices.checkpoint import CheckpointReader
 from crihook.hooks.base import ContainerInfo, Edit, HookContext, HookError, PodInfo, Stage
 from crihook.hooks.gpu import GpuHook, PodDirs, StorePods, directory
-from crihook.hooks.gpu_edit import GpuOptions, HamiCore, SeenPod
+from crihook.hooks.gpu_edit import GpuOptions, SeenPod
+from crihook.hooks.grant import HamiCore
 from crihook.hooks.registry import build_chain
 from crihook.simnode.node import make_dev_root
 from tests.support.gpu_fixtures import Entry, Inventory, fake_proc, gpus, nvidia_plugin_resp, write_checkpoint

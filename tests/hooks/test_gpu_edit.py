@@ -22,7 +22,6 @@ from crihook.hooks.edit import apply_edit
 from crihook.hooks.gpu_edit import (
     ISOLATION_LABEL,
     GpuOptions,
-    HamiCore,
     NodeView,
     Placements,
     SeenPod,
@@ -30,6 +29,7 @@ from crihook.hooks.gpu_edit import (
     gpu_edit,
     plain_grant,
 )
+from crihook.hooks.grant import HamiCore
 from crihook.hooks.scheduled import scheduled
 from tests.support.gpu_fixtures import Entry, Gpu, Inventory, alloc_resp, checkpoint_doc, gpus, nvidia_plugin_resp
 

@@ -30,7 +30,8 @@ from crihook.hooks.allowlist import Allowlist
 from crihook.hooks.base import Edit, HookContext, ResourcesPatch, Stage
 from crihook.hooks.chain import HookChain, Registered
 from crihook.hooks.gpu import GpuHook
-from crihook.hooks.gpu_edit import VISIBLE, GpuOptions
+from crihook.hooks.gpu_edit import GpuOptions
+from crihook.hooks.grant import VISIBLE
 from crihook.node.lifecycle import Lifecycle
 from crihook.node.store import Store
 from crihook.proto import runtime_v1_pb2 as cri
