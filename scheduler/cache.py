@@ -1,11 +1,12 @@
 """The scheduler's view of the cluster, kept from the API server with the `kubernetes` client.
 
-Three list+watch loops (Devices, Nodes, assigned Pods) feed the DeviceShare allocator under the
-extender's lock. Each loop lists first and replaces what it had (objects gone from the list are
-removed), then watches from the list's resourceVersion; a 410 Gone, an error or a broken stream
-leads to a fresh list, so nothing is missed and a restart rebuilds the same state from the API
-server alone (Device objects plus the allocation annotations of live pods). `ready` turns true once
-all three initial lists are in.
+Five list+watch loops (Devices, Nodes, assigned Pods, ResourceSlices, ResourceClaims) feed the
+DeviceShare allocator under the extender's lock. Each loop lists first and replaces what it had
+(objects gone from the list are removed), then watches from the list's resourceVersion; a 410 Gone,
+an error or a broken stream leads to a fresh list, so nothing is missed and a restart rebuilds the
+same state from the API server alone (Device objects, the allocation annotations of live pods, and
+the GPUs allocated ResourceClaims hold). `ready` turns true once every initial list is in; a cluster
+that does not serve `resource.k8s.io/v1` (404) has no claims, and is asked again every minute.
 
 Responses are read raw (`_preload_content=False`): the allocator wants the JSON as the API server
 sent it, and decoding thousands of pods into client models would cost more than the scheduling.
@@ -23,9 +24,11 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from crihook.base.allocation import CONTAINER_DEVICES, DEVICE_ALLOCATED, AnnotationError
 from crihook.scheduler.apijson import MERGE_PATCH, ApiJson
+from crihook.scheduler.claims import ClaimIndex, claim_key
 from crihook.scheduler.devices import DeviceError, node_from_device
 from crihook.scheduler.extender import ApiFailure
 from crihook.scheduler.fence import CLAIM_LABEL, claim_value
@@ -43,6 +46,7 @@ WATCH_SECONDS = 300  # server-side timeout of one watch; the stream then restart
 READ_TIMEOUT = WATCH_SECONDS + 30  # the socket gives up only after the server should have ended it
 READ_CHUNK = 1 << 16
 BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+NOT_SERVED_RETRY = 60.0  # seconds before an optional API that answered 404 is listed again
 
 
 class Expired(Exception):
@@ -143,9 +147,11 @@ class Reflector:
         replace: Callable[[list[dict[str, Any]]], None],
         event: Callable[[str, dict[str, Any]], None],
         listed: Callable[[], None] | None = None,
+        optional: bool = False,
         **selector: str,
     ) -> None:
         self.name = name
+        self.optional = optional  # a 404 (the API is not served) counts as an empty list
         self.list_call = list_call
         self.replace = replace
         self.event = event
@@ -182,10 +188,23 @@ class Reflector:
             except Exception as e:
                 if self._stop.is_set():
                     return
+                if self.optional and isinstance(e, ApiException) and e.status == 404:
+                    self._not_served()
+                    continue
                 delay = BACKOFF[min(failures, len(BACKOFF) - 1)]
                 failures += 1
                 log.warning("list/watch failed", extra={"resource": self.name, "error": str(e), "retry_in": delay})
                 self._stop.wait(delay)
+
+    def _not_served(self) -> None:
+        """An optional API answered 404: nothing of it exists (a served API that goes away too)."""
+        self.replace([])
+        if not self.synced.is_set():
+            log.info("API not served, taken as empty", extra={"resource": self.name})
+            self.synced.set()
+            if self.listed is not None:
+                self.listed()
+        self._stop.wait(NOT_SERVED_RETRY)
 
     def _list(self) -> str:
         resp = self.list_call(_preload_content=False, _request_timeout=READ_TIMEOUT, **self.selector)
@@ -242,8 +261,9 @@ def _events(resp: Any) -> Iterator[dict[str, Any]]:
 
 
 class ClusterCache:
-    """Devices, Nodes and assigned Pods from the API server into `plugin`, under `lock`;
-    `settled()` is called on a watch thread whenever a list completes with all three in."""
+    """Devices, Nodes, assigned Pods, ResourceSlices and ResourceClaims from the API server into
+    `plugin`, under `lock`; `settled()` is called on a watch thread whenever a list completes with
+    all of them in."""
 
     def __init__(
         self,
@@ -259,8 +279,10 @@ class ClusterCache:
         self.nodes: dict[str, tuple[dict[str, str], dict[str, Any]]] = {}  # name -> (labels, allocatable)
         self.pods: dict[str, str] = {}  # uid -> node, pods charged to the allocator
         self.priorities: dict[str, int] = {}  # uid -> spec.priority of those pods (for preemption)
+        self.claims = ClaimIndex()  # the GPUs allocated ResourceClaims hold
         core = client.CoreV1Api(api_client)
         custom = client.CustomObjectsApi(api_client)
+        dra = client.ResourceV1Api(api_client)
 
         def list_devices(**kw: Any) -> Any:
             return custom.list_cluster_custom_object(DEVICE_GROUP, DEVICE_VERSION, DEVICE_PLURAL, **kw)
@@ -275,6 +297,22 @@ class ClusterCache:
                 self._pod_event,
                 self._listed,
                 field_selector=POD_SELECTOR,
+            ),
+            Reflector(
+                "resourceslices",
+                dra.list_resource_slice,
+                self._replace_slices,
+                self._slice_event,
+                self._listed,
+                optional=True,
+            ),
+            Reflector(
+                "resourceclaims",
+                dra.list_resource_claim_for_all_namespaces,
+                self._replace_claims,
+                self._claim_event,
+                self._listed,
+                optional=True,
             ),
         ]
 
@@ -303,12 +341,22 @@ class ClusterCache:
         dev, node = self.devices.get(name), self.nodes.get(name)
         if dev is None or node is None:
             self.plugin.remove_node(name)
+            self._claimed(self.claims.remove_node(name))
             return
         try:
-            self.plugin.set_node(node_from_device(dev, node[0], node[1]))
+            nd = node_from_device(dev, node[0], node[1])
         except DeviceError as e:
             log.warning("Device ignored", extra={"node": name, "error": str(e)})
             self.plugin.remove_node(name)
+            self._claimed(self.claims.remove_node(name))
+            return
+        self.plugin.set_node(nd)
+        self._claimed(self.claims.set_gpus(name, nd.gpus))
+
+    def _claimed(self, nodes: set[str]) -> None:
+        """Caller holds self.lock: tell the allocator which GPUs claims now hold on `nodes`."""
+        for name in nodes:
+            self.plugin.set_claimed(name, self.claims.held(name))
 
     @staticmethod
     def _name(obj: Mapping[str, Any]) -> str:
@@ -399,3 +447,27 @@ class ClusterCache:
                 self._drop(str((obj.get("metadata") or {}).get("uid") or ""))
             else:
                 self._charge(obj)
+
+    # --- DRA: the GPUs allocated claims hold, matched through the slices that published them ---
+
+    def _replace_slices(self, items: list[dict[str, Any]]) -> None:
+        with self.lock:
+            self._claimed(self.claims.replace_slices((self._name(o), o) for o in items))
+
+    def _slice_event(self, kind: str, obj: dict[str, Any]) -> None:
+        with self.lock:
+            if kind == "DELETED":
+                self._claimed(self.claims.remove_slice(self._name(obj)))
+            else:
+                self._claimed(self.claims.set_slice(self._name(obj), obj))
+
+    def _replace_claims(self, items: list[dict[str, Any]]) -> None:
+        with self.lock:
+            self._claimed(self.claims.replace_claims((claim_key(o), o) for o in items))
+
+    def _claim_event(self, kind: str, obj: dict[str, Any]) -> None:
+        with self.lock:
+            if kind == "DELETED":
+                self._claimed(self.claims.remove_claim(claim_key(obj)))
+            else:
+                self._claimed(self.claims.set_claim(claim_key(obj), obj))

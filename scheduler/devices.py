@@ -27,6 +27,7 @@ from crihook.base.allocation import (
     RDMA_TYPE,
 )
 from crihook.base.errors import InputError
+from crihook.devices.sysfs import pci_address
 
 TOPOLOGY = "gpu.crihook.io/topology"
 PARTITIONS = "scheduling.koordinator.sh/gpu-partitions"
@@ -61,6 +62,7 @@ class Gpu:
     numa: int = -1
     pcie: str = ""  # PCIe switch id: GPUs and NICs sharing it can do GPUDirect RDMA
     mig: bool = False  # in MIG mode (never healthy): CUDA runs only in its MIG devices, the device plugin's
+    bus: str = ""  # PCI bus id, sysfs spelling (0000:1b:00.0): how a DRA slice may name the GPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,8 +195,11 @@ def node_from_device(
             if not isinstance(dev_labels, dict):
                 raise DeviceError(name, f"{at}.labels", "expected an object")
             mig = dev_labels.get(MIG_MODE_LABEL) == MIG_ENABLED
+            bus = topo.get("busID", "") or ""
+            if not isinstance(bus, str) or (bus and not PCI_ADDRESS.fullmatch(bus)):
+                raise DeviceError(name, f"{at}.topology.busID", f"{str(bus)[:40]!r} is not a PCI address")
             healthy = health and mem > 0 and not mig
-            gpus[minor] = Gpu(minor, dev_id, model, mem, healthy, numa, pcie, mig)
+            gpus[minor] = Gpu(minor, dev_id, model, mem, healthy, numa, pcie, mig, pci_address(bus) if bus else "")
         else:
             if minor in nics:
                 raise DeviceError(name, f"{at}.minor", f"RDMA minor {minor} is listed twice")

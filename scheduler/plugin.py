@@ -36,7 +36,9 @@ from crihook.scheduler.request import STRATEGIES, PodRequest, RequestError, Sele
 
 LEARNED_MAX = 1 << 16  # pod uids remembered as observed; far more than wait for a place at once
 CPU_SHORT, MEM_SHORT, NO_GPUS, TOO_FEW, NO_NICS, NO_PARTITION, NO_CHOICE = range(7)  # why a node fails, as checked
-TailKey = tuple[int, int, int, int, int, int, tuple[tuple[str, int], ...]]  # GPU counts and refusals of a failing node
+TailKey = tuple[
+    int, int, int, int, int, int, int, tuple[tuple[str, int], ...]
+]  # GPU counts and refusals of a failing node
 
 
 class Unschedulable(Exception):
@@ -100,7 +102,8 @@ class Cluster:
         self.core_free = np.zeros((0, 0), np.int64)
         self.mem_free = np.zeros((0, 0), np.int64)
         self.mem_total = np.ones((0, 0), np.int64)
-        self.usable = np.zeros((0, 0), bool)  # present and healthy
+        self.usable = np.zeros((0, 0), bool)  # present, healthy and not held by a DRA claim
+        self.claimed = np.zeros((0, 0), bool)  # held by an allocated ResourceClaim (scheduler/claims.py)
         self.cpu_free = np.zeros(0, np.int64)
         self.hmem_free = np.zeros(0, np.int64)
         self.host_known = np.zeros(0, bool)
@@ -137,6 +140,7 @@ class Cluster:
 
         self.core_free, self.mem_free = grow2(self.core_free, 0), grow2(self.mem_free, 0)
         self.mem_total, self.usable = grow2(self.mem_total, 1), grow2(self.usable, False)
+        self.claimed = grow2(self.claimed, False)
         self.cpu_free, self.hmem_free = grow1(self.cpu_free, 0), grow1(self.hmem_free, 0)
         self.host_known, self.live = grow1(self.host_known, False), grow1(self.live, False)
         self.version = grow1(self.version, 0)
@@ -189,6 +193,7 @@ class DeviceShare:
         self.st = Cluster()
         self.held: dict[str, _Held] = {}
         self.by_node: dict[str, set[str]] = {}
+        self.claimed: dict[str, frozenset[int]] = {}  # node -> GPU minors DRA claims hold
         self.learned: dict[str, None] = {}  # uids the policy has observed, oldest first
         self._all: tuple[list[str], np.ndarray] | None = None  # every node in name order
         # the last feasibility answer: (request, generation, rows, ok, fits, row -> position)
@@ -220,7 +225,7 @@ class DeviceShare:
             st.core_free[row, i] = 100
             st.mem_free[row, i] = g.memory
             st.mem_total[row, i] = max(g.memory, 1)
-            st.usable[row, i] = g.healthy
+        self._mark_claimed(row, node)
         st.host_known[row] = node.cpu_milli > 0
         st.cpu_free[row] = node.cpu_milli
         st.hmem_free[row] = node.memory if node.memory > 0 else 2**62
@@ -242,6 +247,30 @@ class DeviceShare:
                     st.core_free[row, col] = min(st.core_free[row, col], 0)
                     st.mem_free[row, col] = min(st.mem_free[row, col], 0)
 
+    def set_claimed(self, node: str, minors: Iterable[int]) -> None:
+        """The GPU minors of `node` that allocated ResourceClaims hold: never given to a pod here
+        (a GPU is held by one path at a time). Kept across Device updates."""
+        held = frozenset(minors)
+        if self.claimed.get(node, frozenset()) == held:
+            return
+        if held:
+            self.claimed[node] = held
+        else:
+            self.claimed.pop(node, None)
+        row = self.st.rows.get(node)
+        nd = None if row is None else self.st.nodes[row]
+        if row is not None and nd is not None:
+            self._mark_claimed(row, nd)
+            self.st.touch(row)
+
+    def _mark_claimed(self, row: int, node: NodeDevices) -> None:
+        st = self.st
+        held = self.claimed.get(node.name, frozenset())
+        st.claimed[row] = st.usable[row] = False
+        for i, g in enumerate(node.gpus):  # an unhealthy GPU is counted as such, claimed or not
+            st.claimed[row, i] = g.healthy and g.minor in held
+            st.usable[row, i] = g.healthy and g.minor not in held
+
     def remove_node(self, name: str) -> None:
         st = self.st
         row = st.rows.pop(name, None)
@@ -252,7 +281,7 @@ class DeviceShare:
         st.slots[row] = {}
         st.nic_free[row] = {}
         st.live[row] = False
-        st.usable[row] = False
+        st.usable[row] = st.claimed[row] = False
         st.special[row] = False
         st.ngpus[row] = st.nmig[row] = 0
         st.touch(row)
@@ -685,14 +714,16 @@ class DeviceShare:
         few = np.flatnonzero(cause == TOO_FEW)
         # too few GPUs: fitting, all, unhealthy, short of core, of memory, in MIG mode, refused per model
         mig = st.nmig[rows]
+        claimed = st.claimed[rows] & present
         counts = np.stack(
             [
                 n_fit,
                 st.ngpus[rows],
-                (present & ~st.usable[rows]).sum(axis=1) - mig,  # a GPU in MIG mode is never usable
+                (present & ~st.usable[rows] & ~claimed).sum(axis=1) - mig,  # a GPU in MIG mode is never usable
                 core_short.sum(axis=1),
                 (rest & ~core_short).sum(axis=1),
                 mig,
+                claimed.sum(axis=1),
                 *(per for _, per in by_model),
             ],
             axis=1,
@@ -702,17 +733,18 @@ class DeviceShare:
 
         def tail(c: list[int], text: dict[str, int]) -> tuple[TailKey, str]:
             whys = dict(text)
-            for (why, _), n in zip(by_model, c[6:], strict=True):
+            for (why, _), n in zip(by_model, c[7:], strict=True):
                 if n:
                     whys[why] = whys.get(why, 0) + n
-            key = (c[0], c[1], c[2], c[3], c[4], c[5], tuple(sorted(whys.items())))
+            key = (c[0], c[1], c[2], c[3], c[4], c[5], c[6], tuple(sorted(whys.items())))
             causes = {
                 "unhealthy": c[2],
                 "not enough free GPU core": c[3],
                 "not enough free GPU memory": c[4],
                 "in MIG mode (given as nvidia.com/mig-*)": c[5],
+                "held by a DRA claim": c[6],
             }
-            causes.update(key[6])
+            causes.update(key[7])
             detail = "; ".join(f"{n} {r}" for r, n in sorted(causes.items()) if n)
             return key, f"{c[0]} of {c[1]} GPUs can take a {share}, {req.count} needed ({detail})"
 

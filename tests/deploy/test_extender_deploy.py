@@ -380,7 +380,8 @@ def test_rbac_is_exactly_what_the_scheduler_uses(manifests: Docs) -> None:
         for g, r in [("scheduling.koordinator.sh", "devices"), ("", "nodes"), ("", "pods")]
         for v in ("get", "list", "watch")
     }
-    assert granted == watched | {("", "pods", "patch"), ("", "pods/binding", "create")}
+    dra = {("resource.k8s.io", r, v) for r in ("resourceslices", "resourceclaims") for v in ("list", "watch")}
+    assert granted == watched | dra | {("", "pods", "patch"), ("", "pods/binding", "create")}
     args = dict(a.split("=", 1) for a in s.container["args"][1:])
     lease_name = args.get("--lease-name", ha.DEFAULT_LEASE)
     lease = {  # leader election: the Lease scheduler/leader.py reads, creates and replaces

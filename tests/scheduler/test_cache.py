@@ -218,7 +218,12 @@ def test_watch_expiry_relists(kube: FakeKube, sched: Scheduler) -> None:
     kube.pause_watches()
     kube.delete("pods", "big", "team-a")
     kube.compact()
-    eventually(lambda: sum(1 for r in kube.requests if r.method == "GET" and "watch=" not in r.query) == lists + 3)
+    eventually(
+        lambda: (
+            sum(1 for r in kube.requests if r.method == "GET" and "watch=" not in r.query)
+            == lists + len(sched.cache.reflectors)
+        )
+    )
     eventually(lambda: big["metadata"]["uid"] not in sched.plugin.held)
     kube.pause_watches(False)
     # and the cache goes on watching from the new lists
@@ -303,3 +308,93 @@ def test_a_hold_whose_bind_never_comes_is_let_go(
     monkeypatch.setattr("crihook.scheduler.extender.TENTATIVE_SECONDS", 0.0)
     sched.ext.prioritize(filter_args(second, BOTH))
     assert list(sched.plugin.held) == [second["metadata"]["uid"]]
+
+
+GPU1 = "GPU-10000001-aaaa-bbbb-cccc-000000000001"
+
+
+def nvidia_slice(kube: FakeKube, generation: int = 1) -> None:
+    """NVIDIA's driver publishing gpu-node-1's GPU 1 by UUID and GPU 3 by PCI bus id only."""
+    kube.create(
+        "resourceslices",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"{NODE}-gpu.nvidia.com-{generation}"},
+            "spec": {
+                "driver": "gpu.nvidia.com",
+                "nodeName": NODE,
+                "pool": {"name": NODE, "generation": generation, "resourceSliceCount": 1},
+                "devices": [
+                    {"name": "gpu-1", "attributes": {"uuid": {"string": GPU1}, "index": {"int": 1}}},
+                    {"name": "gpu-3", "attributes": {"pcieBusID": {"string": "00000000:13:00.0"}}},
+                ],
+            },
+        },
+    )
+
+
+def allocated_claim(kube: FakeKube, name: str, *devices: str) -> dict[str, Any]:
+    """A claim as kube-scheduler leaves it: created by the user, allocated through /status."""
+    obj = kube.create(
+        "resourceclaims",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "team-b"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+        },
+    )
+    results = [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": NODE, "device": d} for d in devices]
+    obj["status"] = {"allocation": {"devices": {"results": results}}}
+    return kube.put("resourceclaims", obj, "status")
+
+
+def test_gpus_allocated_claims_hold_are_never_given_to_an_annotation_pod(kube: FakeKube, sched: Scheduler) -> None:
+    nvidia_slice(kube)
+    allocated_claim(kube, "train", "gpu-1", "gpu-3")
+    eventually(lambda: sched.plugin.claimed.get(NODE) == {1, 3})
+    pods = [make_pod(kube, f"w{i}", WHOLE) for i in range(6)]
+    got = []
+    for p in pods:
+        assert sched.ext.bind(bind_args(p)) == {"Error": ""}
+        got += gpus_of(kube, "team-a", p["metadata"]["name"])
+    assert sorted(got) == [0, 2, 4, 5, 6, 7]
+    late = make_pod(kube, "late", HALF)
+    assert "2 held by a DRA claim" in sched.ext.filter(filter_args(late, [NODE]))["FailedNodes"][NODE]
+    # a restart rebuilds the claims from the API server alone
+    sched.stop()
+    fresh = start_scheduler(kube)
+    try:
+        assert fresh.plugin.claimed == {NODE: {1, 3}}
+        # the claim deleted (its pod gone): its GPUs are free again
+        kube.delete("resourceclaims", "train", "team-b")
+        eventually(lambda: NODE not in fresh.plugin.claimed)
+        assert fresh.ext.filter(filter_args(late, [NODE]))["NodeNames"] == [NODE]
+    finally:
+        fresh.stop()
+
+
+def test_a_republished_pool_moves_what_a_claim_holds(kube: FakeKube, sched: Scheduler) -> None:
+    nvidia_slice(kube)
+    allocated_claim(kube, "c", "gpu-1")
+    eventually(lambda: sched.plugin.claimed.get(NODE) == {1})
+    kube.delete("resourceslices", f"{NODE}-gpu.nvidia.com-1")
+    eventually(lambda: NODE not in sched.plugin.claimed)
+    nvidia_slice(kube, generation=2)
+    eventually(lambda: sched.plugin.claimed.get(NODE) == {1})
+
+
+def test_a_cluster_without_dra_is_ready_with_no_claims() -> None:
+    with FakeKube(dra=False) as kube:
+        for n in fixture("cluster_nodes.json")["items"]:
+            kube.create("nodes", n)
+        for d in fixture("cluster_devices.json")["items"]:
+            kube.create("devices", d)
+        s = start_scheduler(kube)
+        try:
+            assert s.cache.ready() and s.plugin.claimed == {}
+            pod = make_pod(kube, "p", WHOLE)
+            assert s.ext.bind(bind_args(pod)) == {"Error": ""}
+        finally:
+            s.stop()

@@ -523,3 +523,26 @@ def test_filter_reasons_count_refused_models_and_uuids_per_node() -> None:
         "node m: 2 of 5 GPUs can take a whole GPU, 3 needed "
         "(1 GPU-2 is excluded by nvidia.com/nouse-gpuuuid; 2 model A100 is not in nvidia.com/use-gputype)"
     )
+
+
+def test_gpus_dra_claims_hold_are_never_handed_out_and_kept_across_device_updates() -> None:
+    ds = cluster(device("a", 2))
+    ds.set_claimed("a", {0})
+    whole = ds.pre_filter(pod("w", {"nvidia.com/gpu": "1"}))
+    assert [g.minor for g in ds.reserve(whole, "a").gpus] == [1]
+    ds.unreserve("w")
+    two = ds.pre_filter(pod("t", {"nvidia.com/gpu": "2"}))
+    assert ds.filter(two, "a") == "node a: 1 of 2 GPUs can take a whole GPU, 2 needed (1 held by a DRA claim)"
+    half = ds.pre_filter(pod("h", share(50)))
+    assert [g.minor for g in ds.reserve(half, "a").gpus] == [1]  # a share never lands on a claimed GPU
+    ds.set_node(node_from_device(device("a", 2)))  # a new Device object: the claim still holds
+    assert ds.st.claimed[ds.st.rows["a"], 0] and ds.filter(two, "a") is not None
+    assert not ds.could_fit_empty(two, ["a"])  # evicting our pods does not free a claimed GPU
+    ds.set_claimed("a", ())
+    ds.unreserve("h")
+    assert ds.filter(two, "a") is None
+    ds.set_claimed("ghost", {1})  # a node without a Device: remembered until it comes
+    ds.set_node(node_from_device(device("ghost", 2, unhealthy=(1,))))
+    assert ds.filter(ds.pre_filter(pod("g", {"nvidia.com/gpu": "2"})), "ghost") == (
+        "node ghost: 1 of 2 GPUs can take a whole GPU, 2 needed (1 unhealthy)"
+    )

@@ -4,6 +4,8 @@ It serves exactly what crihook uses, the way the API server does it on the wire:
 - core/v1 `nodes` (+ `/status`) and `pods` (+ `/status`, `/binding`; `namespaces/{ns}/bindings` too),
 - the cluster-scoped custom resource `devices.scheduling.koordinator.sh/v1alpha1` (+ `/status`);
 - `coordination.k8s.io/v1` `leases` (leader election);
+- `resource.k8s.io/v1` `resourceslices` and `resourceclaims` (+ `/status`), or neither
+  (`FakeKube(dra=False)`: a cluster that does not serve DRA answers 404);
 - GET, LIST (with a list `resourceVersion`, label and field selectors), POST, PUT, PATCH (merge,
   strategic merge for maps and keyed lists, JSON patch), DELETE (with preconditions), `Status`
   bodies for every error;
@@ -102,7 +104,10 @@ NODES = Resource("nodes", "Node", "", "v1", namespaced=False)
 PODS = Resource("pods", "Pod", "", "v1", namespaced=True)
 DEVICES = Resource("devices", "Device", DEVICE_GROUP, DEVICE_VERSION, namespaced=False)
 LEASES = Resource("leases", "Lease", "coordination.k8s.io", "v1", namespaced=True)
-RESOURCES = {r.plural: r for r in (NODES, PODS, DEVICES, LEASES)}
+# DRA (k8s.io/api/resource/v1): slices are cluster-scoped, claims namespaced with a status subresource
+RESOURCE_SLICES = Resource("resourceslices", "ResourceSlice", "resource.k8s.io", "v1", namespaced=False)
+RESOURCE_CLAIMS = Resource("resourceclaims", "ResourceClaim", "resource.k8s.io", "v1", namespaced=True)
+RESOURCES = {r.plural: r for r in (NODES, PODS, DEVICES, LEASES, RESOURCE_SLICES, RESOURCE_CLAIMS)}
 
 # metav1.MicroTime's wire form (RFC3339Micro): exactly six fractional digits
 MICRO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)$")
@@ -433,6 +438,7 @@ class FakeKube:
     requests: list[Request] = field(default_factory=list)
     tls: ssl.SSLContext | None = None  # serve HTTPS with this server context
     no_status: frozenset[str] = frozenset()  # plurals without a status subresource
+    dra: bool = True  # serve resource.k8s.io/v1 (a cluster before 1.34 does not)
 
     def __post_init__(self) -> None:
         self._cond = threading.Condition()
@@ -1099,6 +1105,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(201, fake._bind(ns, pod, body))
             return
         res = RESOURCES.get(plural)
+        if res in (RESOURCE_SLICES, RESOURCE_CLAIMS) and not fake.dra:
+            res = None
         if res is None or (res.group or None) != gd.get("group") or (gd.get("version") or "v1") != res.version:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         if res.namespaced and ns is None and (name is not None or method != "GET"):

@@ -1,0 +1,258 @@
+"""GPUs that allocated ResourceClaims hold, whatever their driver, matched to the Device objects' GPUs.
+
+A claim's allocation names each device as (driver, pool, device) (`status.allocation.devices.results`
+of `resource.k8s.io/v1`); what that device is lives in the ResourceSlice that published it, as
+attributes. The GPU drivers publish the GPU's UUID as `uuid` (NVIDIA's `gpu.nvidia.com`, HAMi's
+`hami-core-gpu.project-hami.io`, crihook's `gpu.crihook.io`), a MIG device its parent's as
+`parentUUID`, and the PCI bus id as `pcieBusID` (NVIDIA, HAMi), `pciBusID` or the standard
+`resource.kubernetes.io/pciBusID`. An attribute name without a domain is in the driver's own
+(`uuid` and `gpu.nvidia.com/uuid` are one attribute). A device matches a GPU of a Device object by
+UUID, else by PCI bus id on the slice's node; such a GPU is the claim's, so the annotation path
+never hands it out (a GPU is held by one path at a time).
+
+Only the newest generation of a pool counts (older slices are being replaced); results with
+`adminAccess` hold nothing. Everything here is pure: `ClaimIndex` takes objects as the watches
+deliver them and answers which minors of each node are held, and which nodes changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from crihook.devices.sysfs import pci_address
+from crihook.scheduler.devices import Gpu
+
+UUID_ATTRS = ("uuid", "parentUUID")
+BUS_ATTRS = ("pcieBusID", "pciBusID", "resource.kubernetes.io/pciBusID")
+
+DeviceKey = tuple[str, str, str]  # driver, pool, device
+Place = tuple[str, int]  # node, GPU minor
+
+
+def normal_bus(text: str) -> str:
+    """A PCI address in the sysfs spelling (`0000:1b:00.0`, as the Device object has it) from NVML's
+    (`00000000:1B:00.0`) or sysfs'; "" for anything else."""
+    try:
+        return pci_address(text)
+    except ValueError:
+        return ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceIds:
+    """What identifies a published device as a GPU: its slice's node ("" for a slice not bound to
+    one node), the UUIDs it names (lower case) and its PCI bus id (sysfs spelling)."""
+
+    node: str
+    uuids: tuple[str, ...] = ()
+    bus: str = ""
+
+
+def _attr(attrs: Mapping[str, Any], driver: str, name: str) -> str:
+    """A string attribute under its name or qualified with the driver's domain; "" if absent."""
+    for key in (name, f"{driver}/{name}") if "/" not in name else (name,):
+        value = attrs.get(key)
+        if isinstance(value, Mapping) and isinstance(value.get("string"), str):
+            return str(value["string"])
+    return ""
+
+
+def device_ids(node: str, driver: str, device: Mapping[str, Any]) -> DeviceIds:
+    """The ids of one slice device (v1 has the fields on the device, v1beta1 under `basic`)."""
+    body = device.get("basic") if isinstance(device.get("basic"), Mapping) else device
+    attrs = body.get("attributes") if isinstance(body, Mapping) else None
+    if not isinstance(attrs, Mapping):
+        return DeviceIds(node)
+    uuids = tuple(u.lower() for u in (_attr(attrs, driver, a) for a in UUID_ATTRS) if u)
+    bus = next((b for b in (normal_bus(_attr(attrs, driver, a)) for a in BUS_ATTRS) if b), "")
+    return DeviceIds(node, uuids, bus)
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    driver: str
+    pool: str
+    generation: int
+    devices: Mapping[str, DeviceIds]  # device name -> ids
+
+
+def parse_slice(obj: Mapping[str, Any]) -> Slice | None:
+    """A ResourceSlice's devices; None when it names no driver or pool (nothing can refer to it)."""
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        return None
+    driver, pool = spec.get("driver"), spec.get("pool")
+    if not isinstance(driver, str) or not driver or not isinstance(pool, Mapping):
+        return None
+    name, generation = pool.get("name"), pool.get("generation", 0)
+    if not isinstance(name, str) or not name:
+        return None
+    if isinstance(generation, bool) or not isinstance(generation, int):
+        generation = 0
+    node = spec.get("nodeName") if isinstance(spec.get("nodeName"), str) else ""
+    devices: dict[str, DeviceIds] = {}
+    for d in spec.get("devices") or ():
+        if isinstance(d, Mapping) and isinstance(d.get("name"), str):
+            devices[d["name"]] = device_ids(str(node), driver, d)
+    return Slice(driver, name, generation, devices)
+
+
+def claim_devices(obj: Mapping[str, Any]) -> tuple[DeviceKey, ...]:
+    """The devices an allocated claim holds: its results without admin access."""
+    status = obj.get("status")
+    alloc = status.get("allocation") if isinstance(status, Mapping) else None
+    devices = alloc.get("devices") if isinstance(alloc, Mapping) else None
+    results = devices.get("results") if isinstance(devices, Mapping) else None
+    out: list[DeviceKey] = []
+    for r in results if isinstance(results, list) else ():
+        if not isinstance(r, Mapping) or r.get("adminAccess") is True:
+            continue
+        key = (r.get("driver"), r.get("pool"), r.get("device"))
+        if all(isinstance(k, str) and k for k in key):
+            out.append((str(key[0]), str(key[1]), str(key[2])))
+    return tuple(out)
+
+
+def claim_key(obj: Mapping[str, Any]) -> str:
+    """A claim's identity in the index: its uid, else namespace/name."""
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    assert isinstance(meta, Mapping)
+    return str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+
+
+class ClaimIndex:
+    """Nodes' GPUs, slices and claims in; the minors each node's claims hold out. Every mutation
+    returns the nodes whose held minors changed."""
+
+    def __init__(self) -> None:
+        self.gpus: dict[str, tuple[Gpu, ...]] = {}
+        self.slices: dict[str, Slice] = {}
+        self.claims: dict[str, tuple[DeviceKey, ...]] = {}
+        self._by_uuid: dict[str, Place] = {}
+        self._by_bus: dict[tuple[str, str], int] = {}
+        self._devices: dict[DeviceKey, DeviceIds] = {}
+        self._where: dict[str, frozenset[Place]] = {}  # claim -> the GPUs it holds
+        self._held: dict[str, dict[int, int]] = {}  # node -> minor -> claims holding it
+
+    def held(self, node: str) -> frozenset[int]:
+        return frozenset(self._held.get(node, ()))
+
+    def holders(self, node: str, minor: int) -> list[str]:
+        """The claims that hold one GPU (for messages and tests)."""
+        return sorted(c for c, where in self._where.items() if (node, minor) in where)
+
+    # --- inputs ---
+
+    def set_gpus(self, node: str, gpus: Sequence[Gpu]) -> set[str]:
+        if self.gpus.get(node) == tuple(gpus):
+            return set()
+        self.gpus[node] = tuple(gpus)
+        return self._reindex()
+
+    def remove_node(self, node: str) -> set[str]:
+        if self.gpus.pop(node, None) is None:
+            return set()
+        return self._reindex()
+
+    def set_slice(self, name: str, obj: Mapping[str, Any]) -> set[str]:
+        parsed = parse_slice(obj)
+        if parsed is None:
+            return self.remove_slice(name)
+        if self.slices.get(name) == parsed:
+            return set()
+        self.slices[name] = parsed
+        return self._relocate()
+
+    def remove_slice(self, name: str) -> set[str]:
+        if self.slices.pop(name, None) is None:
+            return set()
+        return self._relocate()
+
+    def replace_slices(self, items: Iterable[tuple[str, Mapping[str, Any]]]) -> set[str]:
+        self.slices = {n: s for n, s in ((n, parse_slice(o)) for n, o in items) if s is not None}
+        return self._relocate()
+
+    def set_claim(self, key: str, obj: Mapping[str, Any]) -> set[str]:
+        devices = claim_devices(obj)
+        if not devices:
+            return self.remove_claim(key)
+        self.claims[key] = devices
+        return self._place(key, self._locate(devices))
+
+    def remove_claim(self, key: str) -> set[str]:
+        self.claims.pop(key, None)
+        return self._place(key, frozenset())
+
+    def replace_claims(self, items: Iterable[tuple[str, Mapping[str, Any]]]) -> set[str]:
+        fresh = {k: d for k, d in ((k, claim_devices(o)) for k, o in items) if d}
+        before = self._snapshot()
+        for key in set(self.claims) - set(fresh):
+            self.remove_claim(key)
+        self.claims.update(fresh)
+        for key, devices in fresh.items():
+            self._place(key, self._locate(devices))
+        return self._changed_since(before)
+
+    # --- internals ---
+
+    def _locate(self, devices: Iterable[DeviceKey]) -> frozenset[Place]:
+        out: set[Place] = set()
+        for key in devices:
+            ids = self._devices.get(key)
+            if ids is None:
+                continue
+            place = next((self._by_uuid[u] for u in ids.uuids if u in self._by_uuid), None)
+            if place is None and ids.bus and ids.node:
+                minor = self._by_bus.get((ids.node, ids.bus))
+                place = None if minor is None else (ids.node, minor)
+            if place is not None:
+                out.add(place)
+        return frozenset(out)
+
+    def _place(self, key: str, where: frozenset[Place]) -> set[str]:
+        old = self._where.pop(key, frozenset())
+        if where:
+            self._where[key] = where
+        changed: set[str] = set()
+        for node, minor in old - where:
+            count = self._held[node]
+            count[minor] -= 1
+            if not count[minor]:
+                del count[minor]
+                changed.add(node)
+        for node, minor in where - old:
+            count = self._held.setdefault(node, {})
+            count[minor] = count.get(minor, 0) + 1
+            if count[minor] == 1:
+                changed.add(node)
+        return changed
+
+    def _reindex(self) -> set[str]:
+        self._by_uuid = {g.uuid.lower(): (n, g.minor) for n, gs in self.gpus.items() for g in gs if g.uuid}
+        self._by_bus = {(n, g.bus): g.minor for n, gs in self.gpus.items() for g in gs if g.bus}
+        return self._relocate()
+
+    def _relocate(self) -> set[str]:
+        newest: dict[tuple[str, str], int] = {}
+        for s in self.slices.values():
+            pool = (s.driver, s.pool)
+            newest[pool] = max(newest.get(pool, s.generation), s.generation)
+        self._devices = {
+            (s.driver, s.pool, name): ids
+            for s in self.slices.values()
+            if s.generation == newest[(s.driver, s.pool)]
+            for name, ids in s.devices.items()
+        }
+        before = self._snapshot()
+        for key, devices in self.claims.items():
+            self._place(key, self._locate(devices))
+        return self._changed_since(before)
+
+    def _snapshot(self) -> dict[str, frozenset[int]]:
+        return {node: frozenset(count) for node, count in self._held.items()}
+
+    def _changed_since(self, before: Mapping[str, frozenset[int]]) -> set[str]:
+        nodes = set(before) | set(self._held)
+        return {n for n in nodes if before.get(n, frozenset()) != frozenset(self._held.get(n, ()))}
