@@ -25,7 +25,7 @@ DEPLOY = ROOT / "deploy"
 VALUES = DEPLOY / "values.yaml"
 RELEASE, NAMESPACE = "crihook", "kube-system"
 # a fixed version, so the rendering does not change with the helm at hand
-KUBE_VERSION = "1.27.0"
+KUBE_VERSION = "1.28.0"
 NOT_RENDERED = ("examples", "image", "render.py", "values.yaml")
 SOURCE = re.compile(r"^# Source: [^/]+/templates/(?P<path>\S+)$", re.MULTILINE)
 

@@ -66,6 +66,9 @@ IDLE_TIMEOUT = 120.0  # a kept-alive connection with no request for this long is
 TLS_CHECK_EVERY = 1.0  # seconds between looks at the certificate files
 
 Answer = tuple[int, bytes, str]  # HTTP status, body, content type
+# kube-scheduler's verbs, which the leader alone answers (the others refuse them); the webhooks keep
+# no state and every replica answers them
+EXTENDER_PATHS = frozenset({"/filter", "/prioritize", "/preempt", "/bind"})
 TEXT = "text/plain"
 JSON_TYPE = "application/json"
 REASONS = {
@@ -508,9 +511,10 @@ class Server:
                     break
                 code, body, ctype = self._answer(req)
                 # a replica that is not ready (a standby, a leader that lost its Lease) closes after
-                # answering, so a kept-alive client such as kube-scheduler reconnects through the
-                # Service to the leader instead of staying pinned here
-                keep = req.keep_alive and (req.method != "POST" or self.app.ready())
+                # answering an extender verb, so a kept-alive kube-scheduler reconnects through the
+                # leader's Service instead of staying pinned here; the API server's webhook calls,
+                # which any replica answers, keep their connection
+                keep = req.keep_alive and (req.path not in EXTENDER_PATHS or self.app.ready())
                 conn.sock.sendall(response(code, body, ctype, keep, with_body=req.method != "HEAD"))
                 if not keep or self._stop.is_set():
                     break

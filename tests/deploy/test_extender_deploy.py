@@ -282,7 +282,8 @@ class Scheduler:
 
     deployment: dict[str, Any]
     container: dict[str, Any]
-    service: dict[str, Any]
+    service: dict[str, Any]  # the leader's, for kube-scheduler
+    webhook_service: dict[str, Any]  # every replica's, for the API server
     account: dict[str, Any]
     cluster_role: dict[str, Any]
     cluster_binding: dict[str, Any]
@@ -310,12 +311,17 @@ def scheduler_objects(found: Docs) -> Scheduler:
         return doc
 
     (svc,) = [s for s in helm.of_kind(found, "Service") if ha.LEADER_LABEL in s["spec"].get("selector", {})]
+    pods = dep["spec"]["selector"]["matchLabels"]
+    (every,) = [
+        s for s in helm.of_kind(found, "Service") if s["spec"].get("selector") == pods and "clusterIP" not in s["spec"]
+    ]
     crb = only("ClusterRoleBinding", subject)
     rb = only("RoleBinding", subject)
     return Scheduler(
         dep,
         c,
         svc,
+        every,
         only("ServiceAccount", name=account, namespace=ns),
         only("ClusterRole", name=crb["roleRef"]["name"]),
         crb,
@@ -414,13 +420,17 @@ def test_scheduler_config_extender_stanza(manifests: Docs) -> None:
     routes = server.App(Extender(cluster_plugin()), webhook.WebhookConfig(), lambda: True).routes
     for verb in ("filterVerb", "prioritizeVerb", "preemptVerb", "bindVerb"):
         assert "/" + ext[verb] in routes
+    # the certificate names the webhooks' Service, which kube-scheduler checks whatever address it calls
+    every = scheduler_objects(manifests).webhook_service
+    assert ext["tlsConfig"]["serverName"] == f"{every['metadata']['name']}.{every['metadata']['namespace']}.svc"
     assert ext["nodeCacheCapable"] is True and ext["enableHTTPS"] is True and 1 <= ext["weight"] <= 100
     assert [m["name"] for m in ext["managedResources"]] == list(DEVICE_RESOURCES)
     assert all(m["ignoredByScheduler"] is True for m in ext["managedResources"])
 
 
 def test_webhooks_point_at_the_server(manifests: Docs) -> None:
-    svc = scheduler_objects(manifests).service
+    """The webhooks' Service selects every replica, leader or not: a failover never refuses pod writes."""
+    svc = scheduler_objects(manifests).webhook_service
     ns = svc["metadata"]["namespace"]
     paths = {}
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):

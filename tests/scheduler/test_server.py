@@ -31,6 +31,7 @@ from tests.support.tlsburst import (
     make_ca,
     make_cert,
     make_certs,
+    read_answer,
     read_response,
     review,
 )
@@ -117,6 +118,28 @@ def test_connection_close_and_http10_close(plain: srv.Server) -> None:
         s = dial(plain)
         assert exchange(s, raw) == (200, b"ok\n")
         assert s.recv(10) == b""  # closed by the server
+
+
+def test_a_standby_answers_webhooks_on_kept_connections_and_sends_extender_calls_away() -> None:
+    """Every replica answers the webhooks (their own Service selects them all): a standby keeps the
+    API server's connection; an extender verb there is refused and the connection closed, so a
+    kept-alive kube-scheduler reconnects through the leader's Service."""
+    standby = srv.App(Extender(DeviceShare(), ready=lambda: False), webhook.WebhookConfig(), lambda: False)
+    server = srv.make_server(standby, "127.0.0.1", 0, None, workers=2)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        s = dial(server)
+        buf = bytearray()
+        for i in range(3):
+            s.sendall(http_request("/validate", review(f"uid-{i}")))
+            answer = read_answer(s, buf)
+            assert not answer.closes and check_review(i, answer.status, answer.body) == ""
+        s.sendall(http_request("/filter", b'{"Pod": {}, "NodeNames": ["n"]}'))
+        assert read_answer(s, buf).closes
+        assert s.recv(10) == b""
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_expect_100_continue(plain: srv.Server) -> None:

@@ -83,7 +83,7 @@ COMBOS: dict[str, Combo] = {
             "imagePullSecrets": [{"name": "regcred"}],
             "scheduler": {"podLabels": {"team": "ml"}, "podAnnotations": {"a": "b"}, "priorityClassName": ""},
             "webhooks": {
-                "failurePolicy": "Ignore",
+                "mutating": {"failurePolicy": "Ignore"},
                 "timeoutSeconds": 10,
                 "namespaceSelector": [{"key": "gpu", "operator": "In", "values": ["yes"]}],
                 "objectSelector": {"matchLabels": {"gpu": "yes"}},

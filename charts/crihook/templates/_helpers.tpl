@@ -18,6 +18,7 @@ so that the longest Service name, <fullname>-scheduler-metrics, stays a DNS labe
 {{- end }}
 
 {{- define "crihook.scheduler" -}}{{ include "crihook.fullname" . }}-scheduler{{- end }}
+{{- define "crihook.schedulerLeader" -}}{{ include "crihook.fullname" . }}-scheduler-leader{{- end }}
 {{- define "crihook.kubeScheduler" -}}{{ include "crihook.fullname" . }}-kube-scheduler{{- end }}
 {{- define "crihook.node" -}}{{ include "crihook.fullname" . }}-node{{- end }}
 
@@ -67,10 +68,24 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 {{- end }}
 
-{{/* The extender's URL: the Service unless given. */}}
+{{/* The extender's URL: the leader's Service unless given. */}}
 {{- define "crihook.urlPrefix" -}}
-{{- .Values.kubeScheduler.urlPrefix | default (printf "https://%s.%s.svc:443" (include "crihook.scheduler" .) .Release.Namespace) }}
+{{- .Values.kubeScheduler.urlPrefix | default (printf "https://%s.%s.svc:443" (include "crihook.schedulerLeader" .) .Release.Namespace) }}
 {{- end }}
+
+{{/* The resources crihook schedules (scheduler/request.py DEVICE_RESOURCES): kube-scheduler sends
+the pods asking for one to the extender, and the webhooks see only those pods. */}}
+{{- define "crihook.deviceResources" -}}
+{{- list "nvidia.com/gpu" "koordinator.sh/gpu" "koordinator.sh/gpu-core" "koordinator.sh/gpu-memory" "koordinator.sh/gpu-memory-ratio" "koordinator.sh/gpu.shared" "koordinator.sh/rdma" | toJson }}
+{{- end }}
+
+{{/* The annotations only the scheduler may write (scheduler/webhook.py PROTECTED). */}}
+{{- define "crihook.protectedAnnotations" -}}
+{{- list "scheduling.koordinator.sh/device-allocated" "gpu.crihook.io/container-devices" | toJson }}
+{{- end }}
+
+{{/* The label that takes a pod or a namespace out of the webhooks' conversion ("off"). */}}
+{{- define "crihook.optOutLabel" -}}gpu.crihook.io/webhook{{- end }}
 
 {{/* The scheduler's service account as the API server names it (it alone writes allocations). */}}
 {{- define "crihook.schedulerUser" -}}
