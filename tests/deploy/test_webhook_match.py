@@ -10,7 +10,6 @@ import base64
 import json
 from typing import Any
 
-import celpy
 import pytest
 
 from crihook.scheduler import webhook
@@ -18,6 +17,8 @@ from crihook.scheduler.request import DEVICE_RESOURCES
 from tests.support import helm
 from tests.support.webhook_cases import OPT_OUT, Case, cases
 
+# a test dependency added after some checkouts made their environment: skipped there, with how to fix it
+celpy = pytest.importorskip("celpy", reason="cel-python missing: pip install -e '.[test]'")
 KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 CONFIG = webhook.WebhookConfig(
     scheduler_users=("system:serviceaccount:crihook:crihook-scheduler",), scheduler_name="crihook"
