@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
 from crihook.hooks.base import RESOURCE_FIELDS, ContainerInfo
+from crihook.node.update import changed_fields
 
 GPU_MAJOR = 195  # /dev/nvidiaN is char 195:N; 254 and 255 are modeset and nvidiactl
 _GPU_MINORS = range(254)
@@ -125,6 +126,21 @@ def _resources(before: ContainerInfo, after: ContainerInfo, runtime: NriRuntime)
         if f.name != "unified" and f.name not in settable and getattr(after.resources, f.name) != old:
             need = "containerd 1.7.26 or 2.0" if f.name == "oom_score_adj" else "proxy mode"
             yield f"setting {f.name} (needs {need})"
+
+
+def update_unapplied(before: ContainerInfo, after: ContainerInfo) -> list[str]:
+    """What the PreUpdateContainerResources hooks changed (before → after) that NRI's UpdateContainer
+    can not carry, one phrase each. The runtime merges the plugin's update into the request and hands
+    it to CRI's update, where a field of 0 or empty means "leave as it is"."""
+    out: list[str] = []
+    if after.annotations != before.annotations:
+        out.append("changing annotations (NRI's UpdateContainer carries resources only)")
+    for name, value in changed_fields(before.resources, after.resources).items():
+        if name == "oom_score_adj":
+            out.append("setting oom_score_adj (a container's is fixed at its creation)")
+        elif not value:
+            out.append(f"clearing {name} (an update of 0 or empty leaves the container's value as it is)")
+    return out
 
 
 def gpu_minor(kind: str, major: int, minor: int) -> int | None:

@@ -100,3 +100,15 @@ def write_nri_resources(msg: nri.LinuxResources, before: LinuxResources | None, 
     for k, v in after.unified.items():
         if base.unified.get(k) != v:
             msg.unified[k] = v
+
+
+def nri_container_update(
+    container_id: str, before: LinuxResources | None, after: LinuxResources | None
+) -> nri.ContainerUpdate | None:
+    """What the hooks changed of a container's resources at UpdateContainerResources (before → after),
+    as the update of that container NRI merges into the runtime's request; None when nothing changed."""
+    if after is None or after == before:
+        return None
+    update = nri.ContainerUpdate(container_id=container_id)
+    write_nri_resources(update.linux.resources, before, after)
+    return update if update.linux.resources.ByteSize() else None

@@ -38,8 +38,17 @@ from crihook.node.container import (
     nri_listed_container,
 )
 from crihook.node.lifecycle import Lifecycle, log_refusal
-from crihook.node.nriruntime import NriRuntime, gpu_minor, nri_runtime, start_refusal, unapplied, ungranted_gpus
+from crihook.node.nriruntime import (
+    NriRuntime,
+    gpu_minor,
+    nri_runtime,
+    start_refusal,
+    unapplied,
+    ungranted_gpus,
+    update_unapplied,
+)
 from crihook.node.pod import nri_listed_pod, nri_pod_view
+from crihook.node.resources import nri_container_update, nri_resources_view
 from crihook.nri.stub import RpcError, event_mask
 from crihook.proto import nri_v1alpha1_pb2 as api
 
@@ -153,6 +162,8 @@ class HookHandler:
         if why is not None:
             self.refused = StartRefused(why)
             raise RpcError(_code(grpc.StatusCode.FAILED_PRECONDITION), why)
+        if self.lifecycle.wants(Stage.PRE_UPDATE_CONTAINER_RESOURCES):  # else each update's trip saved
+            return EVENTS | event_mask(api.UPDATE_CONTAINER)
         return EVENTS
 
     async def synchronize(
@@ -300,7 +311,28 @@ class HookHandler:
         self.lifecycle.pod_started(pod, records)
 
     async def update_container(self, request: api.UpdateContainerRequest) -> api.UpdateContainerResponse:
-        return api.UpdateContainerResponse()
+        """UpdateContainerResources through the core as in proxy mode; what the hooks change of the
+        resources goes back as an update of this container, merged by the runtime into its request."""
+        cid = request.container.id
+        if not self.lifecycle.wants(Stage.PRE_UPDATE_CONTAINER_RESOURCES):
+            return api.UpdateContainerResponse()
+        asked = nri_resources_view(request.linux_resources, request.HasField("linux_resources"))
+        ctx = HookContext(
+            Stage.PRE_UPDATE_CONTAINER_RESOURCES,
+            nri_pod_view(request.pod),
+            nri_container_view(request.container),
+            self._deadline(),
+        )
+        decided = await self._in_time(ctx, self.lifecycle.update_container(cid, asked, {}, ctx.deadline))
+        before, after = decided.before.container, decided.after.container
+        assert before is not None and after is not None
+        reasons = update_unapplied(before, after)
+        if reasons:
+            why = f"NRI can not carry out what crihook decided for the update of container {before.name}: "
+            self._refuse(ctx, decided.records, grpc.StatusCode.FAILED_PRECONDITION, why + "; ".join(reasons))
+        update = nri_container_update(cid, before.resources, after.resources)
+        self.lifecycle.container_updated(cid, after.resources, decided.records)
+        return api.UpdateContainerResponse(update=[update] if update is not None else [])
 
     async def stop_container(self, request: api.StopContainerRequest) -> api.StopContainerResponse:
         self.lifecycle.container_stopped(request.container.id)

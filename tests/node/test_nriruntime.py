@@ -20,6 +20,7 @@ from crihook.node.nriruntime import (
     start_refusal,
     unapplied,
     ungranted_gpus,
+    update_unapplied,
 )
 
 
@@ -234,3 +235,19 @@ def test_start_refusal_names_the_runtime_and_the_one_that_would_take_it() -> Non
     assert msg is not None and "containerd v1.7.24 drops" in msg and "containerd 2.1 or 1.7.30" in msg
     assert start_refusal(old, cdi_inject=False) is None
     assert start_refusal(nri_runtime("containerd", "2.1.9+unknown"), cdi_inject=True) is None
+
+
+def test_what_an_nri_update_can_not_carry() -> None:
+    before = ContainerInfo(name="main", resources=LinuxResources(cpu_shares=1024, memory_limit_in_bytes=1 << 30))
+    assert update_unapplied(before, replace(before, resources=LinuxResources(cpu_shares=512))) == [
+        "clearing memory_limit_in_bytes (an update of 0 or empty leaves the container's value as it is)"
+    ]
+    grown = replace(before, resources=LinuxResources(cpu_shares=2048, memory_limit_in_bytes=2 << 30, oom_score_adj=5))
+    assert update_unapplied(before, grown) == ["setting oom_score_adj (a container's is fixed at its creation)"]
+    annotated = replace(before, annotations={"a": "1"})
+    assert update_unapplied(before, annotated) == [
+        "changing annotations (NRI's UpdateContainer carries resources only)"
+    ]
+    assert (
+        update_unapplied(before, replace(before, resources=LinuxResources(cpu_shares=1, memory_limit_in_bytes=1))) == []
+    )

@@ -10,12 +10,12 @@ import grpc
 import pytest
 
 from crihook.base.config import HooksConfig, NodeConfig
-from crihook.hooks.base import Edit, HookContext, HookError, Stage
+from crihook.hooks.base import Edit, HookContext, HookError, ResourcesPatch, Stage
 from crihook.hooks.registry import build_chain
 from crihook.node.lifecycle import Lifecycle
 from crihook.node.store import Store
 from crihook.nri.handler import HookHandler
-from crihook.nri.stub import RpcError
+from crihook.nri.stub import RpcError, event_mask
 from crihook.proto import nri_v1alpha1_pb2 as api
 
 STAGES = {
@@ -123,3 +123,73 @@ async def test_configure_takes_the_nri_release_the_runtime_names(tmp_path: Path)
     assert (h.runtime.nri, h.runtime.device_rules) == ((0, 12, 5), True)
     await h.configure(api.ConfigureRequest(runtime_name="containerd", runtime_version="2.1.9"))
     assert (h.runtime.nri, h.runtime.device_rules) == ((0, 8, 0), False)
+
+
+class Resizer:
+    """A PreUpdateContainerResources hook, as a remote hook server (Koordinator's) is: it halves the
+    CPU shares asked for and pins the cpuset; with `annotate` it also sets an annotation."""
+
+    name = "resize"
+    priority = 10
+
+    def __init__(self, annotate: bool = False) -> None:
+        self.stages = frozenset({Stage.PRE_UPDATE_CONTAINER_RESOURCES})
+        self.annotate = annotate
+        self.seen: list[HookContext] = []
+
+    async def handle(self, ctx: HookContext) -> Edit | None:
+        self.seen.append(ctx)
+        assert ctx.container is not None and ctx.container.resources is not None
+        shares = ctx.container.resources.cpu_shares // 2
+        return Edit(
+            resources=ResourcesPatch(cpu_shares=shares, cpuset_cpus="2-3"),
+            annotations={"resized": "1"} if self.annotate else {},
+        )
+
+
+async def resizing(tmp_path: Path, hook: Resizer) -> HookHandler:
+    chain = build_chain(HooksConfig(), NodeConfig(), factories={"resize": lambda options, node: hook})
+    h = HookHandler(Lifecycle(chain, Store(tmp_path)))
+    events = await h.configure(api.ConfigureRequest(runtime_name="containerd", runtime_version="2.1.9"))
+    assert events & event_mask(api.UPDATE_CONTAINER)
+    await h.synchronize([], [])
+    await h.state_change(api.StateChangeEvent(event=api.RUN_POD_SANDBOX, pod=POD))
+    await h.create_container(api.CreateContainerRequest(pod=POD, container=container()))
+    return h
+
+
+def update_request(shares: int) -> api.UpdateContainerRequest:
+    req = api.UpdateContainerRequest(pod=POD, container=container())
+    req.linux_resources.cpu.shares.value = shares
+    req.linux_resources.memory.limit.value = 1 << 30
+    return req
+
+
+async def test_pre_update_hooks_run_in_nri_mode_and_their_change_goes_back_as_an_update(tmp_path: Path) -> None:
+    hook = Resizer()
+    h = await resizing(tmp_path, hook)
+    answer = await h.update_container(update_request(1024))
+    (update,) = answer.update
+    assert update.container_id == "c-1"
+    assert (update.linux.resources.cpu.shares.value, update.linux.resources.cpu.cpus) == (512, "2-3")
+    assert not update.linux.resources.memory.HasField("limit")  # only what the hooks changed
+    (ctx,) = hook.seen
+    assert ctx.container is not None and ctx.container.resources is not None
+    assert (ctx.container.resources.cpu_shares, ctx.container.resources.memory_limit_in_bytes) == (1024, 1 << 30)
+    await h.close()
+    rec = h.lifecycle.store.containers["c-1"]
+    assert (rec.resources["cpu_shares"], rec.resources["cpuset_cpus"]) == (512, "2-3")
+    assert [r["stage"] for r in rec.hooks][-1] == Stage.PRE_UPDATE_CONTAINER_RESOURCES
+
+
+async def test_an_update_change_nri_can_not_carry_is_refused(tmp_path: Path) -> None:
+    h = await resizing(tmp_path, Resizer(annotate=True))
+    with pytest.raises(RpcError, match=r"container main: changing annotations \(NRI's UpdateContainer"):
+        await h.update_container(update_request(1024))
+
+
+async def test_without_update_hooks_updates_are_not_subscribed(tmp_path: Path) -> None:
+    h = HookHandler(Lifecycle(build_chain(HooksConfig(), NodeConfig()), Store(tmp_path)))
+    events = await h.configure(api.ConfigureRequest(runtime_name="containerd", runtime_version="2.1.9"))
+    assert not events & event_mask(api.UPDATE_CONTAINER)
+    assert (await h.update_container(update_request(1024))).update == []

@@ -163,6 +163,33 @@ def test_a_long_adjustment_and_a_long_refusal_keep_the_plugin(
     assert containerd.log_path.read_text(errors="replace").count("closing plugin") == closing
 
 
+class Halving(Marking):
+    """Answers UpdateContainer with an update of that container: half the CPU shares asked for."""
+
+    async def update_container(self, request: api.UpdateContainerRequest) -> api.UpdateContainerResponse:
+        await super().update_container(request)
+        update = api.ContainerUpdate(container_id=request.container.id)
+        update.linux.resources.cpu.shares.value = request.linux_resources.cpu.shares.value // 2
+        return api.UpdateContainerResponse(update=[update])
+
+
+def test_an_update_answered_at_update_container_is_what_the_runtime_applies(
+    nri_socket: Path, containerd_cri: Cri
+) -> None:
+    from crihook.proto import runtime_v1_pb2 as cri
+
+    with plugin_thread(Halving(event_mask(api.CREATE_CONTAINER, api.UPDATE_CONTAINER)), nri_socket) as plugin:
+        plugin.wait_synchronized()
+        pod = pod_config("update")
+        with containerd_cri.pod(pod) as pod_id, containerd_cri.container(pod_id, container_config("c", pod), pod) as c:
+            asked = cri.UpdateContainerResourcesRequest(container_id=c)
+            asked.linux.cpu_shares = 1024
+            containerd_cri._call(containerd_cri.runtime, "UpdateContainerResources", asked)
+            status = containerd_cri.container_status(c).status
+            assert status.resources.linux.cpu_shares == 512
+        assert plugin.plugin.connections == 1
+
+
 def test_every_event_is_answered_and_an_error_answer_does_not_break_the_runtime(
     nri_socket: Path, containerd_cri: Cri
 ) -> None:
