@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
     from crihook.devices.nvml import GpuIndex
+    from crihook.hooks.reach import Reach, Verdict
 
 
 class Stage(enum.StrEnum):
@@ -365,3 +366,14 @@ class OwnsGpus(Protocol):
     gpus: GpuIndex
 
     def plugin_holds(self, pod_uid: str) -> bool: ...
+
+
+@runtime_checkable
+class JudgesGpus(Protocol):
+    """A hook that can say which GPUs a container reaches that nobody granted (the gpu hook,
+    through hooks.reach.judge): the NRI plugin asks it about containers made without the chain
+    (Synchronize, the CRI catch-up, StartContainer) and about what an adjustment leaves. `verdict`
+    reads the node (blocking: call it on a worker thread) and raises hooks.reach.Undecided when a
+    fact it needs can not be had: never a finding."""
+
+    def verdict(self, pod: PodInfo, container: ContainerInfo, reach: Reach) -> Verdict: ...

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -24,9 +25,11 @@ import grpc
 from crihook.base import allocation as al
 from crihook.base.config import NodeConfig
 from crihook.devices import kubelet
-from crihook.devices.checkpoint import Checkpoint, CheckpointError, CheckpointReader
+from crihook.devices.checkpoint import Checkpoint, CheckpointError, CheckpointReader, base_device_id, gpu_device_ids
+from crihook.devices.draclaims import STATE_FILE, ClaimsError, ClaimsReader
 from crihook.hooks.base import (
     MISS,
+    ContainerInfo,
     Edit,
     HookContext,
     HookError,
@@ -44,11 +47,14 @@ from crihook.hooks.gpu_edit import (
     NodeView,
     Placements,
     SeenPod,
+    brings_devices,
+    by_path,
     gpu_edit,
     place,
     plain_grant,
 )
-from crihook.hooks.scheduled import prime
+from crihook.hooks.reach import DeviceNode, Gpu, Grants, Reach, Undecided, Verdict, gpu_minor, judge
+from crihook.hooks.scheduled import prime, scheduled
 
 log = logging.getLogger("crihook.hooks.gpu")
 
@@ -201,10 +207,14 @@ class GpuHook:
         exists: Callable[[str], bool] = os.path.exists,
         cdi: CdiIndex | None = None,
         dev_root: str = "/dev",
+        claims: ClaimsReader | None = None,
+        specs: CdiIndex | None = None,
     ) -> None:
         self.opts = opts
         self.dev_root = dev_root
         self.cdi = cdi  # with inject = "cdi": the node's spec dirs, checked before a device is named
+        self.claims = claims  # kubelet's DRA checkpoint: the claims each pod holds (None: no DRA)
+        self.specs = specs or cdi  # the node's CDI specs: which nodes a claim's CDI device brings
         self.gpus = gpus
         self.checkpoint = checkpoint
         self.pod_live = pod_live
@@ -259,6 +269,64 @@ class GpuHook:
             except (NotCached, HookError, al.AnnotationError):
                 pass  # the CreateContainer finds out again, and answers with what it finds
 
+    # -- the decision about what a container reaches (hooks.reach), for the NRI plugin -------------
+
+    def verdict(self, pod: PodInfo, container: ContainerInfo, reach: Reach) -> Verdict:
+        """hooks.base.JudgesGpus: the GPUs `reach` gives that none of the three grants names. Reads
+        the GPU index, then, only when something is reached, the checkpoints. Raises Undecided."""
+        gpus = self.node_gpus()
+        seen = judge(reach, Grants(), gpus)
+        if not seen.ungranted:
+            return seen
+        return judge(reach, self.grants(pod, container, gpus), gpus)
+
+    def node_gpus(self) -> tuple[Gpu, ...]:
+        listed = self.gpus.all()
+        if not listed:
+            raise Undecided("NVML lists no GPU on this node")
+        return tuple(Gpu(g.minor, g.index, g.uuid, tuple(g.mig_devices)) for g in listed)
+
+    def grants(self, pod: PodInfo, container: ContainerInfo, gpus: Sequence[Gpu]) -> Grants:
+        """What the scheduler's annotation (a malformed one grants nothing), kubelet's device-plugin
+        checkpoint (the plugin resources' devices) and the pod's DRA claims grant the container."""
+        try:
+            scheduler = frozenset(a.minor for a in scheduled(pod, container, al.GPU) or ())
+        except HookError:
+            scheduler = frozenset()
+        try:
+            entries = self.checkpoint.read().for_container(pod.uid, container.name)
+        except CheckpointError as e:
+            raise Undecided(f"{e} ({self.checkpoint.path})") from None
+        ids = {
+            base_device_id(i) for e in entries if self.opts.is_plugin_resource(e.resource_name) for i in e.device_ids
+        }
+        plugin = frozenset(g.minor for g in gpus if ids & set(gpu_device_ids(g.index, g.uuid, g.mig)))
+        claimed, names = self.claimed(pod.uid)
+        return Grants(scheduler, plugin, claimed, names)
+
+    def claimed(self, pod_uid: str) -> tuple[frozenset[int], frozenset[str]]:
+        """The GPU minors the pod's DRA claims bring (their CDI specs' nodes, by number) and the
+        claims' CDI device names. Raises Undecided: a claim whose devices can not be told."""
+        try:
+            names = self.claims.read().cdi_devices(pod_uid) if self.claims is not None else frozenset()
+        except ClaimsError as e:
+            raise Undecided(str(e)) from None
+        if not names:
+            return frozenset(), names
+        assert self.specs is not None
+        minors: set[int] = set()
+        for name in sorted(names):
+            try:
+                nodes = self.specs.device_nodes(name, node_number)
+            except OSError as e:
+                raise Undecided(f"a device node of the pod's claim device {name}: {e}") from None
+            if nodes is None:
+                raise Undecided(
+                    f"no CDI spec in {self.specs.describe_dirs()} declares {name}, a device of the pod's claims"
+                )
+            minors |= {m for n in nodes if (m := gpu_minor(n.kind, n.major, n.minor)) is not None}
+        return frozenset(minors), names
+
     def stamp(self) -> tuple[int, int] | None:
         """What placements depend on, as it is now: the memo's count of changes to the device
         directory and the GPU index's generation; None when either can not tell (nothing kept)."""
@@ -302,7 +370,7 @@ class GpuHook:
         if self.store is None:
             if plain is not None:
                 return plain
-            node = NodeView(cp, facts.exists, facts.pod_live, None, self.dev_root, self.placements, stamp)
+            node = self._node(ctx, cp, facts, None, stamp)
             return self._decide(ctx, node, facts)
         # One decision at a time, each seeing the containers the ones before it let through: two
         # containers created at once can not both be given one GPU (a placed pod's and a plugin pod's).
@@ -315,7 +383,7 @@ class GpuHook:
             edit = plain
             if edit is None:
                 pods = StorePods(self.store, self._claims.values())
-                node = NodeView(cp, facts.exists, facts.pod_live, pods, self.dev_root, self.placements, stamp)
+                node = self._node(ctx, cp, facts, pods, stamp)
                 edit = self._decide(ctx, node, facts)
             allocated, minors = StorePods._allocation(ctx.pod.annotations.get(al.DEVICE_ALLOCATED))
             key = (ctx.pod.uid, ctx.container.name)
@@ -324,6 +392,21 @@ class GpuHook:
         finally:
             self._lock.release()
         return edit
+
+    def _node(self, ctx: HookContext, cp: Checkpoint, facts: _Facts, pods: StorePods | None, stamp: object) -> NodeView:
+        """The node facts for gpu_edit; the pod's DRA claims only for a container that brings devices
+        of its own (a claim's come as CDI devices, or as nodes in NRI's finished spec)."""
+        assert ctx.container is not None
+        node = NodeView(cp, facts.exists, facts.pod_live, pods, self.dev_root, self.placements, stamp)
+        if brings_devices(ctx.container):
+            if facts.cached:
+                raise NotCached("a container's own devices are looked at on a worker thread")
+            try:
+                node.claimed, node.claim_cdi = self.claimed(ctx.pod.uid)
+            except Undecided as e:
+                raise HookError(grpc.StatusCode.FAILED_PRECONDITION, f"the pod's DRA claims: {e}") from None
+            node.number_of = host_number
+        return node
 
     def _expire_claims(self, now: float) -> None:
         """Drop claims older than CLAIM_SECONDS: the oldest come first, so this stops at the first
@@ -426,6 +509,24 @@ class _KnownGpus:
         return g
 
 
+def node_number(path: str) -> DeviceNode:
+    """The device node at a host path, by its numbers. OSError when it is none."""
+    st = os.stat(path)
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+        return DeviceNode("c" if stat.S_ISCHR(st.st_mode) else "b", os.major(st.st_rdev), os.minor(st.st_rdev), path)
+    raise OSError(f"{path} is not a device node")
+
+
+def host_number(path: str) -> tuple[str, int, int] | None:
+    """What a container's device at this host path is, by number; by its name when it can not be
+    read (the runtime then fails the container on it anyway)."""
+    try:
+        n = node_number(path)
+    except OSError:
+        return by_path(path)
+    return n.kind, n.major, n.minor
+
+
 def factory(options: GpuOptions, node: NodeConfig) -> GpuHook:
     """Entry point `gpu`: the `[hooks.gpu]` options and the node's paths."""
     from crihook.devices.nvml import GpuIndex, Nvml  # NVML is loaded on the first lookup, not here
@@ -433,9 +534,12 @@ def factory(options: GpuOptions, node: NodeConfig) -> GpuHook:
     gpus = GpuIndex(Nvml(node.nvml_library, directory(node.sys_root)))
     pods_dir = None if options.kubelet_pods_dir is None else directory(options.kubelet_pods_dir)
     pod_dirs = PodDirs(pods_dir, directory(node.proc_root))
-    cdi = CdiIndex(tuple(map(directory, options.cdi_spec_dirs))) if options.inject == "cdi" else None
+    specs = CdiIndex(tuple(map(directory, options.cdi_spec_dirs)))
     reader = CheckpointReader(node.kubelet_checkpoint)
-    hook = GpuHook(options, gpus, reader, pod_dirs, cdi=cdi, dev_root=node.dev_root.rstrip("/"))
+    claims = ClaimsReader(os.path.join(os.path.dirname(pod_dirs.directory()), STATE_FILE))
+    cdi = specs if options.inject == "cdi" else None
+    dev_root = node.dev_root.rstrip("/")
+    hook = GpuHook(options, gpus, reader, pod_dirs, cdi=cdi, dev_root=dev_root, claims=claims, specs=specs)
     hook.memo = FsMemo()
     return hook
 

@@ -33,6 +33,7 @@ from crihook.hooks.grant import (
     hami_env,
     hami_mounts,
 )
+from crihook.hooks.reach import Gpu, gpu_cdi_name, gpu_minor, named, visible_names
 from crihook.hooks.scheduled import refuse, scheduled
 
 VOID = "void"  # the NVIDIA runtime injects nothing, whatever the image says
@@ -42,12 +43,8 @@ HAMI_CORE = "hami-core"  # compared case-insensitively: Koordinator's docs spell
 # what a container the scheduler gave no GPU gets when it brings nothing to strip; shared by all of
 # them, so never changed (see Placement.grant)
 DENIED = Edit(env={VISIBLE: VOID})
+_GPU_NODE = re.compile(r"(?:.*/)?nvidia([0-9]+)")  # /dev/nvidiaN, as a container or host path
 
-_GPU_NODE = re.compile(r"(?:.*/)?nvidia[0-9]+")  # /dev/nvidiaN, as a container or host path
-# CDI kinds that name GPUs: nvidia-ctk's nvidia.com/gpu, NVIDIA's device plugin's own
-# k8s.device-plugin.nvidia.com/gpu, the management spec's management.nvidia.com/gpu. Their device
-# names are an NVML index, a UUID, "all" or a MIG device ("0:1", "MIG-<uuid>").
-_GPU_CDI_KIND = re.compile(r"(?:[A-Za-z0-9_.-]+\.)?nvidia\.com/gpu")
 _PATH_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 
 
@@ -133,6 +130,13 @@ class NodeView:
     # nothing is reused): see Placements
     placements: Placements | None = None
     stamp: object = None
+    # what the pod's DRA claims grant: GPU minors (their CDI specs' nodes, by number) and the claims'
+    # CDI device names; a GPU a claim brings is the claim's, kept as it came
+    claimed: frozenset[int] = frozenset()
+    claim_cdi: frozenset[str] = frozenset()
+    # (type, major, minor) of the node at a host path, for a device whose view gives no numbers (a
+    # CRI request); None when it is not a device node
+    number_of: Callable[[str], tuple[str, int, int] | None] = lambda path: by_path(path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,14 +221,21 @@ def gpu_edit(pod: PodInfo, container: ContainerInfo, gpus: GpuLookup, node: Node
         _check_taken(pod.uid, plugin, gpus, node)
         return None  # no word from the scheduler: the device plugin's allocation stands
     if not allocs:
-        return _granted(_strip(container, plugin, frozenset()), DENIED) if opts.deny_unallocated else None
+        if not opts.deny_unallocated:
+            return None
+        stripped = _strip(container, plugin, node.claim_cdi, node, node.claimed)
+        if node.claimed and _names_only(container.env(VISIBLE), gpus, node.claimed):
+            return stripped  # a claim's GPUs and env, kept as its driver made them
+        return _granted(stripped, DENIED)
     placed = node.placements.get(allocs, node.stamp) if node.placements is not None else None
     if placed is None:
         placed = place(allocs, gpus, node.exists, node.dev_root, opts)
         if node.placements is not None:
             node.placements.put(allocs, node.stamp, placed)
     _check_conflicts(pod.uid, placed.gpus, node)
-    stripped = _strip(container, plugin, placed.names)
+    # a chosen GPU's node the container brings stays where the grant adds nodes (cdi: the CDI device)
+    keep = (frozenset(g.minor for g in placed.gpus) if placed.devices else frozenset()) | node.claimed
+    stripped = _strip(container, plugin, placed.names | node.claim_cdi, node, keep)
     if placed.shared and pod.labels.get(ISOLATION_LABEL, "").lower() == HAMI_CORE:
         edit = _granted(stripped or Edit(), placed.grant)
         _isolate(edit, pod, container, placed.shares, opts.hami_core)
@@ -354,13 +365,36 @@ def _plugin_gpu(dev_id: str, gpus: GpuLookup) -> GpuLike | None:
     return next((g for g in gpus.all() if dev_id in gpu_device_ids(g.index, g.uuid, g.mig_devices)), None)
 
 
-def _strip(container: ContainerInfo, plugin: Sequence[PodDeviceEntry], names: frozenset[str]) -> Edit | None:
+def by_path(path: str) -> tuple[str, int, int] | None:
+    """A node's numbers as its name says (`/dev/nvidiaN` is c 195:N), when nothing better is known."""
+    m = _GPU_NODE.fullmatch(path)
+    return ("c", 195, int(m[1])) if m else None
+
+
+def _names_only(value: str | None, gpus: GpuLookup, minors: frozenset[int]) -> bool:
+    """Whether NVIDIA_VISIBLE_DEVICES names no GPU outside `minors`."""
+    names = visible_names(value)
+    if not names:
+        return True
+    node = [Gpu(g.minor, g.index, g.uuid, tuple(g.mig_devices)) for g in gpus.all()]
+    return all((hit := named(n, node)) is not None and {g.minor for g in hit} <= minors for n in names)
+
+
+def _strip(
+    container: ContainerInfo,
+    plugin: Sequence[PodDeviceEntry],
+    names: frozenset[str],
+    node: NodeView,
+    keep: frozenset[int],
+) -> Edit | None:
     """Remove every GPU the container would get some other way: what the device plugin injected
-    for it, any /dev/nvidiaN node, and every CDI device naming a GPU not chosen, whether in
-    CDI_devices or in a `cdi.k8s.io/*` annotation (the plugin's, an image's, a webhook's); None
-    when there is nothing to remove. CDI devices that name no GPU (gds, mofed, imex channels) stay;
-    `names`: the chosen GPUs' (Placement.names). Only what the container has is looked at: most
-    containers bring nothing of their own, and a pod the scheduler placed has no plugin injections."""
+    for it, any device node that is a GPU (by its numbers, whatever its name) not in `keep`, and
+    every CDI device naming a GPU not chosen, whether in CDI_devices or in a `cdi.k8s.io/*`
+    annotation (the plugin's, an image's, a webhook's); None when there is nothing to remove. CDI
+    devices that name no GPU (gds, mofed, imex channels, a DRA claim's) stay; `names`: the chosen
+    GPUs' (Placement.names) and the pod's claims' CDI devices. Only what the container has is
+    looked at: most containers bring nothing of their own, and a pod the scheduler placed has no
+    plugin injections."""
     if not (plugin or brings_devices(container)):
         return None  # nothing to look at
     remove_env: set[str] = set()
@@ -386,9 +420,7 @@ def _strip(container: ContainerInfo, plugin: Sequence[PodDeviceEntry], names: fr
         remove_devices = {
             d.container_path
             for d in container.devices
-            if d.container_path in device_paths
-            or _GPU_NODE.fullmatch(d.container_path)
-            or _GPU_NODE.fullmatch(d.host_path)
+            if d.container_path in device_paths or _gpu_not_kept(d, node, keep)
         }
     remove_cdi = {n for n in container.cdi_devices if not _cdi_allowed(n, names)} if container.cdi_devices else set()
     annotations: dict[str, str] = {}
@@ -414,10 +446,17 @@ def _strip(container: ContainerInfo, plugin: Sequence[PodDeviceEntry], names: fr
     )
 
 
+def _gpu_not_kept(d: Device, node: NodeView, keep: frozenset[int]) -> bool:
+    number = d.number or node.number_of(d.host_path)
+    minor = gpu_minor(*number) if number is not None else None
+    return minor is not None and minor not in keep
+
+
 def _cdi_allowed(name: str, chosen: frozenset[str]) -> bool:
-    """Whether a CDI device may stay: it names no GPU, or one of the chosen (by UUID or index)."""
-    kind, sep, device = name.strip().partition("=")
-    return not (sep and _GPU_CDI_KIND.fullmatch(kind)) or device in chosen
+    """Whether a CDI device may stay: it names no GPU, one of the chosen (by UUID or index), or it
+    is one of the pod's DRA claims' (`chosen` holds those by their full names)."""
+    device = gpu_cdi_name(name)
+    return device is None or device in chosen or name.strip() in chosen
 
 
 def _memory_bytes(a: al.DeviceAllocation, g: GpuLike) -> int:

@@ -44,6 +44,11 @@ BY_CDI = "CDI device"
 BY_ENV = VISIBLE
 
 
+class Undecided(Exception):
+    """A fact the decision needs can not be had now (a checkpoint unreadable, NVML failing, a
+    claim's CDI spec missing): no verdict, so never a finding; the caller asks again later."""
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceNode:
     """A device node in the container's spec: type ("c" or "b"), numbers, and its path (words only)."""

@@ -20,6 +20,8 @@ from google.protobuf.message import Message
 
 from crihook.base.spec import Device, Mount
 from crihook.hooks.base import ContainerInfo
+from crihook.hooks.cdi import ANNOTATION_PREFIX
+from crihook.hooks.reach import VISIBLE, DeviceNode, DeviceRule, Reach
 from crihook.node.records import ContainerRecord
 from crihook.node.resources import (
     nri_resources_view,
@@ -216,7 +218,7 @@ _NRI_STATES = {
 # CRI's MountPropagation <-> the OCI mount option containerd's CRI writes for it
 _PROPAGATION = {0: "rprivate", 1: "rslave", 2: "rshared"}
 _PROPAGATION_OF = {opt: p for p, opt in _PROPAGATION.items()} | {"private": 0, "slave": 1, "shared": 2}
-DeviceNode = tuple[str, int, int]  # type ("c", "b"), major, minor
+DeviceNumber = tuple[str, int, int]  # type ("c", "b"), major, minor
 
 
 def _attempt(annotations: dict[str, str]) -> int:
@@ -247,7 +249,7 @@ def nri_container_view(c: nri.Container) -> ContainerInfo:
             )
             for m in c.mounts
         ),
-        devices=tuple(Device(d.path, d.path, _access(d)) for d in linux.devices),
+        devices=tuple(Device(d.path, d.path, _access(d), (d.type, d.major, d.minor)) for d in linux.devices),
         cdi_devices=tuple(d.name for d in c.CDI_devices),
         resources=nri_resources_view(linux.resources, linux.HasField("resources"), linux.oom_score_adj.value),
     )
@@ -276,35 +278,46 @@ def nri_listed_container(c: nri.Container) -> ContainerRecord:
     )
 
 
-def nri_device_nodes(c: nri.Container) -> list[DeviceNode]:
-    return [(d.type, d.major, d.minor) for d in c.linux.devices]
-
-
-def nri_every_device(c: nri.Container) -> bool:
-    """Whether the container's device cgroup lets it reach every device: its last rule for all
-    devices (no type, or "a", and no numbers) allows reading and writing. This is how NRI shows a
-    privileged container: containerd's CRI gives it every host device node (oci.WithHostDevices)
-    and replaces its rules with one such wildcard (oci.WithAllDevicesAllowed) before NRI sees it,
-    and an adjustment can take neither away. An unprivileged container's rules start with the same
-    wildcard as a deny."""
-    every = False
-    for r in c.linux.resources.devices:
-        if r.type in ("", "a") and not r.HasField("major") and not r.HasField("minor"):
-            every = r.allow and {"r", "w"} <= set(r.access or "rwm")
-    return every
-
-
-def nri_allow_rules(c: nri.Container) -> list[DeviceNode]:
-    """The device-cgroup rules that allow one device (wildcards left out: see ungranted_gpus)."""
-    return [
-        (r.type, r.major.value, r.minor.value)
+def nri_rules(c: nri.Container) -> tuple[DeviceRule, ...]:
+    """The device-cgroup rules the runtime put in the spec, in order, wildcards included."""
+    return tuple(
+        DeviceRule(
+            r.allow,
+            r.type or "a",
+            r.major.value if r.HasField("major") else None,
+            r.minor.value if r.HasField("minor") else None,
+            r.access,
+        )
         for r in c.linux.resources.devices
-        if r.allow and r.HasField("major") and r.HasField("minor")
+    )
+
+
+def reach_of(c: ContainerInfo, rules: tuple[DeviceRule, ...] | None, number_of: Callable[[str], DeviceNumber]) -> Reach:
+    """What can give `c` GPUs, for hooks.reach.judge: its device nodes by number (the view's, else
+    `number_of(host path)`), `rules`, its CDI devices (CDI_devices and cdi.k8s.io/* annotations) and
+    NVIDIA_VISIBLE_DEVICES."""
+    nodes = tuple(DeviceNode(*(d.number or number_of(d.host_path)), d.container_path) for d in c.devices)
+    cdi = [
+        n.strip()
+        for k, v in c.annotations.items()
+        if k.startswith(ANNOTATION_PREFIX)
+        for n in v.split(",")
+        if n.strip()
     ]
+    return Reach(nodes, rules, (*c.cdi_devices, *cdi), c.env(VISIBLE))
+
+
+def nri_reach(c: nri.Container) -> Reach:
+    """What can give the container NRI shows GPUs: its finished spec, CDI devices resolved into it."""
+    return reach_of(nri_container_view(c), nri_rules(c), _no_number)
+
+
+def _no_number(path: str) -> DeviceNumber:
+    raise AssertionError(f"NRI gives every device node's numbers ({path})")
 
 
 def nri_adjustment(
-    before: ContainerInfo, after: ContainerInfo, node_of: Callable[[str], tuple[DeviceNode, int]]
+    before: ContainerInfo, after: ContainerInfo, node_of: Callable[[str], tuple[DeviceNumber, int]]
 ) -> nri.ContainerAdjustment:
     """What changed from `before` (as NRI showed it) to `after` (as the hooks left it), as the
     adjustment that makes the runtime build `after`: entries set by key (env name, mount and device
@@ -374,9 +387,14 @@ def spec_container(c: cri.Container, status: cri.ContainerStatusResponse) -> nri
                 path=d["path"], type=str(d.get("type", "")), major=int(d.get("major", 0)), minor=int(d.get("minor", 0))
             )
     for r in _dict(linux.get("resources")).get("devices") or ():
-        if isinstance(r, dict) and isinstance(r.get("major"), int) and isinstance(r.get("minor"), int):
-            rule = out.linux.resources.devices.add(allow=bool(r.get("allow")), type=str(r.get("type", "")))
-            rule.major.value, rule.minor.value = r["major"], r["minor"]
+        if isinstance(r, dict):  # wildcards too: a privileged container's allow-all is one
+            rule = out.linux.resources.devices.add(
+                allow=bool(r.get("allow")), type=str(r.get("type") or ""), access=str(r.get("access") or "")
+            )
+            if isinstance(r.get("major"), int):
+                rule.major.value = r["major"]
+            if isinstance(r.get("minor"), int):
+                rule.minor.value = r["minor"]
     return out
 
 

@@ -17,8 +17,6 @@ from dataclasses import dataclass, fields
 from crihook.hooks.base import RESOURCE_FIELDS, ContainerInfo
 from crihook.node.update import changed_fields
 
-GPU_MAJOR = 195  # /dev/nvidiaN is char 195:N; 254 and 255 are modeset and nvidiactl
-_GPU_MINORS = range(254)
 _VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?")
 # the LinuxResources fields an NRI adjustment can set on every NRI version; oom_score_adj needs v0.8
 _RESOURCES_ANY = frozenset(RESOURCE_FIELDS) - {"memory_swap_limit_in_bytes", "oom_score_adj"}
@@ -94,7 +92,7 @@ def unapplied(
     """What the hook chain changed (before → after) that an adjustment can not carry to this runtime,
     one phrase each; empty when the adjustment does everything. Additions and replacements always
     carry (env, devices and mounts are replaced by key); removals mostly do not. With `every_device`
-    (a privileged container: container.nri_every_device) a device node left in the spec reaches
+    (a privileged container: hooks.reach.every_device) a device node left in the spec reaches
     nothing the container could not reach anyway, so leaving it is no failure."""
     out: list[str] = []
     kept_env = {k for k, _ in after.envs}
@@ -141,22 +139,6 @@ def update_unapplied(before: ContainerInfo, after: ContainerInfo) -> list[str]:
         elif not value:
             out.append(f"clearing {name} (an update of 0 or empty leaves the container's value as it is)")
     return out
-
-
-def gpu_minor(kind: str, major: int, minor: int) -> int | None:
-    """The NVML minor a device node or cgroup rule gives access to, if it is a GPU's."""
-    return minor if kind == "c" and major == GPU_MAJOR and minor in _GPU_MINORS else None
-
-
-def ungranted_gpus(rules: Iterable[tuple[str, int, int]], nodes: Iterable[tuple[str, int, int]]) -> list[int]:
-    """GPU minors the container's device-cgroup allow rules open without a node the hook chain left it.
-
-    No adjustment can take a rule away (docs/nri.md), and with CAP_MKNOD a rule alone reaches the
-    device. `rules`: (type, major, minor) of each allow rule the runtime put in the spec; `nodes`: the
-    same of each device node the container keeps or is given. Wildcard rules (privileged containers)
-    are not counted: they reach every device in either mode."""
-    kept = {m for n in nodes if (m := gpu_minor(*n)) is not None}
-    return sorted({m for r in rules if (m := gpu_minor(*r)) is not None} - kept)
 
 
 def start_refusal(runtime: NriRuntime, *, cdi_inject: bool) -> str | None:

@@ -14,39 +14,41 @@ says whether they are evicted or only reported.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import stat
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypeVar
 
 import grpc
 
-from crihook.base.metrics import NRI_UNGRANTED
-from crihook.hooks.base import ContainerInfo, HookContext, HookError, PodInfo, Stage
+from crihook.base.metrics import NRI_EVICTIONS_PENDING, NRI_UNGRANTED
+from crihook.hooks.base import ContainerInfo, HookContext, HookError, JudgesGpus, PodInfo, Stage
 from crihook.hooks.chain import HookRecord
-from crihook.hooks.grant import VISIBLE
+from crihook.hooks.reach import (
+    DeviceRule,
+    Reach,
+    Undecided,
+    Verdict,
+    every_device,
+    gpu_cdi_name,
+    gpu_minor,
+    visible_names,
+)
 from crihook.node.container import (
-    DeviceNode,
+    DeviceNumber,
     nri_adjustment,
-    nri_allow_rules,
     nri_container_view,
-    nri_device_nodes,
-    nri_every_device,
     nri_listed_container,
+    nri_reach,
+    nri_rules,
+    reach_of,
 )
 from crihook.node.lifecycle import Lifecycle, log_refusal
-from crihook.node.nriruntime import (
-    NriRuntime,
-    gpu_minor,
-    nri_runtime,
-    start_refusal,
-    unapplied,
-    ungranted_gpus,
-    update_unapplied,
-)
+from crihook.node.nriruntime import NriRuntime, nri_runtime, start_refusal, unapplied, update_unapplied
 from crihook.node.pod import nri_listed_pod, nri_pod_view
 from crihook.node.resources import nri_container_update, nri_resources_view
 from crihook.nri.stub import RpcError, event_mask
@@ -66,7 +68,9 @@ EVENTS = event_mask(
 )
 MARGIN = 0.25  # seconds kept back from the runtime's request timeout for the answer's trip
 CATCH_UP = 2.0  # seconds after a Synchronize before the runtime is listed again over CRI
-_NO_GPU = frozenset({"", "void", "none"})  # NVIDIA_VISIBLE_DEVICES values that name no GPU
+RETRY_FIRST = 1.0  # seconds before an eviction or an undecided check is tried again, doubled each time
+RETRY_MOST = 60.0  # ... up to this
+EVICTIONS_FILE = "nri-evictions.json"  # in the state dir: the evictions still tried, for `crihook doctor`
 T = TypeVar("T")
 
 
@@ -74,7 +78,7 @@ class StartRefused(Exception):
     """crihook must not serve this runtime at all (nriruntime.start_refusal); the message says why."""
 
 
-def stat_node(path: str) -> tuple[DeviceNode, int]:
+def stat_node(path: str) -> tuple[DeviceNumber, int]:
     """The device node at `path` on the host: ((type, major, minor), permission bits). OSError when
     it is not one."""
     st = os.stat(path)
@@ -96,11 +100,15 @@ def make_sources(adjust: api.ContainerAdjustment) -> None:
             os.makedirs(m.source, 0o755, exist_ok=True)
 
 
-def visible_gpus(c: ContainerInfo) -> frozenset[str]:
-    """The GPUs NVIDIA_VISIBLE_DEVICES names (the NVIDIA runtime hook gives them at start whatever
-    the spec's device list says): UUIDs or indices as written, or "all"."""
-    value = (c.env(VISIBLE) or "").strip()
-    return frozenset() if value in _NO_GPU else frozenset(v.strip() for v in value.split(","))
+def may_reach_gpus(reach: Reach) -> bool:
+    """Whether `reach` has anything that can name a GPU (most containers have nothing): a GPU's
+    device node, an allow rule that can match one, a GPU-kind CDI device, NVIDIA_VISIBLE_DEVICES."""
+    return bool(
+        any(gpu_minor(n.kind, n.major, n.minor) is not None for n in reach.nodes)
+        or any(r.allow and r.kind in ("", "a", "c") and r.major in (None, 195) for r in reach.rules or ())
+        or any(gpu_cdi_name(n) is not None for n in reach.cdi_devices)
+        or visible_names(reach.visible)
+    )
 
 
 def _code(code: grpc.StatusCode) -> int:
@@ -110,18 +118,21 @@ def _code(code: grpc.StatusCode) -> int:
 
 @dataclass
 class Ungranted:
-    """A container found at Synchronize reaching GPUs nobody granted it."""
+    """A container found reaching GPUs nobody granted it, created without crihook's hooks."""
 
     container_id: str
     pod: str  # namespace/name
     container: str
-    what: str  # the GPUs, in words
+    what: str  # the GPUs, in words (Verdict.describe)
+    error: str = ""  # why the last eviction try failed
+    tries: int = 0
 
     @property
     def reason(self) -> str:
         return (
-            f"crihook: container {self.container} of pod {self.pod} reaches {self.what}, which neither the scheduler's"
-            " allocation nor kubelet's device-plugin checkpoint granted (it was created while crihook was away)"
+            f"crihook: container {self.container} of pod {self.pod} reaches {self.what}, which neither the"
+            " scheduler's allocation, kubelet's device-plugin checkpoint nor a DRA claim granted (it was created"
+            " while crihook was away)"
         )
 
 
@@ -129,13 +140,20 @@ class Ungranted:
 class HookHandler:
     """stub.Handler on the lifecycle core `crihook serve` uses: the core runs the hooks, keeps the
     store and runs post hooks; what is NRI's own (adjustments, what the runtime can not apply,
-    request deadlines, Synchronize's escape check) is here. `evict` (the plugin's
-    update_containers, set once the plugin exists) asks the runtime to evict; None: report only."""
+    request deadlines, the check of containers made without the hooks) is here. `evict` (the
+    plugin's update_containers, set once the plugin exists) asks the runtime to evict; None: report
+    only.
+
+    Containers made without the hooks (while crihook was away, or before it first ran) are judged
+    by the gpu hook's decision (hooks.reach, through hooks.base.JudgesGpus) at Synchronize, at the
+    CRI catch-up and at StartContainer. Only a verdict naming an ungranted GPU acts: a check that
+    can not decide (a checkpoint unreadable, NVML failing, out of time) is tried again later, and
+    never counts against the container."""
 
     lifecycle: Lifecycle
     synchronize_action: str = "evict"  # "evict" | "report"
     cdi_inject: bool = False  # gpu.inject = "cdi": refused on runtimes that drop CDI adjustments
-    node_of: Callable[[str], tuple[DeviceNode, int]] = stat_node
+    node_of: Callable[[str], tuple[DeviceNumber, int]] = stat_node
     evict: Callable[[Sequence[api.ContainerEviction]], Awaitable[Any]] | None = None
     # the runtime's pods and containers as NRI would show them, listed over CRI: Synchronize's list
     # can miss a creation that raced it (containerd 1.7), which this catches up with
@@ -144,11 +162,19 @@ class HookHandler:
     runtime: NriRuntime = field(default_factory=lambda: nri_runtime("", ""))
     refused: StartRefused | None = None
     synchronized: asyncio.Event = field(default_factory=asyncio.Event)  # set after the first Synchronize
-    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep  # between retries
+    _tasks: set[asyncio.Future[None]] = field(default_factory=set)
     _privileged: set[str] = field(default_factory=set)  # ids of the privileged containers logged
-    # containers Synchronize found reaching ungranted GPUs, with the reason, when evicting: the
-    # eviction (CRI StopContainer) does nothing to one created and not yet started, so its start is refused
+    # containers found reaching ungranted GPUs, with the reason, when evicting: the eviction (CRI
+    # StopContainer) does nothing to one created and not yet started, so its start is refused
     _barred: dict[str, str] = field(default_factory=dict)
+    # containers judged (clean, or created through the hooks): StartContainer checks the others
+    _cleared: set[str] = field(default_factory=set)
+    # evictions not done yet (container id -> the finding), retried until done or the container is gone
+    _evicting: dict[str, Ungranted] = field(default_factory=dict)
+    # container ids removed since the last CRI listing began: the listing may still show them
+    _removed: set[str] = field(default_factory=set)
+    _removed_pods: set[str] = field(default_factory=set)
     # container id -> the records of its PreStartContainer hooks, kept until PostStartContainer
     _starting: dict[str, list[HookRecord]] = field(default_factory=dict)
 
@@ -170,54 +196,189 @@ class HookHandler:
         self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]
     ) -> Sequence[api.ContainerUpdate]:
         """The store made to match the runtime (records of known objects kept, others adopted or
-        dropped: a reconnection neither loses nor doubles a pod), then the escape check."""
-        stats = self.lifecycle.store.reconcile(
-            [nri_listed_pod(p) for p in pods], [nri_listed_container(c) for c in containers]
-        )
+        dropped: a reconnection neither loses nor doubles a pod), then the check of live containers,
+        all within one deadline: what is not done by then goes on after the answer. A problem with
+        one container, or with the store's file, never fails the Synchronize: the runtime would
+        drop the plugin (or, on NRI v0.6, keep it unregistered and silent)."""
+        deadline = self._deadline()
+        try:
+            stats = self.lifecycle.store.reconcile(
+                [nri_listed_pod(p) for p in pods], [nri_listed_container(c) for c in containers]
+            )
+            log.info("store rebuilt", extra={"source": "synchronize", **stats})
+        except Exception as e:  # the store's file: memory holds the records, the next write retries
+            log.error("store not saved at Synchronize", extra={"error": str(e)})
         listed = {c.id for c in containers}
         self._privileged &= listed
         self._barred = {cid: why for cid, why in self._barred.items() if cid in listed}
+        self._cleared &= listed
         self._starting = {cid: r for cid, r in self._starting.items() if cid in listed}
-        log.info("store rebuilt", extra={"source": "synchronize", **stats})
         by_id = {p.id: nri_pod_view(p) for p in pods}
         for pod in by_id.values():
             self.lifecycle.chain.prepare_pod(pod)
-        await self._check(by_id, containers)
+        check = asyncio.ensure_future(self._check(by_id, containers))
+        self._keep(check)
+        try:
+            await asyncio.wait_for(asyncio.shield(check), max(deadline - time.monotonic(), 0.0))
+        except TimeoutError:
+            log.info("checking containers goes on after Synchronize's answer", extra={"containers": len(containers)})
+        except Exception:
+            log.exception("checking containers failed")
         if self.relist is not None:
             self._spawn(self._catch_up())
         self.synchronized.set()
         return []
 
-    async def _check(self, pods: dict[str, PodInfo], containers: Sequence[api.Container]) -> None:
-        """The escape check on live containers; what it finds is acted on in the background."""
-        found = []
+    async def _check(self, pods: Mapping[str, PodInfo], containers: Sequence[api.Container]) -> None:
+        """Judge each live container; what is found is acted on at once, each container on its own."""
         for c in containers:
             owner = pods.get(c.pod_sandbox_id)
             if owner is not None and c.state in (api.CONTAINER_CREATED, api.CONTAINER_RUNNING, api.CONTAINER_PAUSED):
-                hit = await self._ungranted(owner, c)
-                if hit is not None:
-                    found.append(hit)
-        if self.synchronize_action == "evict":
-            self._barred.update((h.container_id, h.reason) for h in found)
-        if found:
-            self._spawn(self._act_on(found))
+                await self._judge_listed(owner, c, attempt=0)
+
+    async def _judge_listed(self, pod: PodInfo, c: api.Container, attempt: int) -> None:
+        """One container made without the hooks: cleared, found (barred and evicted or reported), or
+        undecided (asked again after a back-off, while the container is there)."""
+        try:
+            verdict = await self._verdict(pod, c, deadline=None)
+        except Undecided as e:
+            if c.id in self._known_ids():
+                delay = min(RETRY_FIRST * 2**attempt, RETRY_MOST)
+                log.warning(
+                    "can not tell which GPUs a container may reach; asking again",
+                    extra={"pod": pod.ref, "container": c.name, "id": c.id[:13], "why": str(e), "retry_s": delay},
+                )
+                self._spawn(self._judge_later(pod, c, attempt + 1, delay))
+            return
+        self._act(pod, c, verdict)
+
+    async def _judge_later(self, pod: PodInfo, c: api.Container, attempt: int, delay: float) -> None:
+        await self.sleep(delay)
+        if c.id in self._known_ids() and c.id not in self._cleared and c.id not in self._barred:
+            await self._judge_listed(pod, c, attempt)
+
+    def _known_ids(self) -> Mapping[str, Any]:
+        return self.lifecycle.store.containers
+
+    def _act(self, pod: PodInfo, c: api.Container, verdict: Verdict | None) -> Ungranted | None:
+        """What a verdict on a container made without the hooks leads to; None: cleared."""
+        if verdict is not None and verdict.privileged:
+            self._note_privileged(pod, c.name, c.id)
+        if verdict is None or not verdict.ungranted:
+            self._cleared.add(c.id)
+            return None
+        hit = Ungranted(c.id, pod.ref, c.name, verdict.describe())
+        log.warning(
+            "container reaches an ungranted GPU",
+            extra={"pod": hit.pod, "container": hit.container, "id": hit.container_id[:13], "gpus": hit.what},
+        )
+        if self.synchronize_action != "evict" or self.evict is None:
+            NRI_UNGRANTED.inc("reported")
+            self._cleared.add(c.id)  # reported once, not at every start
+            return hit
+        self._barred[c.id] = hit.reason
+        if c.state != api.CONTAINER_CREATED:  # a created one is stopped by refusing its start
+            self._evicting[c.id] = hit
+            NRI_EVICTIONS_PENDING.set(len(self._evicting))
+            self._spawn(self._evict(hit))
+        return hit
+
+    async def _verdict(self, pod: PodInfo, c: api.Container, deadline: float | None) -> Verdict | None:
+        """The gpu hook's verdict on `c` as the runtime holds it, on a worker thread; None when no
+        hook judges GPUs or `c` has nothing that could reach one. Raises Undecided (out of time too)."""
+        reach = nri_reach(c)
+        judge = self._judge()
+        if judge is None or not may_reach_gpus(reach):
+            return None
+        return await self._ask(judge, pod, nri_container_view(c), reach, deadline)
+
+    async def _ask(
+        self, judge: JudgesGpus, pod: PodInfo, view: ContainerInfo, reach: Reach, deadline: float | None
+    ) -> Verdict:
+        work = asyncio.to_thread(judge.verdict, pod, view, reach)
+        try:
+            if deadline is None:
+                return await work
+            return await asyncio.wait_for(work, max(deadline - time.monotonic(), 0.0))
+        except Undecided:
+            raise
+        except TimeoutError:
+            raise Undecided("no verdict within the runtime's request timeout") from None
+        except Exception as e:  # NVML, a file: no verdict is no finding
+            raise Undecided(f"{type(e).__name__}: {e}") from None
+
+    def _judge(self) -> JudgesGpus | None:
+        for reg in self.lifecycle.chain.hooks:
+            if isinstance(reg.hook, JudgesGpus):
+                return reg.hook
+        return None
+
+    async def _evict(self, hit: Ungranted) -> None:
+        """Evict until it is done or the container is gone, backing off between tries."""
+        attempt = 0
+        assert self.evict is not None
+        while hit.container_id in self._evicting:
+            try:
+                await self.evict([api.ContainerEviction(container_id=hit.container_id, reason=hit.reason)])
+            except Exception as e:
+                NRI_UNGRANTED.inc("evict_failed")
+                if hit.container_id not in self._known_ids():
+                    break  # removed meanwhile: nothing left to evict
+                hit.error, hit.tries = str(e) or type(e).__name__, hit.tries + 1
+                self._write_pending()
+                delay = min(RETRY_FIRST * 2**attempt, RETRY_MOST)
+                log.error(
+                    "eviction failed; trying again",
+                    extra={"pod": hit.pod, "container": hit.container, "error": str(e), "retry_s": delay},
+                )
+                attempt += 1
+                await self.sleep(delay)
+                continue
+            log.warning("container evicted", extra={"pod": hit.pod, "container": hit.container, "reason": hit.reason})
+            NRI_UNGRANTED.inc("evicted")
+            break
+        self._evicting.pop(hit.container_id, None)
+        NRI_EVICTIONS_PENDING.set(len(self._evicting))
+        self._write_pending()
+
+    def pending_evictions(self) -> list[Ungranted]:
+        """The evictions still being retried."""
+        return list(self._evicting.values())
+
+    def _write_pending(self) -> None:
+        """The evictions that failed and are still tried, for `crihook doctor` (EVICTIONS_FILE; no
+        file when there are none)."""
+        path = self.lifecycle.store.path.parent / EVICTIONS_FILE
+        failing = [asdict(h) for h in self._evicting.values() if h.tries]
+        try:
+            if not failing:
+                path.unlink(missing_ok=True)
+                return
+            temp = path.with_suffix(".tmp")
+            temp.write_text(json.dumps(failing, indent=1))
+            temp.replace(path)
+        except OSError as e:
+            log.error("can not write the pending evictions", extra={"path": str(path), "error": str(e)})
 
     async def _catch_up(self) -> None:
         """A while after a Synchronize: pods and containers the runtime has that neither its list nor
-        an event since told crihook of are adopted into the store and checked like the others."""
+        an event since told crihook of are adopted into the store and checked like the others; one
+        removed while the listing ran is not brought back."""
         assert self.relist is not None
-        await asyncio.sleep(CATCH_UP)
+        await self.sleep(CATCH_UP)
+        self._removed.clear()
         try:
             pods, containers = await self.relist()
         except Exception as e:  # the next Synchronize lists them
             log.warning("listing the runtime over CRI failed", extra={"error": str(e)})
             return
-        new_pods = [p for p in pods if p.id not in self.lifecycle.store.pods]
-        new = [c for c in containers if c.id not in self.lifecycle.store.containers]
+        store = self.lifecycle.store
+        new_pods = [p for p in pods if p.id not in store.pods and p.id not in self._removed_pods]
+        new = [c for c in containers if c.id not in store.containers and c.id not in self._removed]
         for p in new_pods:
-            self.lifecycle.store.put_pod(nri_listed_pod(p))
+            store.put_pod(nri_listed_pod(p))
         for c in new:
-            self.lifecycle.store.put_container(nri_listed_container(c))
+            store.put_container(nri_listed_container(c))
         if new_pods or new:
             log.info("store caught up", extra={"pods": len(new_pods), "containers": len(new)})
             await self._check({p.id: nri_pod_view(p) for p in pods}, new)
@@ -233,20 +394,15 @@ class HookHandler:
         decided = await self._in_time(ctx, self.lifecycle.create_container(pod, before, ctx.deadline))
         after = decided.after.container
         assert after is not None
-        every = nri_every_device(request.container)
+        rules = nri_rules(request.container)
+        every = every_device(rules)
         if every:
             self._note_privileged(pod, before.name, request.container.id)
         try:
             reasons = unapplied(before, after, self.runtime, every_device=every)
-            nodes = self._nodes(request.container, before, after)
-            ungranted = ungranted_gpus(nri_allow_rules(request.container), nodes)
-            if ungranted:
-                rules = ", ".join(f"c 195:{m}" for m in ungranted)
-                reasons.append(
-                    f"GPU minor {', '.join(map(str, ungranted))} stays reachable through the device-cgroup rule"
-                    f" {rules} the runtime put in the spec (a CDI device or the device plugin's), and no NRI"
-                    " adjustment can take a rule away"
-                )
+            left = await self._left(pod, before, after, rules, ctx.deadline)
+            if left:
+                reasons.append(left)
             adjust = nri_adjustment(before, after, self.node_of) if not reasons else None
             if adjust is not None:
                 make_sources(adjust)
@@ -259,17 +415,47 @@ class HookHandler:
             )
             self._refuse(ctx, decided.records, grpc.StatusCode.FAILED_PRECONDITION, why)
         self.lifecycle.container_created(pod, replace(after, id=request.container.id), decided.records)
+        self._cleared.add(request.container.id)
         return api.CreateContainerResponse(adjust=adjust)
 
-    def _nodes(self, msg: api.Container, before: ContainerInfo, after: ContainerInfo) -> list[DeviceNode]:
-        """(type, major, minor) of every device node `after` keeps from `before` (the view of `msg`) or
-        is given."""
-        known = dict(zip((d.path for d in msg.linux.devices), nri_device_nodes(msg), strict=True))
-        kept = {d.container_path: d for d in before.devices}
-        return [
-            known[d.container_path] if kept.get(d.container_path) == d else self.node_of(d.host_path)[0]
-            for d in after.devices
-        ]
+    async def _left(
+        self,
+        pod: PodInfo,
+        before: ContainerInfo,
+        after: ContainerInfo,
+        rules: tuple[DeviceRule, ...],
+        deadline: float | None,
+    ) -> str:
+        """What ungranted GPU the container would still reach once adjusted (the runtime's spec with
+        what NRI applies: device nodes and CDI devices added, env set; rules and nodes it put in stay),
+        in words; empty when none. A privileged container reaches every GPU by its privilege."""
+        judge = self._judge()
+        if judge is None:
+            return ""
+        added = {d.container_path for d in after.devices} - {d.container_path for d in before.devices}
+        kept = replace(after, devices=(*before.devices, *(d for d in after.devices if d.container_path in added)))
+        reach = reach_of(kept, (*rules, *self._allow(after, added)), lambda path: self.node_of(path)[0])
+        if not may_reach_gpus(reach):
+            return ""
+        try:
+            verdict = await self._ask(judge, pod, after, reach, deadline)
+        except Undecided as e:
+            return f"can not tell which GPUs it would reach ({e})"
+        if not verdict.ungranted:
+            return ""
+        return (
+            f"it would still reach {verdict.describe()}, which the runtime put in the spec (a CDI device or the"
+            " device plugin's) and no NRI adjustment can take away"
+        )
+
+    def _allow(self, c: ContainerInfo, paths: set[str]) -> list[DeviceRule]:
+        """The allow rules the runtime adds with the device nodes an adjustment adds."""
+        out = []
+        for d in c.devices:
+            if d.container_path in paths:
+                kind, major, minor = self.node_of(d.host_path)[0]
+                out.append(DeviceRule(True, kind, major, minor, d.permissions))
+        return out
 
     # -- the other events: bookkeeping, refusals, post hooks -------------------------------------
 
@@ -281,22 +467,44 @@ class HookHandler:
         elif kind == api.STOP_POD_SANDBOX:
             self.lifecycle.pod_stopped(event.pod.id)
         elif kind == api.REMOVE_POD_SANDBOX:
+            self._removed_pods.add(event.pod.id)
             self.lifecycle.pod_removed(event.pod.id)
         elif kind == api.START_CONTAINER and event.HasField("container"):
-            pod, container = nri_pod_view(event.pod), nri_container_view(event.container)
-            ctx = HookContext(Stage.PRE_START_CONTAINER, pod, container, self._deadline())
-            if cid in self._barred:
-                self._refuse(ctx, [], grpc.StatusCode.FAILED_PRECONDITION, self._barred[cid])
-            if self.lifecycle.wants(Stage.PRE_START_CONTAINER):
-                decided = await self._in_time(ctx, self.lifecycle.start_container(cid, ctx.deadline))
-                self._starting[cid] = decided.records
+            await self._starts(event.pod, event.container)
         elif kind == api.POST_START_CONTAINER and event.HasField("container"):
             self.lifecycle.container_started(cid, self._starting.pop(cid, []))
         elif kind == api.REMOVE_CONTAINER and event.HasField("container"):
+            self._removed.add(cid)
             self._privileged.discard(cid)
             self._barred.pop(cid, None)
+            self._cleared.discard(cid)
+            if self._evicting.pop(cid, None) is not None:
+                NRI_EVICTIONS_PENDING.set(len(self._evicting))
+                self._write_pending()
             self._starting.pop(cid, None)
             self.lifecycle.container_removed(cid)
+
+    async def _starts(self, msg_pod: api.PodSandbox, msg: api.Container) -> None:
+        """StartContainer: a container found reaching an ungranted GPU does not start; one crihook
+        never judged (made while it was away, and not in a Synchronize list yet) is judged now from
+        the spec NRI hands over. A check that can not decide in time lets it start and goes on."""
+        cid = msg.id
+        pod, container = nri_pod_view(msg_pod), nri_container_view(msg)
+        ctx = HookContext(Stage.PRE_START_CONTAINER, pod, container, self._deadline())
+        if cid not in self._cleared and cid not in self._barred:
+            try:
+                self._act(pod, msg, await self._verdict(pod, msg, ctx.deadline))
+            except Undecided as e:
+                log.warning(
+                    "can not tell which GPUs a starting container may reach; it starts, asking again",
+                    extra={"pod": pod.ref, "container": container.name, "id": cid[:13], "why": str(e)},
+                )
+                self._spawn(self._judge_later(pod, msg, 1, RETRY_FIRST))
+        if cid in self._barred:
+            self._refuse(ctx, [], grpc.StatusCode.FAILED_PRECONDITION, self._barred[cid])
+        if self.lifecycle.wants(Stage.PRE_START_CONTAINER):
+            decided = await self._in_time(ctx, self.lifecycle.start_container(cid, ctx.deadline))
+            self._starting[cid] = decided.records
 
     async def _pod_started(self, pod: PodInfo) -> None:
         """RunPodSandbox: NRI takes no answer but an error, so a hook may refuse the pod, not change it."""
@@ -338,63 +546,6 @@ class HookHandler:
         self.lifecycle.container_stopped(request.container.id)
         return api.StopContainerResponse()
 
-    # -- Synchronize's escape check ------------------------------------------------------------
-
-    async def _ungranted(self, pod: PodInfo, c: api.Container) -> Ungranted | None:
-        """The container as it runs against what the hooks would have made of it: GPU nodes and
-        cgroup rules it has beyond the nodes they give it, and GPUs its NVIDIA_VISIBLE_DEVICES names
-        beyond theirs. A container the hooks refuse outright is granted nothing. A privileged one is
-        passed over: it reaches every device by its privilege, in either mode (docs/nri.md)."""
-        before = nri_container_view(c)
-        if nri_every_device(c):
-            self._note_privileged(pod, before.name, c.id)
-            return None
-        nodes = {m for n in nri_device_nodes(c) if (m := gpu_minor(*n)) is not None}
-        rules = {m for r in nri_allow_rules(c) if (m := gpu_minor(*r)) is not None}
-        named = visible_gpus(before)
-        if not (nodes or rules or named):
-            return None
-        ctx = HookContext(Stage.PRE_CREATE_CONTAINER, pod, before, self._deadline())
-        after = await self._in_time(ctx, self.lifecycle.trial_create(pod, before, ctx.deadline))
-        granted_minors: set[int] = set()
-        granted_named: frozenset[str] = frozenset()
-        if after is not None:
-            try:
-                granted_minors = {m for n in self._nodes(c, before, after) if (m := gpu_minor(*n)) is not None}
-            except OSError:
-                granted_minors = set()
-            granted_named = visible_gpus(after)
-        extra_minors = sorted((nodes | rules) - granted_minors)
-        extra_named = sorted(named - granted_named)
-        if not (extra_minors or extra_named):
-            return None
-        what = []
-        if extra_minors:
-            what.append(f"GPU minor {', '.join(map(str, extra_minors))}")
-        if extra_named:
-            what.append(f"NVIDIA_VISIBLE_DEVICES={','.join(extra_named)}")
-        return Ungranted(c.id, pod.ref, before.name, " and ".join(what))
-
-    async def _act_on(self, found: Sequence[Ungranted]) -> None:
-        """Evict (after Synchronize was answered: the runtime serves no update before) or report."""
-        for hit in found:
-            log.warning(
-                "container reaches an ungranted GPU",
-                extra={"pod": hit.pod, "container": hit.container, "id": hit.container_id[:13], "gpus": hit.what},
-            )
-        if self.synchronize_action != "evict" or self.evict is None:
-            NRI_UNGRANTED.inc("reported", amount=len(found))
-            return
-        try:
-            await self.evict([api.ContainerEviction(container_id=h.container_id, reason=h.reason) for h in found])
-        except Exception as e:  # the next connection's Synchronize finds them again
-            log.error("eviction failed", extra={"containers": len(found), "error": str(e)})
-            NRI_UNGRANTED.inc("evict_failed", amount=len(found))
-            return
-        for hit in found:
-            log.warning("container evicted", extra={"pod": hit.pod, "container": hit.container, "reason": hit.reason})
-        NRI_UNGRANTED.inc("evicted", amount=len(found))
-
     # -- helpers -------------------------------------------------------------------------------
 
     def _note_privileged(self, pod: PodInfo, name: str, container_id: str) -> None:
@@ -429,12 +580,18 @@ class HookHandler:
         log_refusal(ctx, records, reason)
         raise RpcError(_code(code), reason)
 
-    def _spawn(self, work: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(work)
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        self._keep(asyncio.ensure_future(work))
+
+    def _keep(self, task: asyncio.Future[None]) -> None:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
+        """Background work (retries wait for a container to go, or back off) is cancelled; the
+        next connection's Synchronize finds what is left."""
+        for task in list(self._tasks):
+            task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.lifecycle.close()

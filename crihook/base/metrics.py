@@ -358,9 +358,14 @@ ORPHAN_TASKS = Counter(
 )
 NRI_UNGRANTED = Counter(
     "crihook_nri_ungranted_total",
-    "Containers `crihook nri` found at Synchronize reaching a GPU nobody granted them, by action"
-    " (evicted, reported, evict_failed).",
+    "Containers `crihook nri` found reaching a GPU nobody granted them (made while it was away), by action"
+    " (evicted, reported; evict_failed counts each failed try).",
     ("action",),
+)
+NRI_EVICTIONS_PENDING = Gauge(
+    "crihook_nri_evictions_pending",
+    "Evictions `crihook nri` is still trying (each retried with back-off until done or its container is gone).",
+    (),
 )
 SCHEDULER_REQUESTS = Counter(
     "crihook_scheduler_requests_total",

@@ -21,3 +21,6 @@ class Device:
     container_path: str
     host_path: str
     permissions: str = "rwm"
+    # (type, major, minor) when the message said (NRI shows the runtime's finished spec); a CRI
+    # request names the host path only, and the runtime reads the numbers from it
+    number: tuple[str, int, int] | None = None

@@ -15,7 +15,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from concurrent import futures
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +24,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from crihook.base.config import NodeConfig, ProxyConfig
+from crihook.base.config import Config, NodeConfig, ProxyConfig
 from crihook.cli import doctor
 from crihook.cli.doctor import cri, files, gpu, output, parse
 from crihook.cli.doctor.finding import Finding, Level, exit_status
+from crihook.cli.doctor.nri import check_evictions
 from crihook.devices import kubelet
 from crihook.devices.nvml import GpuInfo, NodeGpus
 from crihook.node.records import PodRecord
 from crihook.node.store import Store
+from crihook.nri.handler import EVICTIONS_FILE, Ungranted
 from tests.support.gpu_fixtures import fake_proc
 
 # -- pure parts -----------------------------------------------------------------------------------
@@ -597,3 +599,17 @@ def test_checkpoint_and_pods_dir_advice_follows_kubelet(tmp_path: Path) -> None:
     f = gpu.check_checkpoint(node, {"kubelet_pods_dir": "/var/lib/kubelet/pods"})
     assert f.level is Level.WARN and f"kubelet keeps pods in {root}/pods" in f.found
     assert "remove kubelet_pods_dir" in f.fix
+
+
+def test_evictions_that_keep_failing_are_a_failure(tmp_path: Path) -> None:
+    """What `crihook nri` writes while an eviction keeps failing is named, with the fix."""
+    config = Config(proxy=ProxyConfig(state_dir=str(tmp_path)))
+    assert check_evictions(config).level is Level.OK
+    hit = Ungranted(
+        "c1", "ml/web", "cuda", "GPU minor 0 (by NVIDIA_VISIBLE_DEVICES=all)", "CRI socket not reachable", 3
+    )
+    (tmp_path / EVICTIONS_FILE).write_text(json.dumps([asdict(hit)]))
+    found = check_evictions(config)
+    assert found.level is Level.FAIL
+    assert "container cuda of pod ml/web (GPU minor 0 (by NVIDIA_VISIBLE_DEVICES=all)): 3 tries" in found.found
+    assert "last error: CRI socket not reachable" in found.found and "crictl stop" in found.fix

@@ -123,7 +123,9 @@ def test_a_container_created_while_away_and_not_started_is_not_started(
                 with pytest.raises(CriError) as err:
                     cri.start_container(cid)
                 assert "NRI container start failed" in err.value.details
-                assert "container cuda of pod default/web reaches NVIDIA_VISIBLE_DEVICES=all" in err.value.details
+                assert "container cuda of pod default/web reaches GPU minor 0 (by NVIDIA_VISIBLE_DEVICES=all)" in (
+                    err.value.details
+                )
                 assert not running(cri, cid)
             else:
                 cri.start_container(cid)

@@ -178,7 +178,9 @@ def test_allocated_gpus_by_uuid_in_bus_order_with_nodes() -> None:
     after = final(p, LEAKY, edit)
     # BOX[2] (minor 4) sits lower on the bus than BOX[0] (minor 2)
     assert after.env("NVIDIA_VISIBLE_DEVICES") == f"{BOX[2].uuid},{BOX[0].uuid}"
+    # /dev/nvidia3 goes; /dev/gpu is GPU minor 4 by its numbers, one of the chosen: it stays
     assert devices(after) == [
+        "/dev/nvidia4",
         "/dev/fuse",
         "/dev/nvidia4",
         "/dev/nvidia2",
@@ -186,7 +188,7 @@ def test_allocated_gpus_by_uuid_in_bus_order_with_nodes() -> None:
         "/dev/nvidia-uvm",
         "/dev/nvidia-uvm-tools",
     ]
-    assert [d.container_path for d in after.devices][1:3] == ["/dev/nvidia4", "/dev/nvidia2"]
+    assert [d.container_path for d in after.devices][2:4] == ["/dev/nvidia4", "/dev/nvidia2"]
     assert all(d.permissions == "rw" for d in edit.add_devices)
     assert after.cdi_devices == ("vendor.example/fpga=0",)
 

@@ -12,14 +12,14 @@ from hypothesis import given
 
 from crihook.base.spec import Device, Mount
 from crihook.hooks.base import ContainerInfo, LinuxResources
+from crihook.hooks.reach import DeviceNode, DeviceRule, every_device
 from crihook.node.container import (
-    DeviceNode,
+    DeviceNumber,
     nri_adjustment,
-    nri_allow_rules,
     nri_container_view,
-    nri_device_nodes,
-    nri_every_device,
     nri_listed_container,
+    nri_reach,
+    nri_rules,
     spec_container,
 )
 from crihook.node.nriruntime import nri_runtime, unapplied
@@ -30,7 +30,7 @@ from tests.node.test_nriruntime import edited
 RUNTIME = nri_runtime("containerd", "2.1.9+unknown")
 
 
-def node_of(path: str) -> tuple[DeviceNode, int]:
+def node_of(path: str) -> tuple[DeviceNumber, int]:
     digits = "".join(ch for ch in path if ch.isdigit())
     return ("c", 195, int(digits or 255)), 0o666
 
@@ -121,10 +121,11 @@ def test_container_view() -> None:
     assert (view.name, view.attempt, view.id, view.image) == ("cuda", 2, "c1", "cuda:12")
     assert view.envs == (("PATH", "/bin"), ("OPTS", "a=b"), ("EMPTY", ""))
     assert view.mounts == (Mount("/data", "/srv/data", readonly=True, propagation=1),)
-    assert view.devices == (Device("/dev/nvidia3", "/dev/nvidia3", "rw"),)
+    assert view.devices == (Device("/dev/nvidia3", "/dev/nvidia3", "rw", ("c", 195, 3)),)
     assert view.resources == LinuxResources(memory_limit_in_bytes=1 << 30, oom_score_adj=900)
-    assert nri_device_nodes(msg) == [("c", 195, 3)]
-    assert nri_allow_rules(msg) == [("c", 195, 3)]  # the deny-all wildcard is no grant
+    reach = nri_reach(msg)
+    assert reach.nodes == (DeviceNode("c", 195, 3, "/dev/nvidia3"),)
+    assert reach.rules == (DeviceRule(True, "c", 195, 3, "rw"), DeviceRule(False, "a", None, None, "rwm"))
     rec = nri_listed_container(msg)
     assert (rec.id, rec.pod_id, rec.state, rec.attempt, rec.envs["OPTS"]) == ("c1", "p1", "running", 2, "a=b")
 
@@ -197,10 +198,29 @@ def test_a_container_listed_over_cri_as_nri_would_show_it() -> None:
     }
     status = cri.ContainerStatusResponse(info={"info": json.dumps({"runtimeSpec": spec})})
     msg = spec_container(listed, status)
-    assert nri_device_nodes(msg) == [("c", 195, 1)] and nri_allow_rules(msg) == [("c", 195, 1)]
+    reach = nri_reach(msg)
+    assert reach.nodes == (DeviceNode("c", 195, 1, "/dev/nvidia1"),)
+    assert reach.rules == (DeviceRule(False, "a", None, None, "rwm"), DeviceRule(True, "c", 195, 1, ""))
     view = nri_container_view(msg)
     assert (view.name, view.attempt, view.env("NVIDIA_VISIBLE_DEVICES")) == ("cuda", 1, "all")
     assert nri_container_view(spec_container(listed, cri.ContainerStatusResponse())).envs == ()
+
+
+def test_a_privileged_container_listed_over_cri_keeps_its_wildcard_rule() -> None:
+    """containerd's spec of a privileged container: every host node and one allow-all rule, which
+    the listing must keep (without it every GPU node would look ungranted)."""
+    from crihook.proto import runtime_v1_pb2 as cri
+
+    listed = cri.Container(id="dp", pod_sandbox_id="p9", state=cri.CONTAINER_RUNNING)
+    spec = {
+        "linux": {
+            "devices": [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}],
+            "resources": {"devices": [{"allow": True, "access": "rwm"}]},
+        }
+    }
+    msg = spec_container(listed, cri.ContainerStatusResponse(info={"info": json.dumps({"runtimeSpec": spec})}))
+    assert nri_reach(msg).rules == (DeviceRule(True, "a", None, None, "rwm"),)
+    assert every_device(nri_rules(msg))
 
 
 def rules(*spec: tuple[bool, str, str, int | None]) -> nri.Container:
@@ -216,11 +236,11 @@ def rules(*spec: tuple[bool, str, str, int | None]) -> nri.Container:
 
 def test_a_privileged_container_is_told_by_its_wildcard_allow_rule() -> None:
     # what containerd 1.7.24 and 2.1.9 show NRI for a privileged container: one rule, no type
-    assert nri_every_device(rules((True, "", "rwm", None)))
-    assert nri_every_device(rules((False, "a", "rwm", None), (True, "a", "rwm", None)))
+    assert every_device(nri_rules(rules((True, "", "rwm", None))))
+    assert every_device(nri_rules(rules((False, "a", "rwm", None), (True, "a", "rwm", None))))
     # an unprivileged container: deny all, then one rule per device
-    assert not nri_every_device(rules((False, "", "rwm", None), (True, "c", "rw", 0)))
-    assert not nri_every_device(rules((True, "a", "rwm", None), (False, "a", "rwm", None)))  # the last wins
-    assert not nri_every_device(rules((True, "a", "m", None)))  # mknod alone opens nothing
-    assert not nri_every_device(rules((True, "c", "rwm", None)))  # every char device but no wildcard
-    assert not nri_every_device(rules())
+    assert not every_device(nri_rules(rules((False, "", "rwm", None), (True, "c", "rw", 0))))
+    assert not every_device(nri_rules(rules((True, "a", "rwm", None), (False, "a", "rwm", None))))  # the last wins
+    assert not every_device(nri_rules(rules((True, "a", "m", None))))  # mknod alone opens nothing
+    assert not every_device(nri_rules(rules((True, "c", "rwm", None))))  # every char device but no wildcard
+    assert not every_device(nri_rules(rules()))

@@ -15,11 +15,9 @@ from crihook.base.spec import Device, Mount
 from crihook.hooks.base import ContainerInfo, LinuxResources
 from crihook.node.nriruntime import (
     NriRuntime,
-    gpu_minor,
     nri_runtime,
     start_refusal,
     unapplied,
-    ungranted_gpus,
     update_unapplied,
 )
 
@@ -220,13 +218,6 @@ def test_resources_nri_can_not_set() -> None:
     assert unapplied(before, after, nri_runtime("containerd", "v2.1.9")) == [
         "setting memory_swap_limit_in_bytes (needs proxy mode)"
     ]
-
-
-def test_gpu_rules_without_a_kept_node_are_ungranted() -> None:
-    rules = [("c", 195, 3), ("c", 195, 5), ("c", 195, 255), ("c", 1, 3), ("b", 195, 7), ("a", -1, -1)]
-    assert ungranted_gpus(rules, [("c", 195, 5), ("c", 195, 255)]) == [3]
-    assert ungranted_gpus(rules, [("c", 195, 3), ("c", 195, 5)]) == []
-    assert gpu_minor("c", 195, 254) is None and gpu_minor("c", 195, 0) == 0
 
 
 def test_start_refusal_names_the_runtime_and_the_one_that_would_take_it() -> None:

@@ -3,18 +3,24 @@ out as in proxy mode (tests/proxy/test_intercept.py drives the same core from CR
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import grpc
 import pytest
 
 from crihook.base.config import HooksConfig, NodeConfig
-from crihook.hooks.base import Edit, HookContext, HookError, ResourcesPatch, Stage
+from crihook.base.metrics import NRI_EVICTIONS_PENDING
+from crihook.hooks.base import ContainerInfo, Edit, HookContext, HookError, PodInfo, ResourcesPatch, Stage
+from crihook.hooks.reach import Gpu, Grants, Reach, Undecided, Verdict, judge
 from crihook.hooks.registry import build_chain
 from crihook.node.lifecycle import Lifecycle
 from crihook.node.store import Store
-from crihook.nri.handler import HookHandler
+from crihook.nri.handler import EVICTIONS_FILE, MARGIN, HookHandler
 from crihook.nri.stub import RpcError, event_mask
 from crihook.proto import nri_v1alpha1_pb2 as api
 
@@ -193,3 +199,193 @@ async def test_without_update_hooks_updates_are_not_subscribed(tmp_path: Path) -
     events = await h.configure(api.ConfigureRequest(runtime_name="containerd", runtime_version="2.1.9"))
     assert not events & event_mask(api.UPDATE_CONTAINER)
     assert (await h.update_container(update_request(1024))).update == []
+
+
+# -- containers made without the hooks: judged by the gpu hook's decision -------------------------
+
+
+GPUS = (Gpu(minor=0, index=0, uuid="GPU-0"), Gpu(minor=1, index=1, uuid="GPU-1"))
+
+
+class Judge:
+    """A hook that judges GPUs as the gpu hook does (hooks.reach.judge), with grants the test sets,
+    and refuses every CreateContainer: a refusal (a remote hook server down, a timeout) is no verdict."""
+
+    name = "gpu"
+    priority = 20
+    stages = frozenset({Stage.PRE_CREATE_CONTAINER})
+
+    def __init__(self) -> None:
+        self.grants: dict[str, Grants] = {}
+        self.undecided: str | None = None
+        self.asked: list[str] = []
+        self.block = threading.Event()
+        self.block.set()
+        self.thrice = threading.Event()
+
+    async def handle(self, ctx: HookContext) -> Edit | None:
+        raise HookError(grpc.StatusCode.UNAVAILABLE, "remote hook server unreachable")
+
+    def verdict(self, pod: PodInfo, container: ContainerInfo, reach: Reach) -> Verdict:
+        self.asked.append(container.id)
+        if len(self.asked) >= 3:
+            self.thrice.set()
+        self.block.wait()
+        if self.undecided is not None:
+            raise Undecided(self.undecided)
+        return judge(reach, self.grants.get(pod.uid, Grants()), GPUS)
+
+
+class Evictions:
+    def __init__(self, failures: int = 0) -> None:
+        self.failures = failures
+        self.calls: list[str] = []
+
+    async def __call__(self, evictions: Sequence[api.ContainerEviction]) -> None:
+        self.calls.extend(e.container_id for e in evictions)
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("CRI socket not reachable")
+
+
+async def judged(tmp_path: Path, hook: Judge, evict: Evictions | None = None) -> HookHandler:
+    chain = build_chain(HooksConfig(), NodeConfig(), factories={"gpu": lambda options, node: hook})
+    h = HookHandler(Lifecycle(chain, Store(tmp_path)), evict=evict or Evictions(), sleep=no_wait)
+    await h.configure(api.ConfigureRequest(runtime_name="containerd", runtime_version="2.1.9"))
+    return h
+
+
+async def no_wait(seconds: float, then: Callable[[], object] = lambda: None) -> None:
+    then()
+    await asyncio.sleep(0)
+
+
+def gpu_container(cid: str, *env: str, minor: int | None = None, privileged: bool = False) -> api.Container:
+    c = api.Container(id=cid, pod_sandbox_id=POD.id, name=cid, env=list(env), state=api.CONTAINER_RUNNING)
+    if privileged:
+        c.linux.resources.devices.add(allow=True, access="rwm")
+    else:
+        c.linux.resources.devices.add(allow=False, access="rwm")
+    if minor is not None:
+        c.linux.devices.add(path=f"/dev/nvidia-fake{minor}", type="c", major=195, minor=minor)
+        rule = c.linux.resources.devices.add(allow=True, type="c", access="rw")
+        rule.major.value, rule.minor.value = 195, minor
+    return c
+
+
+async def settle(h: HookHandler) -> None:
+    """Wait for the handler's background work, and the work it starts, to end."""
+    while pending := [t for t in h._tasks if not t.done()]:
+        await asyncio.wait(pending)
+
+
+async def test_a_refusing_hook_at_reconnection_evicts_nobody(tmp_path: Path) -> None:
+    """Every hook refuses (a remote hook server down, policy fail): that decides nothing about GPUs.
+    Only the containers reaching a GPU no grant names are evicted, by number whatever the path."""
+    hook = Judge()
+    hook.grants[POD.uid] = Grants(scheduler=frozenset({1}))
+    evict = Evictions()
+    h = await judged(tmp_path, hook, evict)
+    granted = gpu_container("granted", "NVIDIA_VISIBLE_DEVICES=GPU-1", minor=1)
+    by_index = gpu_container("by-index", "NVIDIA_VISIBLE_DEVICES=1")
+    plain = gpu_container("plain", "PATH=/bin")
+    sneaky = gpu_container("sneaky", minor=0)  # /dev/nvidia-fake0, c 195:0
+    greedy = gpu_container("greedy", "NVIDIA_VISIBLE_DEVICES=all")
+    await h.synchronize([POD], [granted, by_index, plain, sneaky, greedy])
+    await settle(h)
+    assert sorted(evict.calls) == ["greedy", "sneaky"]
+    assert NRI_EVICTIONS_PENDING.value() == 0
+
+
+async def test_a_privileged_container_is_kept(tmp_path: Path) -> None:
+    evict = Evictions()
+    h = await judged(tmp_path, Judge(), evict)
+    await h.synchronize([POD], [gpu_container("dcgm", "NVIDIA_VISIBLE_DEVICES=all", minor=0, privileged=True)])
+    await settle(h)
+    assert evict.calls == []
+
+
+async def test_an_undecided_check_never_evicts_and_is_asked_again(tmp_path: Path) -> None:
+    hook = Judge()
+    hook.undecided = "NVML failed"
+    evict = Evictions()
+    h = await judged(tmp_path, hook, evict)
+    greedy = gpu_container("greedy", "NVIDIA_VISIBLE_DEVICES=all")
+    await h.synchronize([POD], [greedy])
+    await asyncio.to_thread(hook.thrice.wait)
+    assert evict.calls == []  # asked again and again, never evicted
+    hook.undecided = None  # NVML answers again: now the finding acts
+    await settle(h)
+    assert evict.calls == ["greedy"]
+
+
+async def test_a_slow_check_does_not_hold_up_synchronize(tmp_path: Path) -> None:
+    """One deadline for the whole Synchronize: the answer comes in time, the check goes on after it."""
+    hook = Judge()
+    hook.block.clear()
+    evict = Evictions()
+    h = await judged(tmp_path, hook, evict)
+    h.request_timeout = MARGIN + 0.05
+    await asyncio.wait_for(h.synchronize([POD], [gpu_container("greedy", "NVIDIA_VISIBLE_DEVICES=all")]), 5)
+    assert evict.calls == []
+    hook.block.set()
+    await settle(h)
+    assert evict.calls == ["greedy"]
+
+
+async def test_a_failed_eviction_is_retried_until_it_is_done(tmp_path: Path) -> None:
+    """Each failure is counted and written for `crihook doctor`; the file goes once it is done."""
+    evict = Evictions(failures=3)
+    h = await judged(tmp_path, Judge(), evict)
+    written: list[str] = []
+    h.sleep = lambda s: no_wait(s, then=lambda: written.append((tmp_path / EVICTIONS_FILE).read_text()))
+    await h.synchronize([POD], [gpu_container("greedy", "NVIDIA_VISIBLE_DEVICES=0")])
+    await settle(h)
+    assert evict.calls == ["greedy"] * 4 and h.pending_evictions() == []
+    assert [json.loads(w)[0]["tries"] for w in written] == [1, 2, 3]
+    assert json.loads(written[0])[0]["error"] == "CRI socket not reachable"
+    assert not (tmp_path / EVICTIONS_FILE).exists()
+
+
+async def test_an_eviction_stops_when_its_container_is_gone(tmp_path: Path) -> None:
+    evict = Evictions(failures=100)
+    h = await judged(tmp_path, Judge(), evict)
+    greedy = gpu_container("greedy", "NVIDIA_VISIBLE_DEVICES=0")
+
+    async def removed(seconds: float) -> None:
+        await h.state_change(api.StateChangeEvent(event=api.REMOVE_CONTAINER, pod=POD, container=greedy))
+
+    h.sleep = removed
+    await h.synchronize([POD], [greedy])
+    await settle(h)
+    assert evict.calls == ["greedy"] and h.pending_evictions() == []
+    assert NRI_EVICTIONS_PENDING.value() == 0 and not (tmp_path / EVICTIONS_FILE).exists()
+
+
+async def test_a_container_crihook_never_saw_is_judged_at_its_start(tmp_path: Path) -> None:
+    """Made while crihook was away, missing from Synchronize's list (containerd 1.7 lets the two
+    race): its StartContainer carries the whole spec, and a GPU nobody granted refuses it."""
+    h = await judged(tmp_path, Judge())
+    await h.synchronize([POD], [])
+    late = gpu_container("late", "NVIDIA_VISIBLE_DEVICES=GPU-0")
+    late.state = api.CONTAINER_CREATED
+    with pytest.raises(RpcError) as err:
+        await h.state_change(api.StateChangeEvent(event=api.START_CONTAINER, pod=POD, container=late))
+    assert "reaches GPU minor 0 (by NVIDIA_VISIBLE_DEVICES=GPU-0)" in err.value.message
+    plain = gpu_container("plain", "PATH=/bin")
+    await h.state_change(api.StateChangeEvent(event=api.START_CONTAINER, pod=POD, container=plain))
+
+
+async def test_the_catch_up_does_not_bring_back_a_container_removed_while_it_listed(tmp_path: Path) -> None:
+    h = await judged(tmp_path, Judge())
+    gone = gpu_container("gone", "PATH=/bin")
+
+    async def relist() -> tuple[list[api.PodSandbox], list[api.Container]]:
+        # the listing was taken; the container is removed before it is answered
+        await h.state_change(api.StateChangeEvent(event=api.REMOVE_CONTAINER, pod=POD, container=gone))
+        return [POD], [gone]
+
+    h.relist = relist
+    await h.synchronize([POD], [])
+    await settle(h)
+    assert "gone" not in h.lifecycle.store.containers

@@ -19,7 +19,7 @@ from crihook.cli.doctor.cri import check_kubelet, check_proxy, check_runtime
 from crihook.cli.doctor.files import check_config, check_hook_servers, check_state_dir
 from crihook.cli.doctor.finding import Finding, exit_status
 from crihook.cli.doctor.gpu import CONTAINERD_CONFIG, check_cdi, check_checkpoint, check_nvml, node_gpus
-from crihook.cli.doctor.nri import check_kubelet_nri, check_nri
+from crihook.cli.doctor.nri import check_evictions, check_kubelet_nri, check_nri
 from crihook.cli.doctor.output import render, render_json
 from crihook.cli.mode import running
 from crihook.devices.nvml import NodeGpus
@@ -43,6 +43,7 @@ def diagnose(
     if mode == "nri" or (mode == "auto" and nri is not None and all(d.mode == "nri" for d in daemons)):
         findings.append(check_nri(config, runtime, nri))
         findings.append(check_kubelet_nri(config))
+        findings.append(check_evictions(config))
     else:
         findings.append(check_proxy(config.proxy, runtime, timeout))
         findings.append(check_kubelet(config.proxy, config.node))

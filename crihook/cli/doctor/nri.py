@@ -3,6 +3,7 @@ the runtime applies what the configuration needs, and kubelet talks to container
 
 from __future__ import annotations
 
+import json
 import stat
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from crihook.cli.doctor.parse import kubelet_runtime_endpoint, parse_version, sa
 from crihook.cli.mode import Running
 from crihook.devices.kubelet import kubelet_argv
 from crihook.node.nriruntime import nri_runtime, start_refusal
+from crihook.nri.handler import EVICTIONS_FILE
 from crihook.nri.stub import DEFAULT_SOCKET
 
 ENABLE_17 = '[plugins."io.containerd.nri.v1.nri"] disable = false in /etc/containerd/config.toml'
@@ -70,3 +72,28 @@ def check_kubelet_nri(config: Config) -> Finding:
             "install.sh --uninstall, then install.sh --mode nri (takes kubelet's drop-in away)",
         )
     return Finding(name, Level.OK, f"kubelet talks to the runtime at {endpoint} ({source}); crihook is its NRI plugin")
+
+
+def check_evictions(config: Config) -> Finding:
+    """Containers `crihook nri` found reaching an ungranted GPU whose eviction keeps failing (it
+    retries with back-off until done or the container is gone, and lists them in EVICTIONS_FILE)."""
+    name = "evictions"
+    path = Path(config.proxy.state_dir) / EVICTIONS_FILE
+    try:
+        pending = json.loads(path.read_text())
+    except FileNotFoundError:
+        return Finding(name, Level.OK, "no eviction pending")
+    except (OSError, ValueError) as e:
+        return Finding(name, Level.WARN, f"{path} can not be read ({e})", "crihook nri rewrites it at its next try")
+    if not isinstance(pending, list) or not pending:
+        return Finding(name, Level.OK, "no eviction pending")
+    first = pending[0] if isinstance(pending[0], dict) else {}
+    return Finding(
+        name,
+        Level.FAIL,
+        f"{len(pending)} container(s) reaching an ungranted GPU not evicted yet, e.g. container"
+        f" {first.get('container')} of pod {first.get('pod')} ({first.get('what')}): {first.get('tries')} tries,"
+        f" last error: {first.get('error')}",
+        "crihook nri stops them through the CRI socket ([proxy] runtime_endpoint): make it reachable, or stop"
+        " them yourself (crictl stop <id>)",
+    )
