@@ -317,14 +317,20 @@ def _no_number(path: str) -> DeviceNumber:
 
 
 def nri_adjustment(
-    before: ContainerInfo, after: ContainerInfo, node_of: Callable[[str], tuple[DeviceNumber, int]]
+    before: ContainerInfo,
+    after: ContainerInfo,
+    node_of: Callable[[str], tuple[DeviceNumber, int]],
+    *,
+    access_rules: bool = False,
 ) -> nri.ContainerAdjustment:
     """What changed from `before` (as NRI showed it) to `after` (as the hooks left it), as the
     adjustment that makes the runtime build `after`: entries set by key (env name, mount and device
     path, annotation), mount and annotation removals marked "-". Env and device removals, and what
     else the runtime would drop, are not written: the caller refuses those first
     (nriruntime.unapplied). `node_of(host path)`: ((type, major, minor), permission bits) of a device
-    node to add."""
+    node to add. The runtime allows a node it adds "rw" ("rwm" for a block device); with
+    `access_rules` (NRI v0.10+ applies an adjustment's device-cgroup rules after those) the access
+    the hooks asked for is made exact by a rule allowing what is missing and one denying the rest."""
     adj = nri.ContainerAdjustment()
     adj.annotations.update(changed_keys(before.annotations, after.annotations))
     for k in before.annotations.keys() - after.annotations.keys():
@@ -347,6 +353,8 @@ def nri_adjustment(
             (kind, major, minor), mode = node_of(d.host_path)
             dev = adj.linux.devices.add(path=d.container_path, type=kind, major=major, minor=minor)
             dev.file_mode.value = mode
+            if access_rules:
+                _exact_access(adj.linux.resources, (kind, major, minor), d.permissions)
     for name in after.cdi_devices:
         if name not in before.cdi_devices:
             adj.CDI_devices.add(name=name)
@@ -355,6 +363,18 @@ def nri_adjustment(
         if after.resources.oom_score_adj != (before.resources.oom_score_adj if before.resources else 0):
             adj.linux.oom_score_adj.value = after.resources.oom_score_adj
     return adj
+
+
+def _exact_access(res: nri.LinuxResources, node: DeviceNumber, asked: str) -> None:
+    kind, major, minor = node
+    given = "rw" + ("m" if kind == "b" else "")  # NRI's LinuxDevice.AccessString
+    for allow, letters in (
+        (True, [c for c in "rwm" if c in asked and c not in given]),
+        (False, [c for c in given if c not in asked]),
+    ):
+        if letters:
+            rule = res.devices.add(allow=allow, type=kind, access="".join(letters))
+            rule.major.value, rule.minor.value = major, minor
 
 
 # CRI's container states as NRI names them; the escape check looks only at the live ones

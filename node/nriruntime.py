@@ -20,6 +20,8 @@ from crihook.node.update import changed_fields
 _VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?")
 # the LinuxResources fields an NRI adjustment can set on every NRI version; oom_score_adj needs v0.8
 _RESOURCES_ANY = frozenset(RESOURCE_FIELDS) - {"memory_swap_limit_in_bytes", "oom_score_adj"}
+# what NRI's spec generator skips when 0 or empty, on every version (generate.go, AdjustResources)
+_SKIPPED_WHEN_EMPTY = frozenset({"memory_limit_in_bytes", "cpuset_cpus", "cpuset_mems"})
 # the NRI release each containerd release vendors, from the first release that vendors it on: NRI's
 # own table (pkg/api/version.go, InferVersionFromRuntime, as of v0.12.5). Later containerd releases
 # send their NRI release in Configure.
@@ -87,13 +89,19 @@ def nri_runtime(name: str, version: str, nri_version: str = "") -> NriRuntime:
 
 
 def unapplied(
-    before: ContainerInfo, after: ContainerInfo, runtime: NriRuntime, *, every_device: bool = False
+    before: ContainerInfo,
+    after: ContainerInfo,
+    runtime: NriRuntime,
+    *,
+    every_device: bool = False,
+    selinux: bool = True,
 ) -> list[str]:
     """What the hook chain changed (before → after) that an adjustment can not carry to this runtime,
     one phrase each; empty when the adjustment does everything. Additions and replacements always
     carry (env, devices and mounts are replaced by key); removals mostly do not. With `every_device`
     (a privileged container: hooks.reach.every_device) a device node left in the spec reaches
-    nothing the container could not reach anyway, so leaving it is no failure."""
+    nothing the container could not reach anyway, so leaving it is no failure. `selinux`: whether
+    the node enforces SELinux labels, so that a mount asking to be relabeled must be."""
     out: list[str] = []
     kept_env = {k for k, _ in after.envs}
     counts = Counter(k for k, _ in before.envs)
@@ -105,6 +113,17 @@ def unapplied(
     for path in sorted({d.container_path for d in before.devices} - paths):
         if not every_device:  # a privileged container reaches the device whether its node stays or not
             out.append(f"removing device {path} (no NRI version applies device removals)")
+    old_devices = set(before.devices)
+    for d in after.devices:
+        if d not in old_devices and not runtime.device_rules and not {"r", "w"} <= set(d.permissions):
+            out.append(
+                f"giving device {d.container_path} access {d.permissions!r} (NRI before v0.10 gives every device"
+                " node it adds rw; needs containerd 2.2)"
+            )
+    old_mounts = set(before.mounts)
+    for m in after.mounts:
+        if m not in old_mounts and m.selinux_relabel and selinux:
+            out.append(f"relabeling mount {m.container_path} for SELinux (an NRI adjustment can not ask for it)")
     if not runtime.removes_mounts:
         gone = {m.container_path for m in before.mounts} - {m.container_path for m in after.mounts}
         out.extend(f"removing mount {p} (needs containerd 1.7.26 or 2.0)" for p in sorted(gone))
@@ -121,9 +140,14 @@ def _resources(before: ContainerInfo, after: ContainerInfo, runtime: NriRuntime)
     settable = _RESOURCES_ANY | ({"oom_score_adj"} if runtime.oom_score_adj else set())
     for f in fields(after.resources):
         old = getattr(before.resources, f.name) if before.resources is not None else None
-        if f.name != "unified" and f.name not in settable and getattr(after.resources, f.name) != old:
+        new = getattr(after.resources, f.name)
+        if f.name == "unified" or new == old:
+            continue
+        if f.name not in settable:
             need = "containerd 1.7.26 or 2.0" if f.name == "oom_score_adj" else "proxy mode"
             yield f"setting {f.name} (needs {need})"
+        elif f.name in _SKIPPED_WHEN_EMPTY and not new:
+            yield f"clearing {f.name} (no NRI version applies a memory limit of 0 or an empty cpuset: the value stays)"
 
 
 def update_unapplied(before: ContainerInfo, after: ContainerInfo) -> list[str]:

@@ -66,6 +66,7 @@ EVENTS = event_mask(
     api.STOP_CONTAINER,
     api.REMOVE_CONTAINER,
 )
+SELINUX_ENFORCE = "/sys/fs/selinux/enforce"  # there when SELinux is on, enforcing or permissive
 MARGIN = 0.25  # seconds kept back from the runtime's request timeout for the answer's trip
 CATCH_UP = 2.0  # seconds after a Synchronize before the runtime is listed again over CRI
 RETRY_FIRST = 1.0  # seconds before an eviction or an undecided check is tried again, doubled each time
@@ -159,6 +160,7 @@ class HookHandler:
     # can miss a creation that raced it (containerd 1.7), which this catches up with
     relist: Callable[[], Awaitable[tuple[list[api.PodSandbox], list[api.Container]]]] | None = None
     request_timeout: float = 2.0
+    selinux: bool = field(default_factory=lambda: os.path.exists(SELINUX_ENFORCE))  # the node labels mounts
     runtime: NriRuntime = field(default_factory=lambda: nri_runtime("", ""))
     refused: StartRefused | None = None
     synchronized: asyncio.Event = field(default_factory=asyncio.Event)  # set after the first Synchronize
@@ -399,11 +401,15 @@ class HookHandler:
         if every:
             self._note_privileged(pod, before.name, request.container.id)
         try:
-            reasons = unapplied(before, after, self.runtime, every_device=every)
+            reasons = unapplied(before, after, self.runtime, every_device=every, selinux=self.selinux)
             left = await self._left(pod, before, after, rules, ctx.deadline)
             if left:
                 reasons.append(left)
-            adjust = nri_adjustment(before, after, self.node_of) if not reasons else None
+            adjust = (
+                nri_adjustment(before, after, self.node_of, access_rules=self.runtime.device_rules)
+                if not reasons
+                else None
+            )
             if adjust is not None:
                 make_sources(adjust)
         except OSError as e:

@@ -244,3 +244,24 @@ def test_a_privileged_container_is_told_by_its_wildcard_allow_rule() -> None:
     assert not every_device(nri_rules(rules((True, "a", "m", None))))  # mknod alone opens nothing
     assert not every_device(nri_rules(rules((True, "c", "rwm", None))))  # every char device but no wildcard
     assert not every_device(nri_rules(rules()))
+
+
+def test_device_access_is_made_exact_by_rules_where_the_runtime_applies_them() -> None:
+    """NRI's runtime allows a node it adds rw (rwm for a block device); NRI v0.10+ then applies the
+    adjustment's rules in order, so a rule allowing what is missing and one denying the rest give
+    exactly the access the hooks asked for."""
+    before = ContainerInfo(name="main")
+    after = replace(
+        before,
+        devices=(
+            Device("/dev/nvidia1", "/dev/nvidia1", "r"),
+            Device("/dev/nvidia2", "/dev/nvidia2", "rwm"),
+            Device("/dev/nvidia3", "/dev/nvidia3", "rw"),
+        ),
+    )
+    rules = nri_adjustment(before, after, node_of, access_rules=True).linux.resources.devices
+    assert [(r.allow, r.type, r.major.value, r.minor.value, r.access) for r in rules] == [
+        (False, "c", 195, 1, "w"),
+        (True, "c", 195, 2, "m"),
+    ]
+    assert not nri_adjustment(before, after, node_of).linux.resources.devices  # not before NRI v0.10

@@ -242,3 +242,34 @@ def test_what_an_nri_update_can_not_carry() -> None:
     assert (
         update_unapplied(before, replace(before, resources=LinuxResources(cpu_shares=1, memory_limit_in_bytes=1))) == []
     )
+
+
+def test_device_access_narrower_than_rw_needs_device_rules() -> None:
+    before = ContainerInfo(name="main")
+    ro = replace(before, devices=(Device("/dev/fuse", "/dev/fuse", "r"),))
+    assert unapplied(before, ro, nri_runtime("containerd", "2.1.9")) == [
+        "giving device /dev/fuse access 'r' (NRI before v0.10 gives every device node it adds rw; needs containerd 2.2)"
+    ]
+    assert unapplied(before, ro, nri_runtime("containerd", "2.2.0")) == []  # carried as a deny rule
+    wider = replace(before, devices=(Device("/dev/fuse", "/dev/fuse", "rwm"),))
+    assert unapplied(before, wider, nri_runtime("containerd", "1.7.24")) == []  # mknod less: never more access
+
+
+def test_a_mount_to_relabel_is_refused_where_selinux_labels() -> None:
+    before = ContainerInfo(name="main")
+    after = replace(before, mounts=(Mount("/data", "/srv/data", selinux_relabel=True),))
+    rt = nri_runtime("containerd", "2.1.9")
+    assert unapplied(before, after, rt) == ["relabeling mount /data for SELinux (an NRI adjustment can not ask for it)"]
+    assert unapplied(before, after, rt, selinux=False) == []  # containerd's relabel is a no-op there too
+
+
+@pytest.mark.parametrize(
+    ("field", "old", "new"),
+    [("memory_limit_in_bytes", 1 << 30, 0), ("cpuset_cpus", "0-3", ""), ("cpuset_mems", "0", "")],
+)
+def test_a_limit_of_0_or_an_empty_cpuset_is_refused_not_sent(field: str, old: int | str, new: int | str) -> None:
+    before = ContainerInfo(name="main", resources=LinuxResources(**{field: old}))
+    after = replace(before, resources=LinuxResources(**{field: new}))
+    assert unapplied(before, after, nri_runtime("containerd", "2.2.0")) == [
+        f"clearing {field} (no NRI version applies a memory limit of 0 or an empty cpuset: the value stays)"
+    ]
