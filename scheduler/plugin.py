@@ -106,6 +106,7 @@ class Cluster:
         self.claimed = np.zeros((0, 0), bool)  # held by an allocated ResourceClaim (scheduler/claims.py)
         self.cpu_free = np.zeros(0, np.int64)
         self.hmem_free = np.zeros(0, np.int64)
+        self.host_cap = np.zeros((0, 2), np.int64)  # allocatable CPU (milli) and memory (bytes); 0 unknown
         self.host_known = np.zeros(0, bool)
         self.live = np.zeros(0, bool)
         self.version = np.zeros(0, np.int64)  # bumped on every change of a row
@@ -142,6 +143,8 @@ class Cluster:
         self.mem_total, self.usable = grow2(self.mem_total, 1), grow2(self.usable, False)
         self.claimed = grow2(self.claimed, False)
         self.cpu_free, self.hmem_free = grow1(self.cpu_free, 0), grow1(self.hmem_free, 0)
+        if n1 > n0:
+            self.host_cap = np.concatenate([self.host_cap, np.zeros((n1 - n0, 2), np.int64)])
         self.host_known, self.live = grow1(self.host_known, False), grow1(self.live, False)
         self.version = grow1(self.version, 0)
         self.idle, self.special, self.ngpus = grow2(self.idle, 0), grow1(self.special, False), grow1(self.ngpus, 0)
@@ -228,6 +231,7 @@ class DeviceShare:
         self._mark_claimed(row, node)
         st.host_known[row] = node.cpu_milli > 0
         st.cpu_free[row] = node.cpu_milli
+        st.host_cap[row] = (node.cpu_milli, node.memory)
         st.hmem_free[row] = node.memory if node.memory > 0 else 2**62
         st.nic_free[row] = {n.minor: 100 if n.healthy else 0 for n in node.nics}
         st.live[row] = True

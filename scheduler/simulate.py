@@ -9,7 +9,8 @@ arrived GPU request; the figure is its mean over the events whose arrival rounds
 
 Every policy runs through the same plugin API the extender uses (pre_filter, score_nodes, which
 scores exactly the nodes that pass Filter, and reserve); `default` is the allocator's own score,
-the others are baselines.
+the others are baselines, and `dra-*` the pods as ResourceClaims under Kubernetes' structured
+allocator (scheduler/simulate_dra.py).
 """
 
 from __future__ import annotations
@@ -22,15 +23,16 @@ from pathlib import Path
 
 import numpy as np
 
-from crihook.scheduler import baselines
+from crihook.scheduler import baselines, simulate_dra
 from crihook.scheduler.devices import Gpu, NodeDevices
 from crihook.scheduler.frag import Shape, Typical
 from crihook.scheduler.outlook import model_set, types_of
 from crihook.scheduler.plugin import DeviceShare, PluginConfig
 from crihook.scheduler.pod import Container, Pod
 from crihook.scheduler.request import parse_request
+from crihook.scheduler.score import DefaultPolicy
 
-POLICIES = ("default", "fgd", "bestfit", "dotprod", "random")
+POLICIES = ("default", "fgd", "bestfit", "dotprod", "random", *simulate_dra.VARIANTS)
 TUNE = 1.3
 GPU_MEMORY = 100 << 30  # any size works: trace shares are ratios of a GPU
 
@@ -127,9 +129,11 @@ def workload(pods: Sequence[TracePod], capacity_milli: int, seed: int) -> list[T
     return order
 
 
-def to_pod(p: TracePod, i: int) -> Pod:
+def to_pod(p: TracePod, i: int, whole: bool = False) -> Pod:
+    """The trace pod as a Pod; `whole`: its GPUs whole even when it wants part of one (a driver
+    that shares nothing)."""
     req: dict[str, str] = {"cpu": f"{p.cpu}m", "memory": f"{p.memory_mib}Mi"}
-    if p.num_gpu and p.gpu_milli == 1000:
+    if p.num_gpu and (p.gpu_milli == 1000 or whole):
         req["nvidia.com/gpu"] = str(p.num_gpu)
     elif p.num_gpu:
         pct = str(p.gpu_milli // 10)
@@ -165,6 +169,10 @@ def make_policy(name: str, pods: Sequence[TracePod], seed: int, models: Sequence
         return PluginConfig(policy=baselines.DotProd())
     if name == "random":
         return PluginConfig(policy=baselines.Random(seed))
+    if name == simulate_dra.CRIHOOK:
+        return PluginConfig(policy=simulate_dra.DraPolicy(name, DefaultPolicy()))
+    if name in simulate_dra.VARIANTS:
+        return PluginConfig(policy=simulate_dra.DraPolicy(name))
     raise TraceError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
 
 
@@ -192,7 +200,7 @@ def replay(
         ds.set_node(NodeDevices(f"{k:04d}-{n.name}", gpus, cpu_milli=n.cpu, memory=n.memory_mib << 20))
     arrived = 0
     for i, tp in enumerate(arrivals):
-        req = ds.pre_filter(to_pod(tp, i))
+        req = ds.pre_filter(to_pod(tp, i, whole=policy == simulate_dra.NVIDIA))
         arrived += tp.gpu
         scores = ds.score_nodes(req)  # the nodes that pass Filter, in name order, as Filter then Score
         best = None
