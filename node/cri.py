@@ -137,6 +137,15 @@ async def list_as_nri(endpoint: str) -> tuple[list[nri.PodSandbox], list[nri.Con
     return [listed_nri_pod(s) for s in seen.sandboxes], containers
 
 
+async def created_since(endpoint: str, since_ns: int) -> list[str]:
+    """The ids of the containers the runtime lists as created after `since_ns` (wall-clock
+    nanoseconds, CRI's `created_at`), oldest first."""
+    async with _channel(endpoint) as ch:
+        listed = await cri_grpc.RuntimeServiceStub(ch).ListContainers(cri.ListContainersRequest(), timeout=LIST_TIMEOUT)
+    newer = sorted((c.created_at, c.id) for c in listed.containers if c.created_at > since_ns)
+    return [cid for _, cid in newer]
+
+
 async def stop_containers(endpoint: str, ids: Sequence[str]) -> None:
     """CRI StopContainer with no grace for each of `ids`, on the runtime's own socket: what
     containerd's own NRI eviction does. The first failure raises."""

@@ -24,6 +24,10 @@ from crihook.proto import nri_v1alpha1_pb2 as api
 
 log = logging.getLogger("crihook.nri")
 
+# Seconds between looks at the runtime over CRI while no call has proven that it holds the plugin
+# since the last Synchronize (nri/registration.py); none once one has.
+PROOF_INTERVAL = 5.0
+
 
 @dataclass
 class PluginName:
@@ -68,6 +72,7 @@ class NriDoor:
         where = f"fd {plugin.fd}" if plugin.fd is not None else plugin.socket_path
         log.info("NRI plugin starting", extra={"plugin": f"{plugin.index}-{plugin.name}", "socket": where})
         runner = asyncio.create_task(plugin.run())
+        watch = asyncio.create_task(self._watch_registration(plugin, endpoint))
         synced = asyncio.create_task(handler.synchronized.wait())
         stopped = asyncio.create_task(self._stopped.wait())
         waiting = {runner, synced, stopped}
@@ -85,6 +90,7 @@ class NriDoor:
         except ConnectionLost as e:
             raise StartupError(f"cannot serve the runtime: {e}") from None
         finally:
+            watch.cancel()
             synced.cancel()
             stopped.cancel()
         if handler.refused is not None:
@@ -96,6 +102,23 @@ class NriDoor:
 
     def stop(self) -> None:
         self._stopped.set()
+
+    async def _watch_registration(self, plugin: Plugin, endpoint: str) -> None:
+        """While the runtime has not shown it holds the plugin since the last Synchronize, list its
+        containers over CRI: one created since, with no call to crihook, shows it does not."""
+        while True:
+            await asyncio.sleep(PROOF_INTERVAL)
+            reg = plugin.registration
+            since = reg.unproven_since() if reg is not None else None
+            if reg is None or since is None:
+                continue
+            try:
+                created = await cri.created_since(endpoint, since)
+            except Exception as e:  # the runtime busy or restarting: looked at again next time
+                log.debug("listing the runtime over CRI failed", extra={"error": str(e)})
+                continue
+            if plugin.registration is reg:  # still the same connection
+                reg.created_without_a_call(created)
 
     def reconfigure(self, cfg: cfgmod.Config) -> None:
         """[nri] synchronize takes effect at once; the gpu hook's inject mode at the next Configure."""

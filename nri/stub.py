@@ -18,6 +18,7 @@ import enum
 import logging
 import os
 import socket
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -25,6 +26,7 @@ from typing import Any, Protocol, TypeVar
 from google.protobuf.message import DecodeError, Message
 
 from crihook.nri import mux, ttrpc
+from crihook.nri.registration import Registration
 from crihook.nri.ttrpc import Frame, MessageType
 from crihook.proto import nri_v1alpha1_pb2 as api
 from crihook.proto import ttrpc_pb2
@@ -129,13 +131,21 @@ class Handler(Protocol):
 
 class _Service:
     """The Plugin service for one connection: decodes a Request, runs the handler, encodes the
-    Response. Keeps the chunks of a Synchronize that comes in several (NRI v0.8+, `more`)."""
+    Response. Keeps the chunks of a Synchronize that comes in several (NRI v0.8+, `more`), and
+    tells `registration` of every call and of how the Synchronize was answered."""
 
-    def __init__(self, handler: Handler, on_configure: Callable[[api.ConfigureRequest], None]) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        on_configure: Callable[[api.ConfigureRequest], None],
+        registration: Registration | None = None,
+    ) -> None:
         self.handler = handler
         self.on_configure = on_configure
+        self.registration = registration
         self._pods: list[api.PodSandbox] = []
         self._containers: list[api.Container] = []
+        self._last_chunk = False  # the Synchronize's last chunk is being answered
         self.methods: dict[str, tuple[type[Message], Callable[[Message], Awaitable[Message]]]] = {
             "Configure": (api.ConfigureRequest, self._configure),
             "Synchronize": (api.SynchronizeRequest, self._synchronize),
@@ -169,6 +179,7 @@ class _Service:
             return api.SynchronizeResponse(more=True)
         pods, containers = self._pods, self._containers
         self._pods, self._containers = [], []
+        self._last_chunk = True
         updates = await self.handler.synchronize(pods, containers)
         log.info("synchronized with the runtime", extra={"pods": len(pods), "containers": len(containers)})
         return api.SynchronizeResponse(update=updates)
@@ -196,7 +207,17 @@ class _Service:
 
     async def respond(self, frame: Frame) -> Frame:
         """The Response frame for a Request frame."""
-        return Frame(frame.stream_id, MessageType.RESPONSE, (await self._answer(frame.payload)).SerializeToString())
+        received = time.monotonic()
+        if self.registration is not None:
+            self.registration.call_received()
+        response = await self._answer(frame.payload)
+        if self._last_chunk:  # the runtime calls nothing else while a Synchronize is unanswered
+            self._last_chunk = False
+            if self.registration is not None:
+                status = response.status
+                error = (status.message or f"code {status.code}") if status.code else None
+                self.registration.synchronize_answered(error, time.monotonic() - received)
+        return Frame(frame.stream_id, MessageType.RESPONSE, response.SerializeToString())
 
     async def _answer(self, payload: bytes) -> ttrpc_pb2.Response:
         try:
@@ -384,6 +405,7 @@ class Plugin:
     registration_timeout: float = REGISTRATION_TIMEOUT
     request_timeout: float = REQUEST_TIMEOUT
     connections: int = field(default=0, init=False)  # registrations so far
+    registration: Registration | None = field(default=None, init=False)  # the connection's, while it lasts
     runtime: str = field(default="", init=False)  # "name version" from the last Configure
     _conn: Connection | None = field(default=None, init=False, repr=False)
     _stopping: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
@@ -441,8 +463,10 @@ class Plugin:
         return await asyncio.open_unix_connection(self.socket_path)
 
     async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        """Register and serve one connection until it drops; whether it registered."""
-        conn = Connection(reader, writer, _Service(self.handler, self._configured))
+        """Register and serve one connection until it drops, or until the runtime shows it did not
+        take the plugin (nri/registration.py); whether it registered and was taken."""
+        self.registration = reg = Registration(self.request_timeout)
+        conn = Connection(reader, writer, _Service(self.handler, self._configured, reg))
         serving = asyncio.create_task(conn.serve())
         registered = False
         try:
@@ -456,17 +480,24 @@ class Plugin:
             self.connections += 1
             self._conn = conn
             log.info("registered with the runtime", extra={"plugin": f"{self.index}-{self.name}"})
-            await serving
+            given_up = asyncio.create_task(reg.gone.wait())
+            try:
+                await asyncio.wait([serving, given_up], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                given_up.cancel()
+            if serving.done():
+                serving.result()
         except (ConnectionLost, RpcError, TimeoutError) as e:
             why = "registration timed out" if isinstance(e, TimeoutError) else str(e)
             log.warning("connection to the runtime lost", extra={"plugin": f"{self.index}-{self.name}", "error": why})
         finally:
             self._conn = None
+            self.registration = None
             serving.cancel()
             with contextlib.suppress(asyncio.CancelledError, ConnectionLost):
                 await serving
             await conn.close()
-        return registered
+        return registered and reg.dropped is None
 
     def _configured(self, req: api.ConfigureRequest) -> None:
         self.runtime = f"{req.runtime_name} {req.runtime_version}"
@@ -474,6 +505,8 @@ class Plugin:
             self.registration_timeout = req.registration_timeout / 1000
         if req.request_timeout > 0:
             self.request_timeout = req.request_timeout / 1000
+        if self.registration is not None:
+            self.registration.request_timeout = self.request_timeout
 
     async def update_containers(
         self, update: Sequence[api.ContainerUpdate] = (), evict: Sequence[api.ContainerEviction] = ()

@@ -367,6 +367,12 @@ NRI_EVICTIONS_PENDING = Gauge(
     "Evictions `crihook nri` is still trying (each retried with back-off until done or its container is gone).",
     (),
 )
+NRI_UNREGISTERED = Counter(
+    "crihook_nri_unregistered_total",
+    "Connections `crihook nri` gave up because the runtime did not take it as a plugin, by reason"
+    " (sync_failed, sync_late, unproven); each is dialled again.",
+    ("reason",),
+)
 SCHEDULER_REQUESTS = Counter(
     "crihook_scheduler_requests_total",
     "Requests `crihook scheduler` answered (extender verbs, admission reviews), by path and HTTP status.",

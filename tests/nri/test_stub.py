@@ -10,11 +10,13 @@ import contextlib
 import re
 import socket
 import struct
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
 
+from crihook.base.metrics import NRI_UNREGISTERED
 from crihook.nri import mux, ttrpc
 from crihook.nri.stub import Code, ConnectionLost, Plugin, RpcError, _Service, event_mask, inherited_socket
 from crihook.nri.ttrpc import Frame, MessageType
@@ -273,6 +275,48 @@ async def test_the_request_timeout_from_configure_is_used(sock: Path) -> None:
         request = api.ConfigureRequest(runtime_name="rt", runtime_version="9", request_timeout=1500)
         await peer.call("Configure", request, api.ConfigureResponse)
         assert (p.runtime, p.request_timeout) == ("rt 9", 1.5)
+
+
+class SlowSync(Recorder):
+    """Fails its first Synchronize, or holds the event loop through it (as a blocking read would),
+    then answers as Recorder does."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+
+    async def synchronize(
+        self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]
+    ) -> Sequence[api.ContainerUpdate]:
+        first = not any(call == "synchronize" for call, _ in self.calls)
+        answer = await super().synchronize(pods, containers)
+        if first and self.how == "error":
+            raise RpcError(Code.DEADLINE_EXCEEDED, "one container's trial took too long")
+        if first and self.how == "late":
+            time.sleep(0.3)  # noqa: ASYNC251  (past the 0.2 s request timeout, the loop held: no timeout fires)
+        return answer
+
+
+@pytest.mark.parametrize(("how", "reason"), [("error", "sync_failed"), ("late", "sync_late")])
+async def test_a_synchronize_the_runtime_did_not_take_gives_the_connection_up(
+    sock: Path, how: str, reason: str
+) -> None:
+    """NRI v0.6.1 neither adds nor closes a plugin whose Synchronize failed: waiting on that
+    connection would wait forever, so the plugin closes it and dials again."""
+    before = NRI_UNREGISTERED.value(reason)
+    p = plugin(SlowSync(how), sock)
+    async with FakeRuntime(sock) as rt, running(p):
+        first = await rt.accept()
+        await first.register()
+        configure = api.ConfigureRequest(runtime_name="rt", request_timeout=200)
+        await first.call("Configure", configure, api.ConfigureResponse)
+        await first.call_raw("Synchronize", api.SynchronizeRequest().SerializeToString())
+        await asyncio.wait_for(first.closed.wait(), 10)  # closed by the plugin, the runtime did nothing
+        second = await rt.accept()
+        await second.handshake()
+        assert p.registration is not None and p.registration.dropped is None
+    assert NRI_UNREGISTERED.value(reason) == before + 1
+    assert p.connections == 2
 
 
 # -- calls to the runtime -------------------------------------------------------------------------
