@@ -21,11 +21,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from crihook.base import dra
 from crihook.devices.sysfs import pci_address
 from crihook.scheduler.devices import Gpu
 
-UUID_ATTRS = ("uuid", "parentUUID")
-BUS_ATTRS = ("pcieBusID", "pciBusID", "resource.kubernetes.io/pciBusID")
+UUID_ATTRS = (dra.ATTR_UUID, "parentUUID")
+BUS_ATTRS = ("pcieBusID", dra.ATTR_PCI_BUS_ID, "resource.kubernetes.io/pciBusID")
 
 DeviceKey = tuple[str, str, str]  # driver, pool, device
 Place = tuple[str, int]  # node, GPU minor

@@ -7,9 +7,10 @@ Three drivers, as they publish GPUs:
 - `dra-hami`, HAMi's `hami-core-gpu.project-hami.io`: one device per GPU with the capacities `cores`
   (100) and `memory`, allocatable many times (consumable capacity); a share asks for its cores and
   memory, a whole GPU for nothing (all of both).
-- `dra-crihook`, crihook's `gpu.crihook.io`: as HAMi's, plus `numaNode` and the NVLink partition
-  ids `partition2/4/8` of an 8-GPU board (pairs, quads, the board); a multi-GPU claim is
-  crihook's template: `firstAvailable` of the same partition, the same NUMA node, then any.
+- `dra-crihook`, crihook's `gpu.crihook.io` (names from crihook/base/dra.py): as HAMi's, plus
+  `numaNode` and the NVLink partition ids `nvlinkPartition2/4/8` of an 8-GPU board (pairs, quads,
+  the board: the trace has no topology); a multi-GPU claim is crihook's template, `firstAvailable`
+  of the same partition, the same NUMA node, then any.
 
 kube-scheduler picks the node and the allocator the devices in it. For NVIDIA's and HAMi's drivers
 the node is kube-scheduler's default choice (NodeResourcesFit's LeastAllocated plus
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from crihook.base import dra
 from crihook.scheduler.devices import NodeDevices
 from crihook.scheduler.plugin import Cluster, Policy
 from crihook.scheduler.request import PodRequest
@@ -46,8 +48,8 @@ from crihook.scheduler.structured import (
 
 NVIDIA, HAMI, CRIHOOK = "dra-nvidia", "dra-hami", "dra-crihook"
 VARIANTS = (NVIDIA, HAMI, CRIHOOK)
-DRIVERS = {NVIDIA: "gpu.nvidia.com", HAMI: "hami-core-gpu.project-hami.io", CRIHOOK: "gpu.crihook.io"}
-MODEL_ATTR = {NVIDIA: "productName", HAMI: "productName", CRIHOOK: "model"}
+DRIVERS = {NVIDIA: "gpu.nvidia.com", HAMI: "hami-core-gpu.project-hami.io", CRIHOOK: dra.DRIVER}
+MODEL_ATTR = {NVIDIA: "productName", HAMI: "productName", CRIHOOK: dra.ATTR_MODEL}
 CORES = RequestPolicy(default=100, min=1, max=100, step=1)
 
 
@@ -63,12 +65,12 @@ def publish(variant: str, node: NodeDevices) -> Slice:
         if variant == NVIDIA:
             devices.append(Device(f"gpu-{g.minor}", attrs))
             continue
-        caps = {"cores": Capacity(100, CORES), "memory": Capacity(g.memory)}
+        caps = {dra.CAPACITY_CORES: Capacity(100, CORES), dra.CAPACITY_MEMORY: Capacity(g.memory)}
         if variant == CRIHOOK:
-            attrs["numaNode"] = g.numa if g.numa >= 0 else g.minor * 2 // max(len(node.gpus), 1)
+            attrs[dra.ATTR_NUMA_NODE] = g.numa if g.numa >= 0 else g.minor * 2 // max(len(node.gpus), 1)
             for size in (2, 4, 8):
                 if len(node.gpus) >= size:
-                    attrs[f"partition{size}"] = g.minor // size
+                    attrs[dra.partition_attribute(size)] = str(g.minor // size)
         devices.append(Device(f"gpu-{g.minor}", attrs, caps, multiple=True))
     return Slice(DRIVERS[variant], node.name, tuple(devices))
 
@@ -87,16 +89,16 @@ def claim_for(variant: str, req: PodRequest, gpu_memory: int) -> Claim:
 
     capacity: dict[str, int] = {}
     if req.shared and variant != NVIDIA:
-        capacity = {"cores": req.core, "memory": req.memory_on(gpu_memory)}
+        capacity = {dra.CAPACITY_CORES: req.core, dra.CAPACITY_MEMORY: req.memory_on(gpu_memory)}
     count = req.count
     if variant == CRIHOOK and count > 1 and not req.shared:
-        part = next((f"partition{s}" for s in (2, 4, 8) if s >= count), "partition8")
+        part = dra.partition_attribute(next((s for s in (2, 4, 8) if s >= count), 8))
         subs = tuple(Sub(name, count, selector) for name in ("nvlink", "numa", "any"))
         return Claim(
             (Request("gpus", first_available=subs),),
             (
                 MatchAttribute(f"{driver}/{part}", ("gpus/nvlink",)),
-                MatchAttribute(f"{driver}/numaNode", ("gpus/numa",)),
+                MatchAttribute(f"{driver}/{dra.ATTR_NUMA_NODE}", ("gpus/numa",)),
             ),
         )
     return Claim((Request("gpus", exactly=Sub("gpus", count, selector, capacity)),))

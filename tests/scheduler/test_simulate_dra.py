@@ -56,8 +56,13 @@ def test_each_driver_publishes_its_own_way() -> None:
     assert not nv.devices[0].multiple and not nv.devices[0].capacity
     assert hami.devices[0].multiple and hami.devices[0].capacity["memory"].value == 16 * GIB
     d5 = ours.devices[5].attributes
-    assert (d5["partition2"], d5["partition4"], d5["partition8"], d5["numaNode"]) == (2, 1, 0, 1)
-    assert "partition8" not in publish(CRIHOOK, node(gpus=4)).devices[0].attributes
+    assert (d5["nvlinkPartition2"], d5["nvlinkPartition4"], d5["nvlinkPartition8"], d5["numaNode"]) == (
+        "2",
+        "1",
+        "0",
+        1,
+    )
+    assert "nvlinkPartition8" not in publish(CRIHOOK, node(gpus=4)).devices[0].attributes
 
 
 def test_claims_as_each_drivers_users_write_them() -> None:
@@ -67,8 +72,10 @@ def test_claims_as_each_drivers_users_write_them() -> None:
     assert claim_for(NVIDIA, half, 16 * GIB).requests[0].exactly.capacity == {}  # type: ignore[union-attr]
     pair = claim_for(CRIHOOK, ds.pre_filter(pod("p", 2)), 16 * GIB)
     assert [s.name for s in pair.requests[0].first_available] == ["nvlink", "numa", "any"]
-    assert [c.attribute for c in pair.constraints] == ["gpu.crihook.io/partition2", "gpu.crihook.io/numaNode"]
-    assert claim_for(CRIHOOK, ds.pre_filter(pod("q", 3)), 16 * GIB).constraints[0].attribute.endswith("partition4")
+    assert [c.attribute for c in pair.constraints] == ["gpu.crihook.io/nvlinkPartition2", "gpu.crihook.io/numaNode"]
+    assert (
+        claim_for(CRIHOOK, ds.pre_filter(pod("q", 3)), 16 * GIB).constraints[0].attribute.endswith("nvlinkPartition4")
+    )
 
 
 def reserve_all(variant: str, pods: list[Pod], n: NodeDevices) -> list[list[int]]:
