@@ -43,6 +43,7 @@ from crihook.scheduler.plugin import DeviceShare, Unschedulable
 from crihook.scheduler.pod import PodError, pod_from_json
 from crihook.scheduler.preempt import Victim
 from crihook.scheduler.request import PodRequest, RequestError
+from crihook.scheduler.webhook import DEFAULT_SCHEDULER
 
 log = logging.getLogger("crihook.scheduler")
 
@@ -214,6 +215,8 @@ class Extender:
         self.api = api
         self.ready = ready
         self.may_write = may_write  # False on a replica that does not hold the leader Lease (now)
+        # the schedulerNames whose pods this extender filters and binds; empty: any
+        self.scheduler_names: frozenset[str] = frozenset()
         self.priorities: Mapping[str, int] = {}  # pod uid -> priority, from the cluster cache
         self.lock = threading.Lock()  # guards self.plugin
         self._pod_locks: dict[str, tuple[threading.Lock, int]] = {}
@@ -255,6 +258,16 @@ class Extender:
         with self.lock:
             return self.plugin.pre_filter(pod)
 
+    def _not_served(self, pod: Any) -> str:
+        """Why this extender refuses the pod ("" when it serves it): a scheduler it does not serve."""
+        spec = pod.get("spec") if isinstance(pod, dict) else None
+        name = (spec.get("schedulerName") if isinstance(spec, dict) else None) or DEFAULT_SCHEDULER
+        if not self.scheduler_names or name in self.scheduler_names:
+            return ""
+        return (
+            f"schedulerName {name} is not served by this crihook scheduler ({', '.join(sorted(self.scheduler_names))})"
+        )
+
     def _hold(self, req: PodRequest, node: str) -> None:
         """Hold the pod's devices on the node prioritize ranked first until its bind comes, as
         kube-scheduler assumes a pod at Reserve before its bind completes: the cycles that run while
@@ -282,6 +295,8 @@ class Extender:
         c = candidates(args)
         if not self.ready():
             return filter_result(c, [], {}, "crihook scheduler is not ready: the cluster cache is still loading")
+        if why := self._not_served(args.get("Pod")):
+            return filter_result(c, [], {n: why for n in c.names})
         try:
             req = self._request(args.get("Pod"))
         except (PodError, RequestError) as e:
@@ -444,6 +459,8 @@ class Extender:
         meta = pod_json.get("metadata") or {}
         if meta.get("uid") != uid:
             return f"pod {key}: uid is {meta.get('uid')}, not {uid}: the pod was deleted and created again"
+        if why := self._not_served(pod_json):
+            return f"pod {key}: {why}"
         bound = (pod_json.get("spec") or {}).get("nodeName") or ""
         if bound:
             # a retry of a bind that went through, or a pod someone else bound

@@ -5,11 +5,14 @@ server's admission webhooks), GET /healthz (the process serves), /readyz (this r
 its cluster cache is loaded: scheduler/ha.py) and /metrics (Prometheus: requests by path and
 status, time to answer).
 
-TLS comes from certificate and key files; with `--client-ca` callers must present a certificate
-signed by it. The files are read again when they change (a mounted Secret is swapped in place), so
-a rotated certificate needs no restart. Plain HTTP is for loopback only (kube-scheduler beside us in
-one pod): a plain listener on any other address is refused unless `--insecure-allow-plain-http`
-says so, because anyone who can reach /bind can place pods.
+TLS comes from certificate and key files. With `--client-ca`, the extender verbs (EXTENDER_PATHS:
+bind places pods, past taints) answer only callers that presented a certificate signed by it, and
+with `--extender-client` one of those names; the API server's webhook calls, which carry no client
+certificate by default, and the GETs need none. The files are read again when they change (a
+mounted Secret is swapped in place), so a rotated certificate needs no restart. Plain HTTP, and
+HTTPS without a client CA, are for loopback only (kube-scheduler beside us in one pod): on any other
+address they are refused unless `--insecure-allow-plain-http` or
+`--insecure-allow-anonymous-extender` says so, because anyone who can reach /bind can place pods.
 
 The HTTP server is a small server on threads, chosen by measurement over aiohttp and uvicorn
 (docs/scheduler.md, "Serving"): a deep listen backlog, so a burst of new connections is queued
@@ -74,6 +77,7 @@ JSON_TYPE = "application/json"
 REASONS = {
     200: "OK",
     400: "Bad Request",
+    403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
     408: "Request Timeout",
@@ -103,8 +107,10 @@ class TlsFiles:
         ctx.options |= ssl.OP_NO_TICKET
         ctx.load_cert_chain(self.cert, self.key)
         if self.client_ca:
+            # asked for, checked when given, required per path (Server._allowed): the API server
+            # calls the webhooks without one
             ctx.load_verify_locations(self.client_ca)
-            ctx.verify_mode = ssl.CERT_REQUIRED
+            ctx.verify_mode = ssl.CERT_OPTIONAL
         return ctx
 
     def signature(self) -> tuple[tuple[int, int, int, int], ...]:
@@ -161,15 +167,35 @@ class Certificates:
         log.info("certificate files reloaded", extra={"cert": self.files.cert})
 
 
-def check_listen(listen: str, tls: TlsFiles | None, allow_plain: bool) -> tuple[str, int]:
-    """(host, port); raises ValueError for a plain listener off loopback unless allowed."""
+def check_listen(
+    listen: str, tls: TlsFiles | None, allow_plain: bool, allow_anonymous: bool = False
+) -> tuple[str, int]:
+    """(host, port); raises ValueError for a listener off loopback that would let anyone bind pods:
+    plain HTTP unless allowed, HTTPS without a client CA unless anonymous extender calls are allowed."""
     host, port = parse_listen(listen)
-    if tls is None and not is_loopback(host) and not allow_plain:
+    if is_loopback(host):
+        return host, port
+    if tls is None and not allow_plain:
         raise ValueError(
             f"refusing plain HTTP on {listen}: anyone who reaches it could bind pods. Give --tls-cert and "
             "--tls-key, listen on loopback, or pass --insecure-allow-plain-http"
         )
+    if tls is not None and not tls.client_ca and not allow_anonymous:
+        raise ValueError(
+            f"refusing extender calls without a client certificate on {listen}: anyone who reaches it could "
+            "bind pods. Give --client-ca (the CA of kube-scheduler's client certificate), listen on loopback, "
+            "or pass --insecure-allow-anonymous-extender"
+        )
     return host, port
+
+
+def client_name(cert: dict[str, Any] | None) -> str:
+    """The common name of a verified client certificate (ssl's getpeercert()); "" when none was given."""
+    for rdn in (cert or {}).get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return "-" if cert else ""  # verified, but no common name
 
 
 @dataclass
@@ -250,6 +276,7 @@ class Conn:
 
     sock: socket.socket
     peer: str
+    client: str = ""  # the verified client certificate's common name ("-" without one); "" none
     left: bytes = b""
     idle_since: float = 0.0
     fresh: bool = True  # TLS handshake still to do
@@ -367,6 +394,33 @@ def response(code: int, body: bytes, ctype: str, keep_alive: bool, with_body: bo
     return head.encode() + body if with_body else head.encode()
 
 
+def listen_socket(address: tuple[str, int]) -> socket.socket:
+    """A listening socket; "::" is every address of both families (IPv6 and IPv4-mapped), so one
+    default serves IPv4, IPv6 and dual-stack clusters alike, and falls back to IPv4's "0.0.0.0" on a
+    kernel without IPv6."""
+    host, port = address
+    if ":" in host:
+        try:
+            sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        except OSError:
+            if host != "::":
+                raise
+            log.warning("no IPv6 on this host: listening on 0.0.0.0 instead of ::", extra={"port": port})
+            return listen_socket(("0.0.0.0", port))
+        if host == "::":
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    else:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 class Server:
     """Accepts on one selector thread, works on a bounded pool; see the module docstring."""
 
@@ -377,17 +431,15 @@ class Server:
         tls: Certificates | None,
         workers: int = WORKERS,
         max_connections: int = MAX_CONNECTIONS,
+        extender_clients: frozenset[str] = frozenset(),
     ) -> None:
         self.app = app
         self.tls = tls
+        self.extender_clients = extender_clients  # allowed common names; empty: any the client CA signed
         self.max_connections = max_connections
         self.workers = workers
         self._lingering = 0
-        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-        self.socket = socket.socket(family, socket.SOCK_STREAM)
-        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.socket.bind(address)
-        self.socket.listen(BACKLOG)
+        self.socket = listen_socket(address)
         self.socket.setblocking(False)
         self.server_address = self.socket.getsockname()
         # requests on open connections go before new handshakes: an answer costs a fraction of a
@@ -501,6 +553,8 @@ class Server:
                 if self.tls is not None:
                     conn.sock.settimeout(HANDSHAKE_TIMEOUT)
                     conn.sock = self.tls.context().wrap_socket(conn.sock, server_side=True)
+                    assert isinstance(conn.sock, ssl.SSLSocket)
+                    conn.client = client_name(conn.sock.getpeercert())
             while True:
                 try:
                     req = read_request(conn)
@@ -509,7 +563,7 @@ class Server:
                     break
                 if req is None:
                     break
-                code, body, ctype = self._answer(req)
+                code, body, ctype = self._answer(req, conn)
                 # a replica that is not ready (a standby, a leader that lost its Lease) closes after
                 # answering an extender verb, so a kept-alive kube-scheduler reconnects through the
                 # leader's Service instead of staying pinned here; the API server's webhook calls,
@@ -544,7 +598,21 @@ class Server:
             with self._lock:
                 self._lingering -= 1
 
-    def _answer(self, req: Request) -> Answer:
+    def _allowed(self, path: str, conn: Conn) -> bool:
+        """Extender verbs only from a caller with a client certificate (of an allowed name), where a
+        client CA is configured; everything else from anyone."""
+        if path not in EXTENDER_PATHS or self.tls is None or not self.tls.files.client_ca:
+            return True
+        return bool(conn.client) and (not self.extender_clients or conn.client in self.extender_clients)
+
+    def _answer(self, req: Request, conn: Conn) -> Answer:
+        if req.method == "POST" and not self._allowed(req.path, conn):
+            metrics.SCHEDULER_REQUESTS.inc(req.path, "403")
+            log.warning(
+                "extender call refused: no allowed client certificate",
+                extra={"peer": conn.peer, "path": req.path, "client": conn.client or "<none>"},
+            )
+            return 403, b"forbidden: extender calls need kube-scheduler's client certificate\n", TEXT
         if req.method == "POST":
             return self.app.post(req.path, req.body)
         if req.method == "GET":
@@ -565,6 +633,13 @@ class Server:
 
 
 def make_server(
-    app: App, host: str, port: int, tls: TlsFiles | None, workers: int = WORKERS, max_connections: int = MAX_CONNECTIONS
+    app: App,
+    host: str,
+    port: int,
+    tls: TlsFiles | None,
+    workers: int = WORKERS,
+    max_connections: int = MAX_CONNECTIONS,
+    extender_clients: frozenset[str] = frozenset(),
 ) -> Server:
-    return Server(app, (host, port), Certificates(tls) if tls is not None else None, workers, max_connections)
+    certs = Certificates(tls) if tls is not None else None
+    return Server(app, (host, port), certs, workers, max_connections, extender_clients)

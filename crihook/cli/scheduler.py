@@ -25,6 +25,7 @@ from crihook.scheduler.server import (
     check_listen,
     make_server,
 )
+from crihook.scheduler.webhook import DEFAULT_SCHEDULER
 
 log = logging.getLogger("crihook.scheduler")
 
@@ -37,9 +38,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", default=DEFAULT_LISTEN, help="HOST:PORT to serve on (default %(default)s)")
     parser.add_argument("--tls-cert", default="", help="PEM certificate (chain) file; enables HTTPS")
     parser.add_argument("--tls-key", default="", help="PEM private key file for --tls-cert")
-    parser.add_argument("--client-ca", default="", help="require client certificates signed by this CA")
+    parser.add_argument(
+        "--client-ca", default="", help="extender verbs only from callers with a client certificate signed by this CA"
+    )
+    parser.add_argument(
+        "--extender-client",
+        action="append",
+        default=[],
+        help="common name of a client certificate allowed the extender verbs (repeatable; default: any that "
+        "--client-ca signed)",
+    )
     parser.add_argument(
         "--insecure-allow-plain-http", action="store_true", help="allow plain HTTP on a non-loopback address"
+    )
+    parser.add_argument(
+        "--insecure-allow-anonymous-extender",
+        action="store_true",
+        help="allow extender verbs without a client certificate on a non-loopback address",
     )
     parser.add_argument("--kubeconfig", default="", help="kubeconfig file (default: in-cluster, else ~/.kube/config)")
     parser.add_argument("--strategy", default="fragmentation", choices=STRATEGIES, help="node scoring strategy")
@@ -50,6 +65,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"user allowed to write allocation annotations (repeatable; default {DEFAULT_SCHEDULER_USER})",
     )
     parser.add_argument("--scheduler-name", default="", help="webhook: move GPU pods of the default scheduler here")
+    parser.add_argument(
+        "--serve-scheduler-name",
+        action="append",
+        default=[],
+        help="schedulerName of the pods the extender filters and binds (repeatable; default --scheduler-name if "
+        f"given, else {DEFAULT_SCHEDULER})",
+    )
     parser.add_argument("--log-level", default="info", choices=crihook_log.LEVELS)
     ha.add_arguments(parser)
 
@@ -98,7 +120,9 @@ def run(args: argparse.Namespace) -> int:
         log.error("--client-ca needs --tls-cert and --tls-key")
         return 2
     try:
-        host, port = check_listen(args.listen, tls, args.insecure_allow_plain_http)
+        host, port = check_listen(
+            args.listen, tls, args.insecure_allow_plain_http, args.insecure_allow_anonymous_extender
+        )
     except ValueError as e:
         log.error(str(e))
         return 2
@@ -108,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
         return DeviceShare(PluginConfig(strategy=args.strategy, background_outlook=True))
 
     extender = Extender(new_plugin(), KubeApi(api_client))
+    extender.scheduler_names = frozenset(args.serve_scheduler_name or [args.scheduler_name or DEFAULT_SCHEDULER])
     try:
         replica = ha.build(args, api_client, extender, new_plugin, freeze_heap=True)
     except ValueError as e:
@@ -116,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     users = tuple(args.scheduler_user) or (DEFAULT_SCHEDULER_USER,)
     app = App(extender, webhook.WebhookConfig(users, args.scheduler_name), replica.ready)
     try:
-        server = make_server(app, host, port, tls)
+        server = make_server(app, host, port, tls, extender_clients=frozenset(args.extender_client))
     except (OSError, ssl.SSLError) as e:
         log.error("can not serve", extra={"listen": args.listen, "error": str(e)})
         return 2

@@ -100,7 +100,11 @@ def test_chart_admits_managed_clusters_but_not_older_ones() -> None:
     """kubeVersion admits a provider's suffixed version and names it for kube-scheduler without the
     suffix; a version below the floor is refused before anything renders."""
     text = helm.template_text(Combo(), "v1.29.3-eks-1a2b3c")
-    (ks,) = [d for d in helm.of_kind(helm.documents_of(text, "eks"), "Deployment") if "kube-scheduler" in str(d)]
+    (ks,) = [
+        d
+        for d in helm.of_kind(helm.documents_of(text, "eks"), "Deployment")
+        if d["metadata"]["name"].endswith("kube-scheduler")
+    ]
     assert ks["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.k8s.io/kube-scheduler:v1.29.3"
     major, minor, _ = OLDEST.split(".")
     below = helm.run("template", "x", str(CHART), "--kube-version", f"{major}.{int(minor) - 1}.0", check=False)
@@ -234,6 +238,14 @@ def test_generated_certificate_is_the_webhooks_ca_and_names_the_service(tmp_path
         ["openssl", "verify", "-CAfile", tmp_path / "ca.crt", tmp_path / "tls.crt"], capture_output=True, text=True
     )
     assert verify.returncode == 0, verify.stdout + verify.stderr
+    # kube-scheduler's client certificate: the same CA, good for TLS client authentication
+    (tmp_path / "client.crt").write_bytes(data["client.crt"])
+    client = subprocess.run(
+        ["openssl", "verify", "-purpose", "sslclient", "-CAfile", tmp_path / "ca.crt", tmp_path / "client.crt"],
+        capture_output=True,
+        text=True,
+    )
+    assert client.returncode == 0, client.stdout + client.stderr
     svc = next(s for s in helm.of_kind(docs, "Service") if s["metadata"]["name"].endswith("-scheduler"))
     name = f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc"
     check = subprocess.run(
@@ -286,6 +298,13 @@ def test_upgrade_keeps_the_generated_certificate(tmp_path: Path) -> None:
     assert kept == first and bundles == {first["ca.crt"]}
     fresh, bundles = against([], tmp_path / "fresh")
     assert fresh["ca.crt"] != first["ca.crt"] and bundles == {fresh["ca.crt"]}
+    # a Secret without kube-scheduler's client certificate (made before the chart made one): the CA's
+    # key is not kept, so everything is made anew, consistently
+    older = json.loads(json.dumps(secret))
+    for key in ("client.crt", "client.key"):
+        del older["data"][key]
+    renewed, bundles = against([older], tmp_path / "older")
+    assert renewed["ca.crt"] != first["ca.crt"] and bundles == {renewed["ca.crt"]} and "client.key" in renewed
 
 
 def test_given_certificate_ca_goes_to_the_webhooks_and_kube_scheduler() -> None:
@@ -307,7 +326,7 @@ def test_given_certificate_ca_goes_to_the_webhooks_and_kube_scheduler() -> None:
 
 def test_cert_manager_injects_the_ca() -> None:
     docs = helm.rendered("cert-manager")
-    (serving,) = [c for c in helm.of_kind(docs, "Certificate") if not c["spec"].get("isCA")]
+    (serving,) = [c for c in helm.of_kind(docs, "Certificate") if "server auth" in c["spec"].get("usages", [])]
     ns = serving["metadata"]["namespace"]
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         (config,) = helm.of_kind(docs, kind)
@@ -319,8 +338,8 @@ def test_cert_manager_injects_the_ca() -> None:
     assert (serving["spec"]["issuerRef"]["kind"], serving["spec"]["issuerRef"]["name"]) in issuers
     given = helm.rendered("cert-manager-issuer")
     assert not helm.of_kind(given, "Issuer")
-    (cert,) = helm.of_kind(given, "Certificate")
-    assert cert["spec"]["issuerRef"] == {"group": "cert-manager.io", "kind": "ClusterIssuer", "name": "corp-ca"}
+    for cert in helm.of_kind(given, "Certificate"):  # the scheduler's, and kube-scheduler's client certificate
+        assert cert["spec"]["issuerRef"] == {"group": "cert-manager.io", "kind": "ClusterIssuer", "name": "corp-ca"}
 
 
 # -- helm upgrade -------------------------------------------------------------------------------------
@@ -516,3 +535,50 @@ def test_notes_say_how_to_check_the_install() -> None:
     notes = out.split("NOTES:", 1)[1]
     for what in ("kubectl get devices", "scheduler.crihook.io/leader=true", "crihook doctor", "get lease"):
         assert what in notes, what
+
+
+def test_network_policy_lets_kube_scheduler_reach_the_scheduler() -> None:
+    """Off by default; on, it selects the scheduler's pods and lets the second kube-scheduler's pods
+    and the configured peers reach the port the scheduler serves on."""
+    assert not helm.of_kind(helm.rendered("defaults"), "NetworkPolicy")
+    docs = helm.rendered("network-policy")
+    (policy,) = helm.of_kind(docs, "NetworkPolicy")
+    deployments = {d["metadata"]["name"]: d for d in helm.of_kind(docs, "Deployment")}
+    scheduler = deployments["crihook-scheduler"]["spec"]
+    kube_scheduler = deployments["crihook-kube-scheduler"]["spec"]
+    assert policy["spec"]["podSelector"] == scheduler["selector"]
+    (rule,) = policy["spec"]["ingress"]
+    (port,) = rule["ports"]
+    assert port["port"] in {p["name"] for p in scheduler["template"]["spec"]["containers"][0]["ports"]}
+    assert {"podSelector": kube_scheduler["selector"]} in rule["from"]
+    assert {"ipBlock": {"cidr": "0.0.0.0/0"}} in rule["from"]
+
+
+def test_kube_scheduler_presents_the_client_certificate_the_scheduler_requires() -> None:
+    """In every certificate mode the second kube-scheduler mounts a client certificate and key, and
+    its extender stanza names them; the scheduler requires one signed by the CA it is given."""
+    for name in ("defaults", "cert-manager", "cert-manager-external-issuer", "given-certificate"):
+        docs = helm.rendered(name)
+        ((ext,),) = [c["extenders"] for c in helm.scheduler_configs(docs)]
+        deployments = {d["metadata"]["name"]: d for d in helm.of_kind(docs, "Deployment")}
+        pod = deployments["crihook-kube-scheduler"]["spec"]["template"]["spec"]
+        (mount,) = pod["containers"][0]["volumeMounts"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        paths = {i["path"] for s in volume["projected"]["sources"] for v in s.values() for i in v["items"]}
+        for key in ("caFile", "certFile", "keyFile"):
+            assert ext["tlsConfig"][key].startswith(mount["mountPath"] + "/"), (name, key)
+            assert ext["tlsConfig"][key].removeprefix(mount["mountPath"] + "/") in paths, (name, key)
+        args = deployments["crihook-scheduler"]["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert "--client-ca=/etc/crihook/tls/ca.crt" in args, name
+    (client,) = [
+        c for c in helm.of_kind(helm.rendered("cert-manager"), "Certificate") if "client auth" in c["spec"].get("usages", [])
+    ]
+    scheduler_args = helm.of_kind(helm.rendered("cert-manager"), "Deployment")
+    assert any(
+        f"--extender-client={client['spec']['commonName']}" in c["args"]
+        for d in scheduler_args
+        for c in d["spec"]["template"]["spec"]["containers"]
+        if c.get("args")
+    )
+    external = [c for c in helm.of_kind(helm.rendered("cert-manager-external-issuer"), "Certificate")]
+    assert {c["spec"]["issuerRef"]["group"] for c in external} == {"awspca.cert-manager.io"}

@@ -359,7 +359,9 @@ def test_deployment_service_and_server_agree(manifests: Docs) -> None:
     args = dict(a.split("=", 1) for a in c["args"][1:])
     assert c["args"][0] == "scheduler"
     assert (
-        server.check_listen(args["--listen"], server.TlsFiles(args["--tls-cert"], args["--tls-key"]), False)[1]
+        server.check_listen(
+            args["--listen"], server.TlsFiles(args["--tls-cert"], args["--tls-key"], args["--client-ca"]), False
+        )[1]
         == ports["https"]
     )
     sa = s.account

@@ -171,14 +171,19 @@ def running(tmp_path: Path, manifests: Docs) -> Iterator[tuple[int, ssl.SSLConte
     _, c = scheduler_container(manifests)
     key, crt = self_signed(tmp_path)
     port = free_port()
-    swap = {"--listen": f"127.0.0.1:{port}", "--tls-cert": str(crt), "--tls-key": str(key)}
+    # the self-signed certificate is its own CA, so it is the client certificate kube-scheduler shows
+    swap = {"--listen": f"127.0.0.1:{port}", "--tls-cert": str(crt), "--tls-key": str(key), "--client-ca": str(crt)}
     args = [f"{a.split('=', 1)[0]}={swap[a.split('=', 1)[0]]}" if a.split("=", 1)[0] in swap else a for a in c["args"]]
+    # the certificate's name stands for the one the chart gives kube-scheduler
+    args = [a for a in args if not a.startswith("--extender-client=")] + ["--extender-client=crihook-scheduler"]
     with FakeKube() as kube:
         args.append(f"--kubeconfig={kube.write_kubeconfig(tmp_path / 'kubeconfig')}")
         log = (tmp_path / "scheduler.log").open("wb")
         proc = subprocess.Popen([sys.executable, "-m", "crihook.cli", *args], stdout=log, stderr=subprocess.STDOUT)
         try:
-            yield port, ssl.create_default_context(cafile=str(crt)), proc
+            tls = ssl.create_default_context(cafile=str(crt))
+            tls.load_cert_chain(str(crt), str(key))
+            yield port, tls, proc
         finally:
             proc.terminate()
             try:  # its shutdown is not what this test checks; on a loaded machine it can be slow
@@ -187,6 +192,12 @@ def running(tmp_path: Path, manifests: Docs) -> Iterator[tuple[int, ssl.SSLConte
                 proc.kill()
                 proc.wait()
             log.close()
+
+
+def tls_ca(proc: subprocess.Popen[bytes]) -> str:
+    """The CA file the running scheduler was given (its --tls-cert, self-signed)."""
+    assert isinstance(proc.args, list)
+    return str(flag([str(a) for a in proc.args], "--tls-cert"))
 
 
 def request(port: int, tls: ssl.SSLContext, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
@@ -285,6 +296,12 @@ def test_deploy_agrees_with_what_the_scheduler_serves(
                 status, answer = request(port, tls, "POST", f"{url.path.rstrip('/')}/{ext[verb]}", body())
                 assert status == 200, (verb, status, answer[:200])
                 json.loads(answer)
+                # a caller without kube-scheduler's client certificate is refused
+                anonymous = ssl.create_default_context(cafile=tls_ca(proc))
+                status, _ = request(port, anonymous, "POST", f"{url.path.rstrip('/')}/{ext[verb]}", body())
+                assert status == 403, verb
+        tls_file = ext["tlsConfig"]
+        assert {"caFile", "certFile", "keyFile", "serverName"} <= tls_file.keys()
 
 
 if __name__ == "__main__":  # rewrite deploy/examples/devices from the reporter's output

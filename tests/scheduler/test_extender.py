@@ -8,7 +8,6 @@ import http.client
 import json
 import shutil
 import ssl
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from crihook.scheduler.extender import (
 from crihook.scheduler.plugin import PluginConfig
 from crihook.scheduler.score import DefaultPolicy
 from tests.support.extender import cluster_plugin, fixture
+from tests.support.tlsburst import make_ca, make_cert, review
 
 FILTER_RESULT_KEYS = {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
 
@@ -281,7 +281,16 @@ def test_plain_http_only_on_loopback() -> None:
     with pytest.raises(ValueError, match="refusing plain HTTP"):
         srv.check_listen("0.0.0.0:9443", None, False)
     assert srv.check_listen("0.0.0.0:9443", None, True) == ("0.0.0.0", 9443)
-    assert srv.check_listen("0.0.0.0:9443", srv.TlsFiles("c", "k"), False) == ("0.0.0.0", 9443)
+    assert srv.check_listen("0.0.0.0:9443", srv.TlsFiles("c", "k", "ca"), False) == ("0.0.0.0", 9443)
+    assert srv.check_listen("[::]:9443", srv.TlsFiles("c", "k", "ca"), False) == ("::", 9443)
+
+
+def test_anonymous_extender_calls_only_on_loopback() -> None:
+    """HTTPS without a client CA lets anyone who reaches the port bind pods: loopback only, or asked for."""
+    assert srv.check_listen("127.0.0.1:9443", srv.TlsFiles("c", "k"), False) == ("127.0.0.1", 9443)
+    with pytest.raises(ValueError, match="--client-ca"):
+        srv.check_listen("[::]:9443", srv.TlsFiles("c", "k"), False)
+    assert srv.check_listen("0.0.0.0:9443", srv.TlsFiles("c", "k"), False, True) == ("0.0.0.0", 9443)
 
 
 def test_cli_refuses_plain_public_listener(capsys: pytest.CaptureFixture[str]) -> None:
@@ -293,90 +302,80 @@ def test_cli_refuses_plain_public_listener(capsys: pytest.CaptureFixture[str]) -
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
-def test_https_with_client_certificates(ext: Extender, tmp_path: Path) -> None:
-    def make(name: str, ca: tuple[Path, Path] | None) -> tuple[Path, Path]:
-        key, crt = tmp_path / f"{name}.key", tmp_path / f"{name}.crt"
-        if ca is None:
-            subprocess.run(
-                [
-                    "openssl",
-                    "req",
-                    "-x509",
-                    "-newkey",
-                    "rsa:2048",
-                    "-nodes",
-                    "-keyout",
-                    key,
-                    "-out",
-                    crt,
-                    "-days",
-                    "1",
-                    "-subj",
-                    f"/CN={name}",
-                    "-addext",
-                    "subjectAltName=IP:127.0.0.1",
-                ],
-                check=True,
-                capture_output=True,
-            )
-        else:
-            csr = tmp_path / f"{name}.csr"
-            subprocess.run(
-                [
-                    "openssl",
-                    "req",
-                    "-newkey",
-                    "rsa:2048",
-                    "-nodes",
-                    "-keyout",
-                    key,
-                    "-out",
-                    csr,
-                    "-subj",
-                    f"/CN={name}",
-                ],
-                check=True,
-                capture_output=True,
-            )
-            subprocess.run(
-                [
-                    "openssl",
-                    "x509",
-                    "-req",
-                    "-in",
-                    csr,
-                    "-CA",
-                    ca[1],
-                    "-CAkey",
-                    ca[0],
-                    "-CAcreateserial",
-                    "-out",
-                    crt,
-                    "-days",
-                    "1",
-                ],
-                check=True,
-                capture_output=True,
-            )
-        return key, crt
-
-    ca_key, ca_crt = make("ca", None)
-    srv_key, srv_crt = make("server", None)
-    cli_key, cli_crt = make("kube-scheduler", (ca_key, ca_crt))
-    tls = srv.TlsFiles(str(srv_crt), str(srv_key), str(ca_crt))
-    server = srv.make_server(srv.App(ext, webhook.WebhookConfig(), lambda: True), "127.0.0.1", 0, tls)
+def test_extender_verbs_need_kube_schedulers_client_certificate(ext: Extender, tmp_path: Path) -> None:
+    """With a client CA, real TLS on loopback: kube-scheduler's certificate may call every verb; a
+    caller without one may call the webhooks and the GETs (the API server presents none) but gets 403
+    for filter and bind; another name signed by the same CA gets 403 where names are given; a
+    certificate of another CA fails the handshake."""
+    ca, other_ca = make_ca(tmp_path, "ca"), make_ca(tmp_path, "other-ca")
+    server_cert = make_cert(tmp_path, "server", ca, "subjectAltName=IP:127.0.0.1")
+    clients = {
+        name: make_cert(tmp_path, name, signer, "extendedKeyUsage=clientAuth")
+        for name, signer in (("crihook-kube-scheduler", ca), ("someone", ca), ("stranger", other_ca))
+    }
+    tls = srv.TlsFiles(str(server_cert[0]), str(server_cert[1]), str(ca[0]))
+    app = srv.App(ext, webhook.WebhookConfig(), lambda: True)
+    server = srv.make_server(app, "127.0.0.1", 0, tls, extender_clients=frozenset({"crihook-kube-scheduler"}))
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     port = server.server_address[1]
+
+    def conn(client: str = "") -> http.client.HTTPSConnection:
+        ctx = ssl.create_default_context(cafile=str(ca[0]))
+        if client:
+            ctx.load_cert_chain(str(clients[client][0]), str(clients[client][1]))
+        return http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=10)
+
+    bind = fixture("bind.json")
     try:
-        good = ssl.create_default_context(cafile=str(srv_crt))
-        good.load_cert_chain(str(cli_crt), str(cli_key))
-        conn = http.client.HTTPSConnection("127.0.0.1", port, context=good, timeout=10)
-        code, out = post(conn, "/filter", fixture("filter_node_names.json"))
+        code, out = post(conn("crihook-kube-scheduler"), "/filter", fixture("filter_node_names.json"))
         assert code == 200 and out["NodeNames"] == ["gpu-node-1", "gpu-node-2"]
-        anonymous = ssl.create_default_context(cafile=str(srv_crt))
-        conn = http.client.HTTPSConnection("127.0.0.1", port, context=anonymous, timeout=10)
+        assert post(conn("crihook-kube-scheduler"), "/bind", bind)[0] == 200
+        for caller in ("", "someone"):
+            for path, body in (("/filter", fixture("filter_node_names.json")), ("/bind", bind)):
+                code, out = post(conn(caller), path, body)
+                assert code == 403 and b"client certificate" in out, (caller, path)
+            code, out = post(conn(caller), "/validate", json.loads(review("uid-1")))
+            assert code == 200 and out["response"]["allowed"] is True
         with pytest.raises((ssl.SSLError, ConnectionError, http.client.HTTPException)):
-            post(conn, "/filter", fixture("filter_node_names.json"))
+            post(conn("stranger"), "/validate", json.loads(review("uid-1")))
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_extender_refuses_pods_of_schedulers_it_does_not_serve(ext: Extender) -> None:
+    ext.scheduler_names = frozenset({"crihook"})
+    args = fixture("filter_node_names.json")
+    out = ext.filter(args)
+    assert out["NodeNames"] == [] and all("schedulerName default-scheduler" in w for w in out["FailedNodes"].values())
+    args["Pod"].setdefault("spec", {})["schedulerName"] = "crihook"
+    assert ext.filter(args)["NodeNames"] == ["gpu-node-1", "gpu-node-2"]
+
+
+def test_bind_refuses_a_pod_of_another_scheduler() -> None:
+    """A bind names only the pod: the pod read back must name a scheduler this extender serves, or
+    whoever reaches /bind could have any pending pod placed through crihook."""
+    from crihook.scheduler.cache import KubeApi
+    from tests.support.fakekube import FakeKube
+
+    with FakeKube() as kube:
+        for name, scheduler in (("theirs", "other-scheduler"), ("ours", "crihook")):
+            kube.create(
+                "pods",
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": name, "namespace": "ns"},
+                    "spec": {"schedulerName": scheduler, "containers": [{"name": "c", "image": "busybox"}]},
+                },
+            )
+        ext = Extender(cluster_plugin(), KubeApi(kube.api_client()))
+        ext.scheduler_names = frozenset({"crihook"})
+        for name in ("theirs", "ours"):
+            uid = kube.get("pods", name, "ns")["metadata"]["uid"]
+            out = ext.bind({"PodName": name, "PodNamespace": "ns", "PodUID": uid, "Node": "gpu-node-1"})
+            if name == "theirs":
+                assert "schedulerName other-scheduler is not served" in out["Error"]
+                assert "nodeName" not in kube.get("pods", name, "ns")["spec"]
+            else:
+                assert out == {"Error": ""} and kube.get("pods", name, "ns")["spec"]["nodeName"] == "gpu-node-1"

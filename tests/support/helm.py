@@ -68,9 +68,24 @@ COMBOS: dict[str, Combo] = {
     "cert-manager-issuer": Combo(
         {"tls": {"mode": "certManager", "certManager": {"issuerRef": {"kind": "ClusterIssuer", "name": "corp-ca"}}}}
     ),
-    "given-certificate": Combo({"tls": {"mode": "secret", "secret": {"name": "corp-tls", "caBundle": GIVEN_CA}}}),
-    "given-certificate-no-ca": Combo({"tls": {"mode": "secret", "secret": {"name": "corp-tls"}}}),
+    "cert-manager-external-issuer": Combo(
+        {
+            "tls": {
+                "mode": "certManager",
+                "certManager": {
+                    "issuerRef": {"group": "awspca.cert-manager.io", "kind": "AWSPCAClusterIssuer", "name": "pca"}
+                },
+            }
+        }
+    ),
+    "given-certificate": Combo(
+        {"tls": {"mode": "secret", "secret": {"name": "corp-tls", "caBundle": GIVEN_CA, "clientSecretName": "corp-ks"}}}
+    ),
+    "given-certificate-no-ca": Combo(
+        {"tls": {"mode": "secret", "secret": {"name": "corp-tls", "clientSecretName": "corp-ks"}}}
+    ),
     "extender-stanza": Combo({"kubeScheduler": {"mode": "extender"}}),
+    "network-policy": Combo({"networkPolicy": {"enabled": True}}),
     "no-node": Combo({"node": {"enabled": False}}),
     "node-without-reporter": Combo({"node": {"reporter": {"enabled": False}, "nvmlLibraryDir": ""}}),
     "service-monitor": Combo(api_versions=(SERVICE_MONITOR,)),
@@ -91,6 +106,13 @@ COMBOS: dict[str, Combo] = {
             "kubeScheduler": {"deployment": {"image": {"tag": "v1.33.2"}, "tolerations": [{"operator": "Exists"}]}},
             "node": {"runtimeClassName": "nvidia", "config": {"proxy": {"log_level": "debug"}}},
             "metrics": {"podAnnotations": False, "serviceMonitor": {"labels": {"release": "prom"}}},
+            "networkPolicy": {
+                "enabled": True,
+                "from": [
+                    {"ipBlock": {"cidr": "10.0.0.0/24"}},
+                    {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},
+                ],
+            },
         },
         api_versions=(SERVICE_MONITOR,),
     ),

@@ -87,6 +87,21 @@ the pods asking for one to the extender, and the webhooks see only those pods. *
 {{/* The label that takes a pod or a namespace out of the webhooks' conversion ("off"). */}}
 {{- define "crihook.optOutLabel" -}}gpu.crihook.io/webhook{{- end }}
 
+{{/* The common name of kube-scheduler's client certificate, the one name the extender verbs answer
+(tls.mode generate and certManager; with tls.mode=secret, any certificate the given CA signed). */}}
+{{- define "crihook.extenderClient" -}}{{ include "crihook.kubeScheduler" . }}{{- end }}
+
+{{/* The Secret of kube-scheduler's client certificate and its keys: (list name certKey keyKey). */}}
+{{- define "crihook.clientSecret" -}}
+{{- if eq .Values.tls.mode "generate" }}
+{{- list (include "crihook.tlsSecret" .) "client.crt" "client.key" | toJson }}
+{{- else if eq .Values.tls.mode "certManager" }}
+{{- list (printf "%s-client" (include "crihook.scheduler" .)) "tls.crt" "tls.key" | toJson }}
+{{- else }}
+{{- list (required "tls.secret.clientSecretName: the Secret of kube-scheduler's client certificate (tls.mode=secret, kubeScheduler.mode=deployment)" .Values.tls.secret.clientSecretName) "tls.crt" "tls.key" | toJson }}
+{{- end }}
+{{- end }}
+
 {{/* The scheduler's service account as the API server names it (it alone writes allocations). */}}
 {{- define "crihook.schedulerUser" -}}
 system:serviceaccount:{{ .Release.Namespace }}:{{ include "crihook.scheduler" . }}
@@ -101,14 +116,16 @@ must hold the same CA). */}}
 {{- $name := include "crihook.tlsSecret" . }}
 {{- $old := lookup "v1" "Secret" .Release.Namespace $name }}
 {{- $data := dict }}
-{{- if and $old $old.data (hasKey $old.data "ca.crt") (hasKey $old.data "tls.crt") (hasKey $old.data "tls.key") }}
-{{- $data = pick $old.data "ca.crt" "tls.crt" "tls.key" }}
+{{- $keys := list "ca.crt" "tls.crt" "tls.key" "client.crt" "client.key" }}
+{{- if and $old $old.data (eq (len (pick $old.data "ca.crt" "tls.crt" "tls.key" "client.crt" "client.key")) (len $keys)) }}
+{{- $data = pick $old.data "ca.crt" "tls.crt" "tls.key" "client.crt" "client.key" }}
 {{- else }}
 {{- $days := int .Values.tls.generate.days }}
 {{- $ca := genCA (printf "%s-ca" (include "crihook.scheduler" .)) $days }}
 {{- $names := include "crihook.serviceNames" . | fromJsonArray }}
 {{- $cert := genSignedCert (index $names 2) nil $names $days $ca }}
-{{- $data = dict "ca.crt" ($ca.Cert | b64enc) "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc) }}
+{{- $client := genSignedCert (include "crihook.extenderClient" .) nil nil $days $ca }}
+{{- $data = dict "ca.crt" ($ca.Cert | b64enc) "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc) "client.crt" ($client.Cert | b64enc) "client.key" ($client.Key | b64enc) }}
 {{- end }}
 {{- $_ := set .Values.tls.generate "made" $data }}
 {{- end }}
