@@ -570,9 +570,8 @@ def test_kube_scheduler_presents_the_client_certificate_the_scheduler_requires()
             assert ext["tlsConfig"][key].removeprefix(mount["mountPath"] + "/") in paths, (name, key)
         args = deployments["crihook-scheduler"]["spec"]["template"]["spec"]["containers"][0]["args"]
         assert "--client-ca=/etc/crihook/tls/ca.crt" in args, name
-    (client,) = [
-        c for c in helm.of_kind(helm.rendered("cert-manager"), "Certificate") if "client auth" in c["spec"].get("usages", [])
-    ]
+    certificates = helm.of_kind(helm.rendered("cert-manager"), "Certificate")
+    (client,) = [c for c in certificates if "client auth" in c["spec"].get("usages", [])]
     scheduler_args = helm.of_kind(helm.rendered("cert-manager"), "Deployment")
     assert any(
         f"--extender-client={client['spec']['commonName']}" in c["args"]
