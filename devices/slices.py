@@ -24,6 +24,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from crihook.base import allocation as al
 from crihook.base import dra
 from crihook.devices import partitions
 from crihook.devices.nvml import GpuInfo, NodeGpus
@@ -297,3 +298,25 @@ def _qualified_name(key: str) -> bool:
     if not sep:
         return bool(_IDENTIFIER.fullmatch(key))
     return len(domain) <= 63 and bool(_DNS_SUBDOMAIN.fullmatch(domain)) and bool(_IDENTIFIER.fullmatch(ident))
+
+
+def taken_minors(pods: Sequence[Mapping[str, Any]]) -> tuple[frozenset[int], list[str]]:
+    """The GPU minors crihook's allocator gave the node's pods that may still run (JSON pods, as the
+    API server lists them), and a problem per annotation that can not be read (its GPUs can not be
+    told; the scheduler refuses such a pod's containers, so it holds none)."""
+    taken: set[int] = set()
+    problems = []
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        meta = pod.get("metadata") or {}
+        text = (meta.get("annotations") or {}).get(al.DEVICE_ALLOCATED)
+        if text is None:
+            continue
+        try:
+            gpus = al.parse_device_allocated(text, (al.GPU,)).get(al.GPU, ())
+        except al.AnnotationError as e:
+            problems.append(f"pod {meta.get('namespace')}/{meta.get('name')}: {e}")
+            continue
+        taken.update(a.minor for a in gpus)
+    return frozenset(taken), problems

@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("crihook.cli.doctor", "check this node's setup and say how to fix what is wrong"),
     "inspect": ("crihook.cli.inspect", "show what crihook decided and did for a pod or container"),
     "top": ("crihook.cli.top", "per-container GPU use beside the grant, like nvidia-smi per pod"),
+    "dra": ("crihook.cli.dra", "run the DRA driver gpu.crihook.io: kubelet plugin and ResourceSlices"),
     "report": ("crihook.cli.report", "publish this node's GPUs and RDMA NICs as a Device and node resources"),
     "scheduler": ("crihook.cli.scheduler", "serve the kube-scheduler extender and the pod admission webhook"),
     "simulate": ("crihook.cli.simulate", "replay a cluster trace through the GPU allocator"),

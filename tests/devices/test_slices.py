@@ -240,3 +240,23 @@ def test_every_pool_passes_the_check(gpus: list[GpuInfo], taken: frozenset[int],
     published = devices(pool)
     assert len(published) + len(pool.left_out) == len(gpus)
     assert not any(d["attributes"]["minor"]["int"] in taken for d in published.values())
+
+
+def _pod(name: str, annotation: str | None, phase: str = "Running") -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "ns"}
+    if annotation is not None:
+        meta["annotations"] = {"scheduling.koordinator.sh/device-allocated": annotation}
+    return {"metadata": meta, "status": {"phase": phase}}
+
+
+def test_taken_minors_are_the_live_pods_annotated_gpus() -> None:
+    pods = [
+        _pod("a", '{"gpu": [{"minor": 1, "resources": {"koordinator.sh/gpu-core": "100"}}]}'),
+        _pod("b", '{"gpu": [{"minor": 2}, {"minor": 3}], "rdma": [{"minor": 9}]}'),
+        _pod("done", '{"gpu": [{"minor": 4}]}', phase="Succeeded"),
+        _pod("plain", None),
+        _pod("bad", "{not json"),
+    ]
+    taken, problems = slices.taken_minors(pods)
+    assert taken == {1, 2, 3}
+    assert len(problems) == 1 and problems[0].startswith("pod ns/bad:")

@@ -4,6 +4,7 @@ It serves exactly what crihook uses, the way the API server does it on the wire:
 - core/v1 `nodes` (+ `/status`) and `pods` (+ `/status`, `/binding`; `namespaces/{ns}/bindings` too),
 - the cluster-scoped custom resource `devices.scheduling.koordinator.sh/v1alpha1` (+ `/status`);
 - `coordination.k8s.io/v1` `leases` (leader election);
+- `/version` (the `version` field);
 - `resource.k8s.io/v1` `resourceslices` and `resourceclaims` (+ `/status`), or neither
   (`FakeKube(dra=False)`: a cluster that does not serve DRA answers 404);
 - GET, LIST (with a list `resourceVersion`, label and field selectors), POST, PUT, PATCH (merge,
@@ -373,6 +374,7 @@ FIELDS: dict[str, Callable[[JSON], str]] = {
     "metadata.name": lambda o: o.get("metadata", {}).get("name", ""),
     "metadata.namespace": lambda o: o.get("metadata", {}).get("namespace", ""),
     "spec.nodeName": lambda o: (o.get("spec") or {}).get("nodeName", ""),
+    "spec.driver": lambda o: (o.get("spec") or {}).get("driver", ""),
     "status.phase": lambda o: (o.get("status") or {}).get("phase", ""),
 }
 
@@ -439,6 +441,7 @@ class FakeKube:
     tls: ssl.SSLContext | None = None  # serve HTTPS with this server context
     no_status: frozenset[str] = frozenset()  # plurals without a status subresource
     dra: bool = True  # serve resource.k8s.io/v1 (a cluster before 1.34 does not)
+    version: tuple[str, str] = ("1", "36")  # what /version answers: major, minor
 
     def __post_init__(self) -> None:
         self._cond = threading.Condition()
@@ -1095,6 +1098,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _route(self, method: str, path: str, query: dict[str, str], body: Any) -> None:
         fake = self.fake
+        if path in ("/version", "/version/") and method == "GET":
+            major, minor = fake.version
+            self._send_json(200, {"major": major, "minor": minor, "gitVersion": f"v{major}.{minor}.0"})
+            return
         m = _CORE.match(path) or _GROUP.match(path)
         if m is None:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
