@@ -406,7 +406,18 @@ class GpuHook:
             except Undecided as e:
                 raise HookError(grpc.StatusCode.FAILED_PRECONDITION, f"the pod's DRA claims: {e}") from None
             node.number_of = host_number
+            node.cdi_nodes = self._cdi_nodes
         return node
+
+    def _cdi_nodes(self, name: str) -> tuple[DeviceNode, ...] | None:
+        """What a CDI device brings, by its spec; None when no spec declares it or a node of it can
+        not be read (the runtime then fails the container on it)."""
+        if self.specs is None:
+            return None
+        try:
+            return self.specs.device_nodes(name, node_number)
+        except OSError:
+            return None
 
     def _expire_claims(self, now: float) -> None:
         """Drop claims older than CLAIM_SECONDS: the oldest come first, so this stops at the first

@@ -33,7 +33,7 @@ from crihook.hooks.grant import (
     hami_env,
     hami_mounts,
 )
-from crihook.hooks.reach import Gpu, gpu_cdi_name, gpu_minor, named, visible_names
+from crihook.hooks.reach import DeviceNode, Gpu, gpu_cdi_name, gpu_minor, named, visible_names
 from crihook.hooks.scheduled import refuse, scheduled
 
 VOID = "void"  # the NVIDIA runtime injects nothing, whatever the image says
@@ -137,6 +137,8 @@ class NodeView:
     # (type, major, minor) of the node at a host path, for a device whose view gives no numbers (a
     # CRI request); None when it is not a device node
     number_of: Callable[[str], tuple[str, int, int] | None] = lambda path: by_path(path)
+    # the device nodes a CDI device brings, by its spec (None: no spec declares it, or not known)
+    cdi_nodes: Callable[[str], tuple[DeviceNode, ...] | None] = lambda name: None
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,12 +424,14 @@ def _strip(
             for d in container.devices
             if d.container_path in device_paths or _gpu_not_kept(d, node, keep)
         }
-    remove_cdi = {n for n in container.cdi_devices if not _cdi_allowed(n, names)} if container.cdi_devices else set()
+    remove_cdi = (
+        {n for n in container.cdi_devices if not _cdi_kept(n, names, node, keep)} if container.cdi_devices else set()
+    )
     annotations: dict[str, str] = {}
     remove_annotations: set[str] = set()
     for key, value in container.annotations.items():
         if key.startswith(ANNOTATION_PREFIX) or key in plugin_annotations:
-            kept = [n for n in value.split(",") if _cdi_allowed(n, names)]
+            kept = [n for n in value.split(",") if _cdi_kept(n, names, node, keep)]
             if len(kept) == len(value.split(",")):
                 continue
             if kept:
@@ -452,11 +456,17 @@ def _gpu_not_kept(d: Device, node: NodeView, keep: frozenset[int]) -> bool:
     return minor is not None and minor not in keep
 
 
-def _cdi_allowed(name: str, chosen: frozenset[str]) -> bool:
-    """Whether a CDI device may stay: it names no GPU, one of the chosen (by UUID or index), or it
-    is one of the pod's DRA claims' (`chosen` holds those by their full names)."""
+def _cdi_kept(name: str, chosen: frozenset[str], node: NodeView, keep: frozenset[int]) -> bool:
+    """Whether a CDI device may stay: one of the pod's DRA claims' (`chosen` holds those by their
+    full names); of a GPU kind, naming one of the chosen (by UUID or index); of another kind, when
+    no device node its spec brings is a GPU outside `keep` (by number: `/dev/nvidia-fake0` that is
+    c 195:0 is GPU 0). A device no spec declares brings nothing (the runtime refuses it)."""
+    name = name.strip()
     device = gpu_cdi_name(name)
-    return device is None or device in chosen or name.strip() in chosen
+    if name in chosen or device is not None:
+        return name in chosen or device in chosen
+    nodes = node.cdi_nodes(name)
+    return nodes is None or all(gpu_minor(n.kind, n.major, n.minor) in keep | {None} for n in nodes)
 
 
 def _memory_bytes(a: al.DeviceAllocation, g: GpuLike) -> int:

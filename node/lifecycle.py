@@ -102,14 +102,6 @@ class Lifecycle:
             raise out.error
         return Decided(ctx, out.ctx, out.records)
 
-    async def trial_create(
-        self, pod: PodInfo, container: ContainerInfo, deadline: float | None
-    ) -> ContainerInfo | None:
-        """What the hooks would make of `container` were it created now, None when they refuse it:
-        to judge a container that was created without them. Nothing is recorded or logged."""
-        out = await self.chain.run(HookContext(Stage.PRE_CREATE_CONTAINER, pod, container, deadline))
-        return out.ctx.container if out.error is None else None
-
     # -- what the runtime did: the store, post hooks ----------------------------------------
 
     def pod_started(self, pod: PodInfo, records: list[HookRecord]) -> None:

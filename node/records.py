@@ -4,8 +4,20 @@ the store file holds field by field (node/storefile.py) and the conversions make
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+# What the store file keeps of a container's environment: the values crihook itself reads back (the
+# GPUs granted, HAMi-core's limits). Every other variable, a Secret's value among them, stays in
+# memory only: after a restart the hooks of later stages see these alone.
+STORED_ENV = frozenset({"NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_ORDER"})
+STORED_ENV_PREFIXES = ("CUDA_DEVICE_MEMORY_LIMIT_",)
+
+
+def stored_env(envs: Mapping[str, str]) -> dict[str, str]:
+    """The part of an environment the store file holds."""
+    return {k: v for k, v in envs.items() if k in STORED_ENV or k.startswith(STORED_ENV_PREFIXES)}
 
 
 @dataclass(slots=True)

@@ -15,13 +15,13 @@ import contextlib
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from crihook.base.metrics import STORE_OBJECTS
 from crihook.node import storefile
-from crihook.node.records import ContainerRecord, PodRecord
+from crihook.node.records import ContainerRecord, PodRecord, stored_env
 from crihook.node.storefile import StoreFileError
 
 log = logging.getLogger("crihook.store")
@@ -98,7 +98,8 @@ class Store:
     def _row(self, kind: str, rid: str, rec: PodRecord | ContainerRecord) -> bytes:
         row = self._rows.get((kind, rid))
         if row is None:
-            row = self._rows[(kind, rid)] = storefile.row(rec)
+            on_file = replace(rec, envs=stored_env(rec.envs)) if isinstance(rec, ContainerRecord) else rec
+            row = self._rows[(kind, rid)] = storefile.row(on_file)
         return row
 
     def _encode(self, reuse: bool = False) -> _Write:

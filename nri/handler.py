@@ -233,10 +233,16 @@ class HookHandler:
 
     async def _check(self, pods: Mapping[str, PodInfo], containers: Sequence[api.Container]) -> None:
         """Judge each live container; what is found is acted on at once, each container on its own."""
-        for c in containers:
-            owner = pods.get(c.pod_sandbox_id)
-            if owner is not None and c.state in (api.CONTAINER_CREATED, api.CONTAINER_RUNNING, api.CONTAINER_PAUSED):
-                await self._judge_listed(owner, c, attempt=0)
+        live = [
+            c
+            for c in containers
+            if c.pod_sandbox_id in pods
+            and c.state in (api.CONTAINER_CREATED, api.CONTAINER_RUNNING, api.CONTAINER_PAUSED)
+        ]
+        for c in live:
+            await self._judge_listed(pods[c.pod_sandbox_id], c, attempt=0)
+        barred = sum(1 for c in live if c.id in self._barred)
+        log.info("containers checked", extra={"containers": len(live), "barred": barred})
 
     async def _judge_listed(self, pod: PodInfo, c: api.Container, attempt: int) -> None:
         """One container made without the hooks: cleared, found (barred and evicted or reported), or

@@ -5,6 +5,7 @@ exactly the runtime's pods and containers, none lost, none twice."""
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from tests.e2e.test_gpu_containerd import GpuNode, allocated, env_of, leaky, pri
 from tests.support.containerd import Containerd
 from tests.support.cri import Cri, CriError, DeviceSpec, container_config, pod_config
 from tests.support.daemon import Crihook
+from tests.support.hookserver import short_dir, write_config
 
 pytestmark = [pytest.mark.containerd, pytest.mark.runtimes("1.7", "2")]
 cri = proxy_mode.cri  # the proxy tests' client fixture, here on this module's gpu_node
@@ -173,6 +175,44 @@ def test_privileged_containers_survive_synchronize(gpu_node: GpuNode, cri: Cri) 
         if plugin.pid is None:
             plugin.start()
         with_config(plugin, "")
+
+
+def test_a_hook_server_down_at_reconnection_stops_no_gpu_pod(gpu_node: GpuNode, cri: Cri) -> None:
+    """crihook comes back while the hook server it must ask (failure policy Fail) is down: that
+    decides nothing about GPUs, so the containers running with the GPUs they were granted, and the
+    ones reaching none, keep running; only one reaching a GPU nobody granted is evicted."""
+    plugin = gpu_node.proxy
+    granted = pod_config("granted", annotations=allocated({"minor": 2}))
+    web, greedy_pod = pod_config("web"), pod_config("greedy")
+    confdir = short_dir()
+    try:
+        with (
+            cri.pod(granted) as granted_id,
+            cri.pod(web) as web_id,
+            cri.pod(greedy_pod) as greedy_id,
+            cri.container(granted_id, container_config("cuda", granted), granted) as trainer,
+            cri.container(web_id, container_config("app", web), web) as app,
+        ):
+            plugin.stop()
+            greedy = container_config("cuda", greedy_pod, envs={"NVIDIA_VISIBLE_DEVICES": "all"})
+            with cri.container(greedy_id, greedy, greedy_pod) as bad:
+                write_config(confdir, "koordlet.json", str(confdir / "down.sock"), "Fail", ["PreCreateContainerHook"])
+                with_config(plugin, f'\n[hooks.remote]\nconfig_dir = "{confdir}"\n[nri]\nsynchronize = "evict"\n')
+                seen = len(plugin.log_text())
+
+                def log() -> str:
+                    return plugin.log_text()[seen:]
+
+                plugin.start()
+                until("the check", lambda: "containers checked" in log(), plugin)
+                until("the eviction", lambda: not running(cri, bad), plugin)
+                assert running(cri, trainer) and running(cri, app)
+                assert log().count("container evicted") == 1 and "pod=default/greedy" in log()
+    finally:
+        if plugin.pid is None:
+            plugin.start()
+        with_config(plugin, "")
+        shutil.rmtree(confdir, ignore_errors=True)
 
 
 def store_ids(plugin: Crihook) -> tuple[set[str], set[str]]:

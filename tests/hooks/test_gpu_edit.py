@@ -30,6 +30,7 @@ from crihook.hooks.gpu_edit import (
     plain_grant,
 )
 from crihook.hooks.grant import HamiCore
+from crihook.hooks.reach import DeviceNode
 from crihook.hooks.scheduled import scheduled
 from tests.support.gpu_fixtures import Entry, Gpu, Inventory, alloc_resp, checkpoint_doc, gpus, nvidia_plugin_resp
 
@@ -772,3 +773,52 @@ def test_the_plain_grant_is_what_gpu_edit_answers(case: tuple[PodInfo, Container
         return
     assert same_stamp and not n.checkpoint.entries and brings_nothing
     assert run(p, c, n) is plain  # the placement's own grant
+
+
+# -- devices by their numbers, DRA claims ---------------------------------------------------------
+
+
+def test_a_device_is_a_gpu_by_its_numbers_whatever_its_name() -> None:
+    """NRI shows each node's numbers: /dev/nvidia-fake2 that is c 195:2 goes, /dev/nvidia2 that is
+    c 195:3 is GPU minor 3 (the chosen one) and stays; in a CRI request the host path is read."""
+    fake = Device("/dev/nvidia-fake2", "/dev/nvidia-fake2", "rw", ("c", 195, 2))
+    misnamed = Device("/dev/nvidia2", "/dev/nvidia2", "rw", ("c", 195, 3))
+    edit = run(pod(allocated(3)), container(devices=(fake, misnamed)))
+    assert edit is not None and edit.remove_devices == {"/dev/nvidia-fake2"}
+    crafted = Device("/dev/x", "/host/x")  # a CRI request: its numbers come from the host node
+    n = node()
+    n.number_of = {"/host/x": ("c", 195, 2)}.get
+    edit = run(pod(), container(devices=(crafted,)), n)
+    assert edit is not None and edit.remove_devices == {"/dev/x"}
+
+
+def test_a_cdi_device_whose_spec_brings_a_gpu_node_is_stripped() -> None:
+    """A CDI device of any kind whose spec's node is a GPU nobody granted goes, in CDI_devices and
+    in cdi.k8s.io/* annotations alike; one whose nodes are no GPU stays."""
+    specs = {"vendor.example/fake=gpu0": (DeviceNode("c", 195, 2, "/dev/nvidia-fake0"),), "vendor.example/nic=0": ()}
+    n = node()
+    n.cdi_nodes = specs.get
+    c = container(
+        cdi_devices=("vendor.example/fake=gpu0", "vendor.example/nic=0"),
+        annotations={"cdi.k8s.io/x": "vendor.example/fake=gpu0"},
+    )
+    edit = run(pod(), c, n)
+    assert edit is not None
+    assert edit.remove_cdi_devices == {"vendor.example/fake=gpu0"} and edit.remove_annotations == {"cdi.k8s.io/x"}
+
+
+def test_a_dra_claims_gpu_is_kept_as_its_driver_made_it() -> None:
+    """The claim's CDI device and the node it brought (NRI's view) stay, and so does the env its
+    spec set; a pod without the claim loses both."""
+    claim = "k8s.gpu.nvidia.com/claim=uid-gpu0"
+    node0 = Device("/dev/nvidia2", "/dev/nvidia2", "rw", ("c", 195, 2))
+    c = container(devices=(node0,), cdi_devices=(claim,), envs=(("NVIDIA_VISIBLE_DEVICES", BOX[0].uuid),))
+    n = node()
+    n.claimed, n.claim_cdi = frozenset({2}), frozenset({claim})
+    n.cdi_nodes = {claim: (DeviceNode("c", 195, 2, "/dev/nvidia2"),)}.get
+    assert run(pod(), c, n) is None
+    unclaimed = node()
+    unclaimed.cdi_nodes = n.cdi_nodes
+    edit = run(pod(), c, unclaimed)
+    assert edit is not None and edit.remove_devices == {"/dev/nvidia2"} and edit.remove_cdi_devices == {claim}
+    assert edit.env["NVIDIA_VISIBLE_DEVICES"] == "void"

@@ -36,6 +36,27 @@ def test_round_trip(tmp_path: Path) -> None:
     assert (tmp_path / "store.json").stat().st_mode & 0o777 == 0o600
 
 
+def every_file(directory: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in directory.iterdir() if p.is_file())
+
+
+async def test_the_file_keeps_only_the_env_values_crihook_reads(tmp_path: Path) -> None:
+    """A Secret's value in a container's environment never reaches the disk; the GPUs granted and
+    HAMi-core's limits do."""
+    s = Store(tmp_path)
+    kept = {"NVIDIA_VISIBLE_DEVICES": "GPU-1", "CUDA_DEVICE_MEMORY_LIMIT_0": "1024m", "CUDA_DEVICE_SM_LIMIT": "50"}
+    s.containers["c1"] = ctr("c1", "p1", envs={**kept, "DB_PASSWORD": "hunter2", "PATH": "/bin"})
+    s.save()
+    s.put_container(ctr("c2", "p1", envs={"API_TOKEN": "s3cret"}))  # a journal line
+    await s.close()
+    on_disk = every_file(tmp_path)
+    assert b"hunter2" not in on_disk and b"s3cret" not in on_disk and b"DB_PASSWORD" not in on_disk
+    assert s.containers["c1"].envs["DB_PASSWORD"] == "hunter2"  # memory keeps it for later stages' hooks
+    t = Store(tmp_path)
+    t.load()
+    assert t.containers["c1"].envs == kept and t.containers["c2"].envs == {}
+
+
 def test_missing_file_is_empty(tmp_path: Path) -> None:
     s = Store(tmp_path / "new")
     assert s.load() == "missing"
@@ -122,7 +143,11 @@ async def test_what_a_container_was_created_with_survives_restart_and_reconcile(
     store = Store(tmp_path)
     store.put_container(
         ContainerRecord(
-            id="c1", pod_id="p1", name="main", envs={"A": "1", "RAW": "\udcff"}, resources=resources_record(res)
+            id="c1",
+            pod_id="p1",
+            name="main",
+            envs={"A": "1", "NVIDIA_VISIBLE_DEVICES": "\udcff"},
+            resources=resources_record(res),
         )
     )
     store.save()
@@ -132,7 +157,8 @@ async def test_what_a_container_was_created_with_survives_restart_and_reconcile(
         [PodRecord(id="p1", name="p", namespace="ns", uid="u")], [ContainerRecord(id="c1", pod_id="p1", name="main")]
     )
     view = container_info(again.containers["c1"])
-    assert view.envs == (("A", "1"), ("RAW", "\udcff")) and view.resources == res
+    # of the env, the file keeps what crihook reads (test_the_file_keeps_only_the_env_values_crihook_reads)
+    assert view.envs == (("NVIDIA_VISIBLE_DEVICES", "\udcff"),) and view.resources == res
 
 
 @pytest.mark.parametrize("resources", [{"cpu_quota": "many"}, {"nope": 1}, {"unified": 5}])
