@@ -459,8 +459,8 @@ class Extender:
         meta = pod_json.get("metadata") or {}
         if meta.get("uid") != uid:
             return f"pod {key}: uid is {meta.get('uid')}, not {uid}: the pod was deleted and created again"
-        if why := self._not_served(pod_json):
-            return f"pod {key}: {why}"
+        if refused := self._not_served(pod_json):
+            return f"pod {key}: {refused}"
         bound = (pod_json.get("spec") or {}).get("nodeName") or ""
         if bound:
             # a retry of a bind that went through, or a pod someone else bound
