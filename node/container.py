@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import fields
 from typing import Any, TypeVar
 
@@ -21,7 +21,7 @@ from google.protobuf.message import Message
 from crihook.base.spec import Device, Mount
 from crihook.hooks.base import ContainerInfo
 from crihook.hooks.cdi import ANNOTATION_PREFIX
-from crihook.hooks.reach import VISIBLE, DeviceNode, DeviceRule, Reach
+from crihook.hooks.reach import GPU_MAJOR, VISIBLE, DeviceNode, DeviceRule, Reach
 from crihook.node.records import ContainerRecord
 from crihook.node.resources import (
     nri_resources_view,
@@ -280,6 +280,10 @@ def nri_listed_container(c: nri.Container) -> ContainerRecord:
 
 def nri_rules(c: nri.Container) -> tuple[DeviceRule, ...]:
     """The device-cgroup rules the runtime put in the spec, in order, wildcards included."""
+    return _rules(c.linux.resources.devices)
+
+
+def _rules(rules: Iterable[nri.LinuxDeviceCgroup]) -> tuple[DeviceRule, ...]:
     return tuple(
         DeviceRule(
             r.allow,
@@ -288,7 +292,7 @@ def nri_rules(c: nri.Container) -> tuple[DeviceRule, ...]:
             r.minor.value if r.HasField("minor") else None,
             r.access,
         )
-        for r in c.linux.resources.devices
+        for r in rules
     )
 
 
@@ -321,16 +325,19 @@ def nri_adjustment(
     after: ContainerInfo,
     node_of: Callable[[str], tuple[DeviceNumber, int]],
     *,
-    access_rules: bool = False,
+    device_rules: bool = False,
+    deny_gpus: Iterable[int] = (),
 ) -> nri.ContainerAdjustment:
     """What changed from `before` (as NRI showed it) to `after` (as the hooks left it), as the
     adjustment that makes the runtime build `after`: entries set by key (env name, mount and device
     path, annotation), mount and annotation removals marked "-". Env and device removals, and what
     else the runtime would drop, are not written: the caller refuses those first
     (nriruntime.unapplied). `node_of(host path)`: ((type, major, minor), permission bits) of a device
-    node to add. The runtime allows a node it adds "rw" ("rwm" for a block device); with
-    `access_rules` (NRI v0.10+ applies an adjustment's device-cgroup rules after those) the access
-    the hooks asked for is made exact by a rule allowing what is missing and one denying the rest."""
+    node to add. The runtime allows a node it adds "rw" ("rwm" for a block device). With
+    `device_rules` (NRI v0.10+ appends an adjustment's device-cgroup rules to the spec's, after those)
+    the access the hooks asked for is made exact by a rule allowing what is missing and one denying
+    the rest, a device node removed is denied by its numbers (the node stays, unusable), and so is
+    each GPU minor of `deny_gpus`."""
     adj = nri.ContainerAdjustment()
     adj.annotations.update(changed_keys(before.annotations, after.annotations))
     for k in before.annotations.keys() - after.annotations.keys():
@@ -348,13 +355,24 @@ def nri_adjustment(
     for path in old_mounts.keys() - new_mounts.keys():
         adj.mounts.add(destination="-" + path)
     old_devices = {d.container_path: d for d in before.devices}
+    kept: set[DeviceNumber] = set()  # the numbers of the nodes `after` keeps or is given
     for d in after.devices:
         if old_devices.get(d.container_path) != d:
             (kind, major, minor), mode = node_of(d.host_path)
             dev = adj.linux.devices.add(path=d.container_path, type=kind, major=major, minor=minor)
             dev.file_mode.value = mode
-            if access_rules:
+            if device_rules:
                 _exact_access(adj.linux.resources, (kind, major, minor), d.permissions)
+            kept.add((kind, major, minor))
+        elif d.number is not None:
+            kept.add(d.number)
+    if device_rules:
+        for d in before.devices:  # removed, or replaced by another node at its path
+            if d.number is not None and d.number not in kept:
+                _deny(adj.linux.resources, d.number)
+                kept.add(d.number)
+        for minor in deny_gpus:
+            _deny(adj.linux.resources, ("c", GPU_MAJOR, minor))
     for name in after.cdi_devices:
         if name not in before.cdi_devices:
             adj.CDI_devices.add(name=name)
@@ -375,6 +393,20 @@ def _exact_access(res: nri.LinuxResources, node: DeviceNumber, asked: str) -> No
         if letters:
             rule = res.devices.add(allow=allow, type=kind, access="".join(letters))
             rule.major.value, rule.minor.value = major, minor
+
+
+def _deny(res: nri.LinuxResources, node: DeviceNumber) -> None:
+    kind, major, minor = node
+    rule = res.devices.add(allow=False, type=kind, access="rwm")
+    rule.major.value, rule.minor.value = major, minor
+
+
+def adjusted_rules(adj: nri.ContainerAdjustment) -> tuple[DeviceRule, ...]:
+    """The device-cgroup rules the runtime adds to the spec's for an adjustment, in its order
+    (generate.go, Adjust): an allow rule for each device node added (AccessString: rw, rwm for a block
+    device), then the adjustment's own rules (NRI v0.10+)."""
+    nodes = (DeviceRule(True, d.type, d.major, d.minor, "rwm" if d.type == "b" else "rw") for d in adj.linux.devices)
+    return (*nodes, *_rules(adj.linux.resources.devices))
 
 
 # CRI's container states as NRI names them; the escape check looks only at the live ones

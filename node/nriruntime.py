@@ -11,10 +11,22 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 
 from crihook.hooks.base import RESOURCE_FIELDS, ContainerInfo
+from crihook.hooks.reach import (
+    BY_ENV,
+    GPU_MAJOR,
+    GPU_MINORS,
+    DeviceRule,
+    Gpu,
+    Reach,
+    Verdict,
+    every_device,
+    gpu_cdi_name,
+    reached,
+)
 from crihook.node.update import changed_fields
 
 _VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?")
@@ -111,7 +123,9 @@ def unapplied(
         out.append(f"changing env {key}, set {counts[key]} times (NRI replaces the first only)")
     paths = {d.container_path for d in after.devices}
     for path in sorted({d.container_path for d in before.devices} - paths):
-        if not every_device:  # a privileged container reaches the device whether its node stays or not
+        # a privileged container reaches the device whether its node stays or not; from NRI v0.10 a
+        # removed node is denied by its numbers (container.nri_adjustment)
+        if not every_device and not runtime.device_rules:
             out.append(f"removing device {path} (no NRI version applies device removals)")
     old_devices = set(before.devices)
     for d in after.devices:
@@ -162,6 +176,60 @@ def update_unapplied(before: ContainerInfo, after: ContainerInfo) -> list[str]:
             out.append("setting oom_score_adj (a container's is fixed at its creation)")
         elif not value:
             out.append(f"clearing {name} (an update of 0 or empty leaves the container's value as it is)")
+    return out
+
+
+def deniable(verdict: Verdict) -> bool:
+    """Whether deny rules appended to the spec's take every ungranted GPU of `verdict` away: each is
+    reached only through the device cgroup (a node, a rule, a CDI device's nodes), not by
+    NVIDIA_VISIBLE_DEVICES, which the NVIDIA runtime hook honours at start whatever the rules say."""
+    return all(not w.startswith(BY_ENV) for m in verdict.ungranted for w in verdict.reached.get(m, ()))
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What an answer to CreateContainer leaves the container, as far as GPUs go: the GPU minors its
+    device cgroup opens (None: every device, a privileged container), NVIDIA_VISIBLE_DEVICES, and
+    the CDI devices of a GPU kind it is given."""
+
+    opened: frozenset[int] | None
+    visible: str | None
+    cdi: frozenset[str]
+
+
+def answer(rules: Sequence[DeviceRule], visible: str | None, cdi: Iterable[str]) -> Answer:
+    """`rules`: the spec's device-cgroup rules followed by those an adjustment adds, in order."""
+    return Answer(opened_gpus(rules), visible, frozenset(n for n in cdi if gpu_cdi_name(n) is not None))
+
+
+def opened_gpus(rules: Sequence[DeviceRule]) -> frozenset[int] | None:
+    """The GPU minors `rules` let be read or written (the last rule matching a device decides; with
+    CAP_MKNOD a rule alone reaches a device); None when they open every device."""
+    if every_device(rules):
+        return None
+    if any(r.opens and r.minor is None and r.matches("c", GPU_MAJOR, 0) for r in rules):
+        candidates: Iterable[int] = GPU_MINORS  # a rule for every minor of the GPUs' major
+    else:
+        candidates = {r.minor for r in rules if r.opens and r.minor is not None and r.minor in GPU_MINORS}
+    ways, _ = reached(Reach(rules=tuple(rules)), [Gpu(m, m, "") for m in sorted(candidates)])
+    return frozenset(ways)
+
+
+def escapes(own: Answer, final: Answer) -> list[str]:
+    """What the runtime's final adjustment (every plugin's, merged) gives the container beyond what
+    crihook's answer left it, one phrase each: the ValidateContainerAdjustment check (NRI v0.10+)."""
+    out: list[str] = []
+    if own.opened is not None:
+        if final.opened is None:
+            out.append("a device-cgroup rule allowing every device")
+        elif extra := sorted(final.opened - own.opened):
+            many = f"{extra[0]} to {extra[-1]} ({len(extra)} of them)"
+            minors = ", ".join(map(str, extra)) if len(extra) <= 8 else many
+            out.append(f"GPU minor {minors} through a device node or device-cgroup rule")
+    if final.visible != own.visible:
+        out.append(f"NVIDIA_VISIBLE_DEVICES={final.visible or ''} where crihook set {own.visible or 'nothing'}")
+    if extra_cdi := sorted(final.cdi - own.cdi):
+        out.append(f"CDI device {', '.join(extra_cdi)}")
     return out
 
 

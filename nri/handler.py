@@ -29,6 +29,7 @@ from crihook.base.metrics import NRI_EVICTIONS_PENDING, NRI_UNGRANTED
 from crihook.hooks.base import ContainerInfo, HookContext, HookError, JudgesGpus, PodInfo, Stage
 from crihook.hooks.chain import HookRecord
 from crihook.hooks.reach import (
+    VISIBLE,
     DeviceRule,
     Reach,
     Undecided,
@@ -40,6 +41,7 @@ from crihook.hooks.reach import (
 )
 from crihook.node.container import (
     DeviceNumber,
+    adjusted_rules,
     nri_adjustment,
     nri_container_view,
     nri_listed_container,
@@ -48,7 +50,17 @@ from crihook.node.container import (
     reach_of,
 )
 from crihook.node.lifecycle import Lifecycle, log_refusal
-from crihook.node.nriruntime import NriRuntime, nri_runtime, start_refusal, unapplied, update_unapplied
+from crihook.node.nriruntime import (
+    Answer,
+    NriRuntime,
+    answer,
+    deniable,
+    escapes,
+    nri_runtime,
+    start_refusal,
+    unapplied,
+    update_unapplied,
+)
 from crihook.node.pod import nri_listed_pod, nri_pod_view
 from crihook.node.resources import nri_container_update, nri_resources_view
 from crihook.nri.stub import RpcError, event_mask
@@ -67,6 +79,7 @@ EVENTS = event_mask(
     api.REMOVE_CONTAINER,
 )
 SELINUX_ENFORCE = "/sys/fs/selinux/enforce"  # there when SELinux is on, enforcing or permissive
+ANSWERS_KEPT = 1024  # answers to CreateContainer kept for their validation
 MARGIN = 0.25  # seconds kept back from the runtime's request timeout for the answer's trip
 CATCH_UP = 2.0  # seconds after a Synchronize before the runtime is listed again over CRI
 RETRY_FIRST = 1.0  # seconds before an eviction or an undecided check is tried again, doubled each time
@@ -172,6 +185,9 @@ class HookHandler:
     _barred: dict[str, str] = field(default_factory=dict)
     # containers judged (clean, or created through the hooks): StartContainer checks the others
     _cleared: set[str] = field(default_factory=set)
+    # container id -> what crihook's answer to its CreateContainer left it, until the runtime asks to
+    # validate the final adjustment (NRI v0.10+: right after, in the same CreateContainer)
+    _answers: dict[str, Answer] = field(default_factory=dict)
     # evictions not done yet (container id -> the finding), retried until done or the container is gone
     _evicting: dict[str, Ungranted] = field(default_factory=dict)
     # container ids removed since the last CRI listing began: the listing may still show them
@@ -190,9 +206,12 @@ class HookHandler:
         if why is not None:
             self.refused = StartRefused(why)
             raise RpcError(_code(grpc.StatusCode.FAILED_PRECONDITION), why)
+        events = EVENTS
         if self.lifecycle.wants(Stage.PRE_UPDATE_CONTAINER_RESOURCES):  # else each update's trip saved
-            return EVENTS | event_mask(api.UPDATE_CONTAINER)
-        return EVENTS
+            events |= event_mask(api.UPDATE_CONTAINER)
+        if self.runtime.device_rules:  # NRI v0.10+ knows the event and asks validators
+            events |= event_mask(api.VALIDATE_CONTAINER_ADJUSTMENT)
+        return events
 
     async def synchronize(
         self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]
@@ -408,19 +427,18 @@ class HookHandler:
             self._note_privileged(pod, before.name, request.container.id)
         try:
             reasons = unapplied(before, after, self.runtime, every_device=every, selinux=self.selinux)
-            left = await self._left(pod, before, after, rules, ctx.deadline)
+            device_rules = self.runtime.device_rules
+            adjust = nri_adjustment(before, after, self.node_of, device_rules=device_rules)
+            left, deny = await self._left(pod, before, after, (*rules, *adjusted_rules(adjust)), ctx.deadline)
             if left:
                 reasons.append(left)
-            adjust = (
-                nri_adjustment(before, after, self.node_of, access_rules=self.runtime.device_rules)
-                if not reasons
-                else None
-            )
-            if adjust is not None:
+            if deny:  # NRI v0.10+: the runtime applies deny rules, so the GPU is taken away
+                adjust = nri_adjustment(before, after, self.node_of, device_rules=device_rules, deny_gpus=deny)
+            if not reasons:
                 make_sources(adjust)
         except OSError as e:
-            reasons, adjust = [f"a device node or mount source to add can not be had ({e})"], None
-        if adjust is None:
+            reasons = [f"a device node or mount source to add can not be had ({e})"]
+        if reasons:
             why = (
                 f"{self.runtime.ref or 'this runtime'} can not carry out what crihook decided for container"
                 f" {before.name} of pod {pod.ref}: {'; '.join(reasons)}. crihook's proxy mode can (docs/nri.md)"
@@ -428,7 +446,41 @@ class HookHandler:
             self._refuse(ctx, decided.records, grpc.StatusCode.FAILED_PRECONDITION, why)
         self.lifecycle.container_created(pod, replace(after, id=request.container.id), decided.records)
         self._cleared.add(request.container.id)
+        if self.runtime.device_rules:
+            if len(self._answers) >= ANSWERS_KEPT:  # a creation another plugin failed is never validated
+                del self._answers[next(iter(self._answers))]
+            own = (*rules, *adjusted_rules(adjust))
+            self._answers[request.container.id] = answer(own, after.env(VISIBLE), after.cdi_devices)
         return api.CreateContainerResponse(adjust=adjust)
+
+    async def validate_adjustment(
+        self, request: api.ValidateContainerAdjustmentRequest
+    ) -> api.ValidateContainerAdjustmentResponse:
+        """The adjustment of every plugin, merged, once more before the runtime applies it (NRI
+        v0.10+): a plugin called after crihook (a higher index) must not give the container a GPU
+        crihook's answer did not leave it."""
+        cid, adjust = request.container.id, request.adjust
+        own = self._answers.pop(cid, None)
+        original = nri_container_view(request.container)
+        visible = next((kv.value for kv in reversed(adjust.env) if kv.key == VISIBLE), original.env(VISIBLE))
+        final = answer(
+            (*nri_rules(request.container), *adjusted_rules(adjust)),
+            visible,
+            (*original.cdi_devices, *(d.name for d in adjust.CDI_devices)),
+        )
+        pod = f"{request.pod.namespace}/{request.pod.name}"
+        if own is None:
+            why = f"crihook: no answer of crihook's to CreateContainer of container {original.name} of pod {pod}"
+        else:
+            found = escapes(own, final)
+            if not found:
+                return api.ValidateContainerAdjustmentResponse()
+            why = (
+                f"crihook: the final adjustment of container {original.name} of pod {pod} gives it {'; '.join(found)},"
+                f" beyond what crihook granted (plugins: {', '.join(f'{p.index}-{p.name}' for p in request.plugins)})"
+            )
+        log.warning("adjustment refused", extra={"pod": pod, "container": original.name, "reason": why})
+        return api.ValidateContainerAdjustmentResponse(reject=True, reason=why)
 
     async def _left(
         self,
@@ -437,37 +489,33 @@ class HookHandler:
         after: ContainerInfo,
         rules: tuple[DeviceRule, ...],
         deadline: float | None,
-    ) -> str:
+    ) -> tuple[str, tuple[int, ...]]:
         """What ungranted GPU the container would still reach once adjusted (the runtime's spec with
-        what NRI applies: device nodes and CDI devices added, env set; rules and nodes it put in stay),
-        in words; empty when none. A privileged container reaches every GPU by its privilege."""
+        what NRI applies: device nodes and CDI devices added, env set, `rules` the spec's followed by
+        the adjustment's; nodes it put in stay), in words, empty when none; and the GPU minors to
+        deny instead, where the runtime applies deny rules (NRI v0.10+) and no name reaches them. A
+        privileged container reaches every GPU by its privilege."""
         judge = self._judge()
         if judge is None:
-            return ""
+            return "", ()
         added = {d.container_path for d in after.devices} - {d.container_path for d in before.devices}
         kept = replace(after, devices=(*before.devices, *(d for d in after.devices if d.container_path in added)))
-        reach = reach_of(kept, (*rules, *self._allow(after, added)), lambda path: self.node_of(path)[0])
+        reach = reach_of(kept, rules, lambda path: self.node_of(path)[0])
         if not may_reach_gpus(reach):
-            return ""
+            return "", ()
         try:
             verdict = await self._ask(judge, pod, after, reach, deadline)
         except Undecided as e:
-            return f"can not tell which GPUs it would reach ({e})"
+            return f"can not tell which GPUs it would reach ({e})", ()
         if not verdict.ungranted:
-            return ""
+            return "", ()
+        if self.runtime.device_rules and deniable(verdict):
+            return "", verdict.ungranted
         return (
             f"it would still reach {verdict.describe()}, which the runtime put in the spec (a CDI device or the"
-            " device plugin's) and no NRI adjustment can take away"
+            " device plugin's) and no NRI adjustment before containerd 2.2 can take away",
+            (),
         )
-
-    def _allow(self, c: ContainerInfo, paths: set[str]) -> list[DeviceRule]:
-        """The allow rules the runtime adds with the device nodes an adjustment adds."""
-        out = []
-        for d in c.devices:
-            if d.container_path in paths:
-                kind, major, minor = self.node_of(d.host_path)[0]
-                out.append(DeviceRule(True, kind, major, minor, d.permissions))
-        return out
 
     # -- the other events: bookkeeping, refusals, post hooks -------------------------------------
 

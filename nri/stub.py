@@ -120,6 +120,13 @@ class Handler(Protocol):
 
     async def stop_container(self, request: api.StopContainerRequest) -> api.StopContainerResponse: ...
 
+    async def validate_adjustment(
+        self, request: api.ValidateContainerAdjustmentRequest
+    ) -> api.ValidateContainerAdjustmentResponse:
+        """The adjustment of every plugin, merged, before the runtime applies it (NRI v0.10+, when
+        subscribed to VALIDATE_CONTAINER_ADJUSTMENT); `reject` fails the container's creation."""
+        ...
+
     async def state_change(self, event: api.StateChangeEvent) -> None:
         """The other subscribed events (pod run/stop/remove, container start/remove, post-events)."""
         ...
@@ -154,6 +161,7 @@ class _Service:
             "UpdateContainer": (api.UpdateContainerRequest, self._update),
             "StopContainer": (api.StopContainerRequest, self._stop),
             "StateChange": (api.StateChangeEvent, self._state_change),
+            "ValidateContainerAdjustment": (api.ValidateContainerAdjustmentRequest, self._validate),
         }
 
     async def _configure(self, req: Message) -> Message:
@@ -199,6 +207,10 @@ class _Service:
     async def _stop(self, req: Message) -> Message:
         assert isinstance(req, api.StopContainerRequest)
         return await self.handler.stop_container(req)
+
+    async def _validate(self, req: Message) -> Message:
+        assert isinstance(req, api.ValidateContainerAdjustmentRequest)
+        return await self.handler.validate_adjustment(req)
 
     async def _state_change(self, req: Message) -> Message:
         assert isinstance(req, api.StateChangeEvent)

@@ -15,6 +15,7 @@ from crihook.hooks.base import ContainerInfo, LinuxResources
 from crihook.hooks.reach import DeviceNode, DeviceRule, every_device
 from crihook.node.container import (
     DeviceNumber,
+    adjusted_rules,
     nri_adjustment,
     nri_container_view,
     nri_listed_container,
@@ -259,9 +260,25 @@ def test_device_access_is_made_exact_by_rules_where_the_runtime_applies_them() -
             Device("/dev/nvidia3", "/dev/nvidia3", "rw"),
         ),
     )
-    rules = nri_adjustment(before, after, node_of, access_rules=True).linux.resources.devices
+    rules = nri_adjustment(before, after, node_of, device_rules=True).linux.resources.devices
     assert [(r.allow, r.type, r.major.value, r.minor.value, r.access) for r in rules] == [
         (False, "c", 195, 1, "w"),
         (True, "c", 195, 2, "m"),
     ]
     assert not nri_adjustment(before, after, node_of).linux.resources.devices  # not before NRI v0.10
+
+
+def test_removed_nodes_and_ungranted_gpus_are_denied_where_the_runtime_applies_rules() -> None:
+    gpu0 = Device("/dev/nvidia0", "/dev/nvidia0", "rw", ("c", 195, 0))
+    gpu1 = Device("/dev/nvidia1", "/dev/nvidia1", "rw", ("c", 195, 1))
+    before = ContainerInfo(name="main", devices=(gpu0, gpu1))
+    after = replace(before, devices=(gpu1, Device("/dev/nvidia-moved", "/dev/nvidia2", "rw")))
+    adj = nri_adjustment(before, after, node_of, device_rules=True, deny_gpus=[7])
+    denied = [(r.type, r.major.value, r.minor.value, r.access) for r in adj.linux.resources.devices if not r.allow]
+    assert denied == [("c", 195, 0, "rwm"), ("c", 195, 7, "rwm")]  # GPU 1 kept, GPU 2 given
+    assert [(r.allow, r.kind, r.major, r.minor) for r in adjusted_rules(adj)] == [
+        (True, "c", 195, 2),  # the runtime's allow rule for the node added, before the adjustment's rules
+        (False, "c", 195, 0),
+        (False, "c", 195, 7),
+    ]
+    assert not nri_adjustment(before, after, node_of).linux.resources.devices  # NRI before v0.10 ignores rules

@@ -13,9 +13,15 @@ from hypothesis import strategies as st
 
 from crihook.base.spec import Device, Mount
 from crihook.hooks.base import ContainerInfo, LinuxResources
+from crihook.hooks.reach import DeviceRule, Verdict
 from crihook.node.nriruntime import (
+    Answer,
     NriRuntime,
+    answer,
+    deniable,
+    escapes,
     nri_runtime,
+    opened_gpus,
     start_refusal,
     unapplied,
     update_unapplied,
@@ -273,3 +279,38 @@ def test_a_limit_of_0_or_an_empty_cpuset_is_refused_not_sent(field: str, old: in
     assert unapplied(before, after, nri_runtime("containerd", "2.2.0")) == [
         f"clearing {field} (no NRI version applies a memory limit of 0 or an empty cpuset: the value stays)"
     ]
+
+
+def rule(allow: bool, minor: int | None, access: str = "rw", major: int | None = 195) -> DeviceRule:
+    return DeviceRule(allow, "c" if major is not None else "a", major, minor, access)
+
+
+def test_the_gpus_a_device_cgroup_opens_the_last_matching_rule_deciding() -> None:
+    deny_all = DeviceRule(False, "a", None, None, "rwm")
+    assert opened_gpus([deny_all, rule(True, 0), rule(True, 3), rule(False, 0, "rwm")]) == {3}
+    assert opened_gpus([deny_all, rule(True, 2, "m")]) == frozenset()  # mknod alone opens nothing
+    assert opened_gpus([deny_all, rule(True, None), rule(False, 5, "rwm")]) == frozenset(range(254)) - {5}
+    assert opened_gpus([deny_all, rule(True, 255)]) == frozenset()  # nvidiactl is no GPU
+    assert opened_gpus([DeviceRule(True, "a", None, None, "rwm")]) is None  # privileged: every device
+
+
+def test_what_a_final_adjustment_gives_beyond_crihooks_answer() -> None:
+    own = Answer(frozenset({1}), "GPU-1", frozenset({"nvidia.com/gpu=GPU-1"}))
+    assert escapes(own, own) == []
+    assert escapes(own, Answer(frozenset({1, 4}), "GPU-1", own.cdi)) == [
+        "GPU minor 4 through a device node or device-cgroup rule"
+    ]
+    assert escapes(own, Answer(None, "GPU-1", own.cdi)) == ["a device-cgroup rule allowing every device"]
+    assert escapes(own, Answer(own.opened, "all", own.cdi | {"nvidia.com/gpu=GPU-0"})) == [
+        "NVIDIA_VISIBLE_DEVICES=all where crihook set GPU-1",
+        "CDI device nvidia.com/gpu=GPU-0",
+    ]
+    assert escapes(Answer(None, None, frozenset()), Answer(None, None, frozenset())) == []  # privileged
+    assert answer([rule(True, 2)], None, ["nvidia.com/gpu=0", "vendor.com/nic=a"]).cdi == {"nvidia.com/gpu=0"}
+
+
+def test_a_gpu_named_in_the_visible_devices_can_not_be_denied() -> None:
+    by_node = Verdict({0: ("device node /dev/nvidia0 (c 195:0)", "device-cgroup rule")}, (0,))
+    assert deniable(by_node)
+    by_env = Verdict({0: ("device-cgroup rule", "NVIDIA_VISIBLE_DEVICES=GPU-0")}, (0,))
+    assert not deniable(by_env)

@@ -145,11 +145,15 @@ class Peer:
         assert response.status.code == 0, response.status
         return reply.FromString(response.payload)
 
-    async def handshake(self, *sync_chunks: api.SynchronizeRequest) -> api.ConfigureResponse:
-        """Register, Configure, Synchronize, as the runtime does for a new plugin."""
+    async def handshake(
+        self, *sync_chunks: api.SynchronizeRequest, runtime: tuple[str, str] = ("fake", "0.0")
+    ) -> api.ConfigureResponse:
+        """Register, Configure, Synchronize, as the runtime does for a new plugin; `runtime`: the
+        name and version Configure reports."""
         await self.register()
+        name, version = runtime
         configured = await self.call(
-            "Configure", api.ConfigureRequest(runtime_name="fake", runtime_version="0.0"), api.ConfigureResponse
+            "Configure", api.ConfigureRequest(runtime_name=name, runtime_version=version), api.ConfigureResponse
         )
         for chunk in sync_chunks or (api.SynchronizeRequest(),):
             await self.call("Synchronize", chunk, api.SynchronizeResponse)
@@ -161,6 +165,85 @@ class Peer:
             await self.writer.wait_closed()
         if self._reading is not None:
             await self._reading
+
+    async def create_container(
+        self, request: api.CreateContainerRequest, events: int, *later: api.ContainerAdjustment
+    ) -> tuple[api.ContainerAdjustment, ttrpc_pb2.Response | None]:
+        """CreateContainer as NRI v0.10+ runs it (pkg/adaptation/adaptation.go): the plugin's answer,
+        then those of plugins with a higher index (`later`), merged; then, when the plugin subscribed
+        to VALIDATE_CONTAINER_ADJUSTMENT (`events`, its Configure answer), the merged adjustment
+        handed to it with the container as it was before any plugin. The merged adjustment, and the
+        validation's raw response (None when not asked)."""
+        original = api.Container()
+        original.CopyFrom(request.container)
+        answer = await self.call("CreateContainer", request, api.CreateContainerResponse)
+        merged = merge(answer.adjust, *later)
+        if not events & (1 << (api.VALIDATE_CONTAINER_ADJUSTMENT - 1)):
+            return merged, None
+        validate = api.ValidateContainerAdjustmentRequest(pod=request.pod, container=original, adjust=merged)
+        validate.plugins.add(name="crihook", index="10")
+        validate.plugins.add(name="later", index="90")
+        return merged, await self.call_raw("ValidateContainerAdjustment", validate.SerializeToString())
+
+
+class Conflict(Exception):
+    """Two plugins set the same env variable, device path or CDI device: NRI fails the creation."""
+
+
+def merge(*adjusts: api.ContainerAdjustment) -> api.ContainerAdjustment:
+    """Plugins' adjustments merged in call order as NRI v0.10's result.go merges the fields crihook
+    uses: env, device nodes and CDI devices claimed by key (owners.go: a second plugin setting one
+    fails the creation), device-cgroup rules appended."""
+    out = api.ContainerAdjustment()
+    env: dict[str, str] = {}
+    devices: dict[str, api.LinuxDevice] = {}
+    owner: dict[tuple[str, str], int] = {}
+
+    def claim(field: str, key: str, plugin: int) -> None:
+        if owner.setdefault((field, key), plugin) != plugin:
+            raise Conflict(f"plugin {plugin} set {field} {key}, owned by plugin {owner[field, key]}")
+
+    for plugin, adj in enumerate(adjusts):
+        for kv in adj.env:
+            claim("env", kv.key, plugin)
+            env[kv.key] = kv.value
+        for d in adj.linux.devices:
+            claim("device", d.path, plugin)
+            devices[d.path] = d
+        for c in adj.CDI_devices:
+            claim("CDI device", c.name, plugin)
+            out.CDI_devices.append(c)
+        out.linux.resources.devices.extend(adj.linux.resources.devices)
+        out.annotations.update(adj.annotations)
+        out.mounts.extend(adj.mounts)
+    out.env.extend(api.KeyValue(key=k, value=v) for k, v in env.items())
+    out.linux.devices.extend(devices.values())
+    return out
+
+
+def spec_rules(container: api.Container, adjust: api.ContainerAdjustment) -> list[api.LinuxDeviceCgroup]:
+    """The device-cgroup rules of the spec NRI v0.10+ hands runc (pkg/runtime-tools/generate,
+    Adjust): the container's, an allow rule per device node added (LinuxDevice.AccessString: rw, rwm
+    for a block device), then the adjustment's own rules, in order."""
+    rules = list(container.linux.resources.devices)
+    for d in adjust.linux.devices:
+        rule = api.LinuxDeviceCgroup(allow=True, type=d.type, access="rwm" if d.type == "b" else "rw")
+        rule.major.value, rule.minor.value = d.major, d.minor
+        rules.append(rule)
+    return [*rules, *adjust.linux.resources.devices]
+
+
+def opens(rules: list[api.LinuxDeviceCgroup], kind: str, major: int, minor: int) -> bool:
+    """Whether runc's device cgroup lets the device be read or written: the last rule matching it
+    decides (runc's devices emulator), none matching denies."""
+    for r in reversed(rules):
+        if (
+            r.type in ("", "a", kind)
+            and (not r.HasField("major") or r.major.value == major)
+            and (not r.HasField("minor") or r.minor.value == minor)
+        ):
+            return r.allow and bool({"r", "w"} & set(r.access or "rwm"))
+    return False
 
 
 class FakeRuntime:

@@ -68,6 +68,12 @@ class Marking:
             raise self.stop_answer
         return api.StopContainerResponse()
 
+    async def validate_adjustment(
+        self, request: api.ValidateContainerAdjustmentRequest
+    ) -> api.ValidateContainerAdjustmentResponse:
+        self.calls.append("ValidateContainerAdjustment")
+        return api.ValidateContainerAdjustmentResponse()
+
     async def state_change(self, event: api.StateChangeEvent) -> None:
         self.calls.append(api.Event.Name(event.event))
 

@@ -58,6 +58,12 @@ class Recorder:
         self.calls.append(("stop", request.container.id))
         return api.StopContainerResponse()
 
+    async def validate_adjustment(
+        self, request: api.ValidateContainerAdjustmentRequest
+    ) -> api.ValidateContainerAdjustmentResponse:
+        self.calls.append(("validate", request.container.id))
+        return api.ValidateContainerAdjustmentResponse(reject=True, reason="no")
+
     async def state_change(self, event: api.StateChangeEvent) -> None:
         self.calls.append(("state", event.event))
 
@@ -133,6 +139,9 @@ async def test_lifecycle_calls_reach_the_handler(sock: Path) -> None:
         assert [(e.key, e.value) for e in created.adjust.env] == [("A", "1")]
         await peer.call("UpdateContainer", api.UpdateContainerRequest(pod=pod, container=ctr), api.Empty)
         await peer.call("StopContainer", api.StopContainerRequest(pod=pod, container=ctr), api.Empty)
+        validate = api.ValidateContainerAdjustmentRequest(pod=pod, container=ctr)
+        verdict = await peer.call("ValidateContainerAdjustment", validate, api.ValidateContainerAdjustmentResponse)
+        assert (verdict.reject, verdict.reason) == (True, "no")
         event = api.StateChangeEvent(event=api.REMOVE_CONTAINER, pod=pod, container=ctr)
         await peer.call("StateChange", event, api.Empty)
         await peer.call("Shutdown", api.Empty(), api.Empty)
@@ -140,6 +149,7 @@ async def test_lifecycle_calls_reach_the_handler(sock: Path) -> None:
         ("create", "c"),
         ("update", "c"),
         ("stop", "c"),
+        ("validate", "c"),
         ("state", api.REMOVE_CONTAINER),
         ("shutdown", None),
     ]
@@ -149,7 +159,6 @@ async def test_lifecycle_calls_reach_the_handler(sock: Path) -> None:
     ("service", "method"),
     [
         ("nri.pkg.api.v1alpha1.Plugin", "RunPodSandbox"),  # NRI v0.12 runtimes fall back to StateChange
-        ("nri.pkg.api.v1alpha1.Plugin", "ValidateContainerAdjustment"),
         ("nri.pkg.api.v1alpha1.Plugin", "NoSuchMethod"),
         ("nri.pkg.api.v1alpha1.Runtime", "RegisterPlugin"),
         ("grpc.health.v1.Health", "Check"),
@@ -539,6 +548,7 @@ def test_served_methods_take_the_messages_the_schema_names() -> None:
         "UpdateContainer",
         "StopContainer",
         "StateChange",
+        "ValidateContainerAdjustment",
     }
 
 

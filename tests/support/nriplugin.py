@@ -138,6 +138,11 @@ class NoChange:
     async def stop_container(self, request: api.StopContainerRequest) -> api.StopContainerResponse:
         return api.StopContainerResponse()
 
+    async def validate_adjustment(
+        self, request: api.ValidateContainerAdjustmentRequest
+    ) -> api.ValidateContainerAdjustmentResponse:
+        return api.ValidateContainerAdjustmentResponse()
+
     async def state_change(self, event: api.StateChangeEvent) -> None:
         return None
 
