@@ -82,6 +82,8 @@ SELINUX_ENFORCE = "/sys/fs/selinux/enforce"  # there when SELinux is on, enforci
 ANSWERS_KEPT = 1024  # answers to CreateContainer kept for their validation
 MARGIN = 0.25  # seconds kept back from the runtime's request timeout for the answer's trip
 CATCH_UP = 2.0  # seconds after a Synchronize before the runtime is listed again over CRI
+RELIST_EVERY = 60.0  # seconds between later listings
+RECORD_GRACE = 10.0  # seconds a record may precede its container in the runtime's list (it is being made)
 RETRY_FIRST = 1.0  # seconds before an eviction or an undecided check is tried again, doubled each time
 RETRY_MOST = 60.0  # ... up to this
 EVICTIONS_FILE = "nri-evictions.json"  # in the state dir: the evictions still tried, for `crihook doctor`
@@ -178,6 +180,8 @@ class HookHandler:
     refused: StartRefused | None = None
     synchronized: asyncio.Event = field(default_factory=asyncio.Event)  # set after the first Synchronize
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep  # between retries
+    relist_every: float = RELIST_EVERY
+    _relister: asyncio.Future[None] | None = None
     _tasks: set[asyncio.Future[None]] = field(default_factory=set)
     _privileged: set[str] = field(default_factory=set)  # ids of the privileged containers logged
     # containers found reaching ungranted GPUs, with the reason, when evicting: the eviction (CRI
@@ -246,7 +250,10 @@ class HookHandler:
         except Exception:
             log.exception("checking containers failed")
         if self.relist is not None:
-            self._spawn(self._catch_up())
+            if self._relister is not None:
+                self._relister.cancel()  # one listing loop, from the last Synchronize
+            self._relister = asyncio.ensure_future(self._catch_up())
+            self._keep(self._relister)
         self.synchronized.set()
         return []
 
@@ -388,15 +395,28 @@ class HookHandler:
             log.error("can not write the pending evictions", extra={"path": str(path), "error": str(e)})
 
     async def _catch_up(self) -> None:
-        """A while after a Synchronize: pods and containers the runtime has that neither its list nor
-        an event since told crihook of are adopted into the store and checked like the others; one
-        removed while the listing ran is not brought back."""
+        """A while after a Synchronize, then every `relist_every` seconds (0: once) while connected:
+        the store made to match the runtime as CRI lists it (see _relist)."""
         assert self.relist is not None
         await self.sleep(CATCH_UP)
+        while True:
+            await self._relist(self.relist)
+            if self.relist_every <= 0:
+                return
+            await self.sleep(self.relist_every)
+
+    async def _relist(self, relist: Callable[[], Awaitable[tuple[list[api.PodSandbox], list[api.Container]]]]) -> None:
+        """Pods and containers the runtime has that neither Synchronize's list nor an event told
+        crihook of are adopted into the store and checked like the others (one removed while the
+        listing ran is not brought back); records of ones the runtime does not have, older than
+        RECORD_GRACE (a creation that failed after crihook answered, a removal whose event was
+        missed), are dropped."""
         self._removed.clear()
+        self._removed_pods.clear()
+        began = time.time()
         try:
-            pods, containers = await self.relist()
-        except Exception as e:  # the next Synchronize lists them
+            pods, containers = await relist()
+        except Exception as e:  # the next listing or Synchronize finds them
             log.warning("listing the runtime over CRI failed", extra={"error": str(e)})
             return
         store = self.lifecycle.store
@@ -406,9 +426,32 @@ class HookHandler:
             store.put_pod(nri_listed_pod(p))
         for c in new:
             store.put_container(nri_listed_container(c))
-        if new_pods or new:
-            log.info("store caught up", extra={"pods": len(new_pods), "containers": len(new)})
+        listed, listed_pods = {c.id for c in containers}, {p.id for p in pods}
+        old = began - RECORD_GRACE
+        gone = [cid for cid, r in store.containers.items() if cid not in listed and r.created < old]
+        gone_pods = [pid for pid, r in store.pods.items() if pid not in listed_pods and r.created < old]
+        for cid in gone:
+            store.remove_container(cid)
+            self._forget(cid)
+        for pid in gone_pods:
+            store.remove_pod(pid)
+        if new_pods or new or gone or gone_pods:
+            log.info(
+                "store caught up",
+                extra={"pods": len(new_pods), "containers": len(new), "gone_pods": len(gone_pods), "gone": len(gone)},
+            )
+        if new:
             await self._check({p.id: nri_pod_view(p) for p in pods}, new)
+
+    def _forget(self, cid: str) -> None:
+        """A container gone: nothing kept about it."""
+        self._privileged.discard(cid)
+        self._barred.pop(cid, None)
+        self._cleared.discard(cid)
+        self._starting.pop(cid, None)
+        if self._evicting.pop(cid, None) is not None:
+            NRI_EVICTIONS_PENDING.set(len(self._evicting))
+            self._write_pending()
 
     async def shutdown(self) -> None:
         log.info("the runtime is shutting down")
@@ -535,13 +578,7 @@ class HookHandler:
             self.lifecycle.container_started(cid, self._starting.pop(cid, []))
         elif kind == api.REMOVE_CONTAINER and event.HasField("container"):
             self._removed.add(cid)
-            self._privileged.discard(cid)
-            self._barred.pop(cid, None)
-            self._cleared.discard(cid)
-            if self._evicting.pop(cid, None) is not None:
-                NRI_EVICTIONS_PENDING.set(len(self._evicting))
-                self._write_pending()
-            self._starting.pop(cid, None)
+            self._forget(cid)
             self.lifecycle.container_removed(cid)
 
     async def _starts(self, msg_pod: api.PodSandbox, msg: api.Container) -> None:

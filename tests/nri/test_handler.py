@@ -7,7 +7,9 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -18,7 +20,9 @@ from crihook.base.metrics import NRI_EVICTIONS_PENDING
 from crihook.hooks.base import ContainerInfo, Edit, HookContext, HookError, PodInfo, ResourcesPatch, Stage
 from crihook.hooks.reach import Gpu, Grants, Reach, Undecided, Verdict, judge
 from crihook.hooks.registry import build_chain
+from crihook.node.container import nri_listed_container
 from crihook.node.lifecycle import Lifecycle
+from crihook.node.pod import nri_listed_pod
 from crihook.node.store import Store
 from crihook.nri.handler import EVICTIONS_FILE, MARGIN, HookHandler
 from crihook.nri.stub import RpcError, event_mask
@@ -250,7 +254,7 @@ class Evictions:
 
 async def judged(tmp_path: Path, hook: Judge, evict: Evictions | None = None) -> HookHandler:
     chain = build_chain(HooksConfig(), NodeConfig(), factories={"gpu": lambda options, node: hook})
-    h = HookHandler(Lifecycle(chain, Store(tmp_path)), evict=evict or Evictions(), sleep=no_wait)
+    h = HookHandler(Lifecycle(chain, Store(tmp_path)), evict=evict or Evictions(), sleep=no_wait, relist_every=0)
     await h.configure(api.ConfigureRequest(runtime_name="containerd", runtime_version="2.1.9"))
     return h
 
@@ -389,3 +393,20 @@ async def test_the_catch_up_does_not_bring_back_a_container_removed_while_it_lis
     await h.synchronize([POD], [])
     await settle(h)
     assert "gone" not in h.lifecycle.store.containers
+
+
+async def test_records_of_containers_the_runtime_does_not_have_are_dropped(tmp_path: Path) -> None:
+    """A creation that failed after crihook answered (or a removal whose event was missed): the
+    listing drops its record once it is older than RECORD_GRACE; a younger one is being made."""
+    h = await judged(tmp_path, Judge())
+    await h.synchronize([POD], [])
+    store = h.lifecycle.store
+    store.put_pod(nri_listed_pod(POD))
+    store.put_container(replace(nri_listed_container(gpu_container("failed")), created=time.time() - 60))
+    store.put_container(replace(nri_listed_container(gpu_container("being-made")), created=time.time()))
+
+    async def relist() -> tuple[list[api.PodSandbox], list[api.Container]]:
+        return [POD], []
+
+    await h._relist(relist)  # the listing after Synchronize's, and every RELIST_EVERY seconds
+    assert set(store.containers) == {"being-made"}
