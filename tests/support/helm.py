@@ -87,6 +87,7 @@ COMBOS: dict[str, Combo] = {
     "extender-stanza": Combo({"kubeScheduler": {"mode": "extender"}}),
     "network-policy": Combo({"networkPolicy": {"enabled": True}}),
     "no-node": Combo({"node": {"enabled": False}}),
+    "dra": Combo({"dra": {"enabled": True, "extendedResourceName": "nvidia.com/gpu", "consumableCapacity": "on"}}),
     "node-without-reporter": Combo({"node": {"reporter": {"enabled": False}, "nvmlLibraryDir": ""}}),
     "service-monitor": Combo(api_versions=(SERVICE_MONITOR,)),
     "kube-system": Combo(namespace="kube-system", values={"webhooks": {"excludeNamespaces": ["monitoring"]}}),
