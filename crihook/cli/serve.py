@@ -10,7 +10,6 @@ from crihook.base import config as cfgmod
 from crihook.base import log as logmod
 from crihook.base.config import ConfigError
 from crihook.node.daemon import NodeDaemon, Overrides, run_daemon
-from crihook.proxy.serve import ProxyDoor
 
 
 def add_node_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
     if loaded is None:
         return 2
     cfg, flags = loaded
+    from crihook.proxy.serve import ProxyDoor  # here: `crihook nri` shares this module and needs no proxy
+
     try:
         door = ProxyDoor(cfg)
     except ConfigError as e:

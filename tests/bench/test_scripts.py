@@ -107,3 +107,10 @@ def test_the_nri_bench_runs_every_mode_briefly() -> None:
     alone = run(sys.executable, BENCH / "nri_bench.py", "--handler-only", "--creates", "5")
     assert alone.returncode == 0, alone.stderr[-2000:]
     assert "crihook nri handler in this process, CreateContainer with 8 GPUs [n=5]" in alone.stdout
+
+
+def test_the_pre_registered_start_bench_registers_and_configures() -> None:
+    done = run(sys.executable, BENCH / "nri_prestart.py", "--runs", "1")
+    assert done.returncode == 0, done.stderr[-2000:]
+    (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("run 0: registered ")]
+    assert "configured" in line

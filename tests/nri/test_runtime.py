@@ -310,7 +310,9 @@ def test_the_command_registers_and_comes_back_after_a_kill(
 def test_the_command_as_a_pre_registered_plugin(containerd: Containerd, tmp_path: Path) -> None:
     """containerd starts `NN-name` from its plugin dir at its own start, with the socket on fd 3, and
     configures it; 2.x then synchronizes it, 1.7 (NRI v0.6.1, which synchronizes only plugins that
-    dial in) never does. The plugin exits when containerd stops."""
+    dial in) never does. The plugin exits when containerd stops. The runtime gives it 5 s to register,
+    imports included, and on 1.7 a plugin that misses them takes containerd's CRI service down with
+    it: CRI must answer once it is registered."""
     log = tmp_path / "nri.log"
     script = containerd.nri_plugin_dir / "05-crihook"
     script.write_text(f"#!/bin/sh\nexec {sys.executable} -m crihook.cli nri --config /dev/null 2>>{log}\n")
@@ -318,8 +320,11 @@ def test_the_command_as_a_pre_registered_plugin(containerd: Containerd, tmp_path
     try:
         containerd.restart()
         wait_for(lambda: "configured by the runtime" in (log.read_text() if log.exists() else ""), what="configured")
-        assert 'registered as \\"05-crihook\\"' in containerd.log_path.read_text(errors="replace")
+        runtime_log = containerd.log_path.read_text(errors="replace")
+        assert 'registered as \\"05-crihook\\"' in runtime_log and "registration timed out" not in runtime_log
         assert 'socket="fd 3"' in log.read_text()
+        with Cri(containerd.address) as cri:
+            assert cri.version().runtime_name == "containerd"
         if containerd.runtime.name == "2":
             wait_for(lambda: "synchronized with the runtime" in log.read_text(), what="synchronized")
     finally:
