@@ -118,10 +118,11 @@ def make_sources(adjust: api.ContainerAdjustment) -> None:
 
 def may_reach_gpus(reach: Reach) -> bool:
     """Whether `reach` has anything that can name a GPU (most containers have nothing): a GPU's
-    device node, an allow rule that can match one, a GPU-kind CDI device, NVIDIA_VISIBLE_DEVICES."""
+    device node, an allow rule that can open one (containerd's `c *:* m` for every container opens
+    nothing), a GPU-kind CDI device, NVIDIA_VISIBLE_DEVICES."""
     return bool(
         any(gpu_minor(n.kind, n.major, n.minor) is not None for n in reach.nodes)
-        or any(r.allow and r.kind in ("", "a", "c") and r.major in (None, 195) for r in reach.rules or ())
+        or any(r.opens and r.kind in ("", "a", "c") and r.major in (None, 195) for r in reach.rules or ())
         or any(gpu_cdi_name(n) is not None for n in reach.cdi_devices)
         or visible_names(reach.visible)
     )
@@ -266,7 +267,10 @@ class HookHandler:
             and c.state in (api.CONTAINER_CREATED, api.CONTAINER_RUNNING, api.CONTAINER_PAUSED)
         ]
         for c in live:
-            await self._judge_listed(pods[c.pod_sandbox_id], c, attempt=0)
+            try:
+                await self._judge_listed(pods[c.pod_sandbox_id], c, attempt=0)
+            except Exception:  # one container's problem is that container's: the others are judged
+                log.exception("checking a container failed", extra={"id": c.id[:13]})
         barred = sum(1 for c in live if c.id in self._barred)
         log.info("containers checked", extra={"containers": len(live), "barred": barred})
 
@@ -278,7 +282,8 @@ class HookHandler:
         except Undecided as e:
             if c.id in self._known_ids():
                 delay = min(RETRY_FIRST * 2**attempt, RETRY_MOST)
-                log.warning(
+                log.log(
+                    logging.WARNING if attempt == 0 else logging.DEBUG,  # said once, asked until decided
                     "can not tell which GPUs a container may reach; asking again",
                     extra={"pod": pod.ref, "container": c.name, "id": c.id[:13], "why": str(e), "retry_s": delay},
                 )

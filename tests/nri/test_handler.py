@@ -219,7 +219,8 @@ class Judge:
     priority = 20
     stages = frozenset({Stage.PRE_CREATE_CONTAINER})
 
-    def __init__(self) -> None:
+    def __init__(self, refuse: bool = True) -> None:
+        self.refuse = refuse
         self.grants: dict[str, Grants] = {}
         self.undecided: str | None = None
         self.asked: list[str] = []
@@ -228,7 +229,9 @@ class Judge:
         self.thrice = threading.Event()
 
     async def handle(self, ctx: HookContext) -> Edit | None:
-        raise HookError(grpc.StatusCode.UNAVAILABLE, "remote hook server unreachable")
+        if self.refuse:
+            raise HookError(grpc.StatusCode.UNAVAILABLE, "remote hook server unreachable")
+        return None
 
     def verdict(self, pod: PodInfo, container: ContainerInfo, reach: Reach) -> Verdict:
         self.asked.append(container.id)
@@ -410,3 +413,19 @@ async def test_records_of_containers_the_runtime_does_not_have_are_dropped(tmp_p
 
     await h._relist(relist)  # the listing after Synchronize's, and every RELIST_EVERY seconds
     assert set(store.containers) == {"being-made"}
+
+
+async def test_containers_that_can_reach_no_gpu_are_not_asked_about(tmp_path: Path) -> None:
+    """containerd's rules for every container (deny all, mknod for any char or block device, the
+    standard nodes): nothing to judge, so a node whose NVML lists no GPU creates them all."""
+    hook = Judge(refuse=False)
+    hook.undecided = "NVML lists no GPU on this node"
+    h = await judged(tmp_path, hook)
+    c = api.Container(id="plain", pod_sandbox_id=POD.id, name="app", env=["NVIDIA_VISIBLE_DEVICES=void"])
+    for kind, access in (("a", "rwm"), ("c", "m"), ("b", "m")):
+        c.linux.resources.devices.add(allow=kind != "a", type=kind, access=access)
+    rule = c.linux.resources.devices.add(allow=True, type="c", access="rwm")
+    rule.major.value, rule.minor.value = 1, 3
+    await h.state_change(api.StateChangeEvent(event=api.RUN_POD_SANDBOX, pod=POD))
+    answer = await h.create_container(api.CreateContainerRequest(pod=POD, container=c))
+    assert answer is not None and hook.asked == []
