@@ -41,6 +41,8 @@ from crihook.base import allocation as al
 from crihook.base.config import HooksConfig, NodeConfig
 from crihook.base.spec import Device
 from crihook.hooks.base import ContainerInfo, HookContext, PodInfo, Stage
+from crihook.hooks.gpu_edit import GpuOptions
+from crihook.hooks.grant import HamiCore
 from crihook.hooks.registry import build_chain, discover_factories
 from crihook.node.daemon import attach_store
 from crihook.node.records import ContainerRecord, PodRecord
@@ -99,7 +101,9 @@ def main() -> None:
         kubelet_checkpoint=str(checkpoint),
         nvml_library=str(fakenvml.build()),
     )
-    hook = discover_factories()["gpu"]({"node": node})
+    # HAMi-core's directories, which the hook makes, under the bench's own root
+    hami = HamiCore(cache_root=f"{root}/hami-core/containers", lock_dir=f"{root}/hami-core/lock")
+    hook = discover_factories()["gpu"](GpuOptions(hami_core=hami), node)
     library = fakenvml.FakeNvml(fakenvml.build(), config, root / "sys", doc)
 
     whole = al.format_device_allocated(
@@ -123,7 +127,9 @@ def main() -> None:
         ),
         "no GPU (void)": PodInfo("web", "default", "uid-web"),
     }
-    chain = build_chain(HooksConfig(allowed_host_paths=("{dev_root}/*", "/usr/local/vgpu/*", "/tmp/vgpulock")), node)
+    allowed = ("{dev_root}/*", "/usr/local/vgpu/*", f"{root}/hami-core/*")
+    table = {"cache_root": hami.cache_root, "lock_dir": hami.lock_dir}
+    chain = build_chain(HooksConfig(allowed_host_paths=allowed, options={"gpu": {"hami_core": table}}), node)
     if args.beside_plugin:
         store = Store(root / "state")
         started = [(e.pod_uid, {}) for e in others if e.pod_uid.startswith("pod-")]

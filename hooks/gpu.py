@@ -53,6 +53,7 @@ from crihook.hooks.gpu_edit import (
     place,
     plain_grant,
 )
+from crihook.hooks.grant import hami_dirs
 from crihook.hooks.reach import DeviceNode, Gpu, Grants, Reach, Undecided, Verdict, gpu_minor, judge
 from crihook.hooks.scheduled import prime, scheduled
 
@@ -338,7 +339,10 @@ class GpuHook:
         return None if seen is None else (seen, generation)
 
     def handle(self, ctx: HookContext) -> Edit | None:
-        return self._handle(ctx, self._reads)
+        edit = self._handle(ctx, self._reads)
+        if edit is not None:
+            make_hami_dirs(ctx, hami_dirs(edit.add_mounts))
+        return edit
 
     def handle_cached(self, ctx: HookContext) -> Edit | Miss | None:
         """handle() on the event loop from the memo's answers (hooks.base.Recalls): MISS, and so a
@@ -347,9 +351,12 @@ class GpuHook:
             return MISS
         self.memo.sync()
         try:
-            return self._handle(ctx, self._recalls)
+            edit = self._handle(ctx, self._recalls)
         except NotCached:  # a fact the memo does not hold, from deep in the decision
             return MISS
+        if edit is not None and hami_dirs(edit.add_mounts):
+            return MISS  # HAMi-core's directories are made on a worker thread
+        return edit
 
     def _handle(self, ctx: HookContext, facts: _Facts) -> Edit | None:
         assert ctx.container is not None
@@ -536,6 +543,25 @@ def host_number(path: str) -> tuple[str, int, int] | None:
     except OSError:
         return by_path(path)
     return n.kind, n.major, n.minor
+
+
+def make_hami_dirs(ctx: HookContext, dirs: Iterable[str]) -> None:
+    """HAMi-core's cache and lock directories, made before the runtime mounts them (NRI's runc
+    mounts a missing source as an error, CRI makes it root's 0755) and writable by every user, as
+    HAMi's own device plugin makes them: the container's processes run as whatever user the image
+    says. A directory that can not be made refuses the container."""
+    for d in dirs:
+        try:
+            os.makedirs(d, exist_ok=True)
+            if stat.S_IMODE(os.stat(d).st_mode) != 0o777:
+                os.chmod(d, 0o777)
+        except OSError as e:
+            assert ctx.container is not None
+            raise HookError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"pod {ctx.pod.ref} container {ctx.container.name}: HAMi-core directory {d} can not be made"
+                f" ({e.strerror or e}); crihook must be able to write there ([hooks.gpu.hami_core], docs/gpu-hook.md)",
+            ) from None
 
 
 def factory(options: GpuOptions, node: NodeConfig) -> GpuHook:

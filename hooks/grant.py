@@ -19,6 +19,7 @@ CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
 DEVICE_PERMISSIONS = "rw"  # what NVIDIA's device plugin grants
 FULL_CORES = 100
 HAMI_CACHE_MOUNT = "/tmp/vgpu"
+HAMI_LOCK_MOUNT = "/tmp/vgpulock"  # where HAMi-core's library takes its locks
 HAMI_PRELOAD_MOUNT = "/etc/ld.so.preload"
 MiB = 1 << 20
 
@@ -39,16 +40,18 @@ class GpuFacts(Protocol):
 @dataclass(frozen=True, slots=True)
 class HamiCore:
     """The `[hooks.gpu.hami_core]` table: host paths for HAMi-core isolation; the operator lists them
-    in hooks.allowed_host_paths."""
+    in hooks.allowed_host_paths. crihook makes the cache and lock directories itself (hooks/gpu.py),
+    so by default they are under its state directory, the one place the shipped unit and the chart
+    let it write on the host."""
 
     library: str = field(default="/usr/local/vgpu/libvgpu.so", metadata={"check": absolute_path})
     """the HAMi-core library"""
     preload_file: str = field(default="/usr/local/vgpu/ld.so.preload", metadata={"check": absolute_path})
     """holds the library's path, one line; mounted as the container's /etc/ld.so.preload"""
-    cache_root: str = field(default="/usr/local/vgpu/containers", metadata={"check": absolute_path})
-    """a directory per container below it"""
-    lock_dir: str = field(default="/tmp/vgpulock", metadata={"check": absolute_path_or_empty})
-    """shared by every container of a GPU; empty: not mounted"""
+    cache_root: str = field(default="/var/lib/crihook/hami-core/containers", metadata={"check": absolute_path})
+    """a directory per container below it, mounted at /tmp/vgpu"""
+    lock_dir: str = field(default="/var/lib/crihook/hami-core/lock", metadata={"check": absolute_path_or_empty})
+    """shared by every container of a GPU, mounted at /tmp/vgpulock; empty: not mounted"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,5 +118,11 @@ def hami_mounts(paths: HamiCore, cache_dir: str) -> list[Mount]:
         Mount(HAMI_CACHE_MOUNT, f"{paths.cache_root}/{cache_dir}"),
     ]
     if paths.lock_dir:
-        mounts.append(Mount(paths.lock_dir, paths.lock_dir))
+        mounts.append(Mount(HAMI_LOCK_MOUNT, paths.lock_dir))
     return mounts
+
+
+def hami_dirs(mounts: Iterable[Mount]) -> list[str]:
+    """The host directories of HAMi-core's cache and lock mounts among `mounts`: every process of
+    the container, whatever its user, writes there, and nothing else makes them where they go."""
+    return [m.host_path for m in mounts if m.container_path in (HAMI_CACHE_MOUNT, HAMI_LOCK_MOUNT)]

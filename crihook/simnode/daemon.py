@@ -33,6 +33,8 @@ class Crihook:
     env: dict[str, str] = field(default_factory=dict)
     nri_socket: Path | None = None  # NRI mode: `crihook nri` registers with the runtime there
     metrics_listen: str = ""  # host:port of the metrics endpoint; empty: none
+    # run before the daemon's own command (which it must exec): a sandbox, as a unit's would be
+    prefix: tuple[str, ...] = ()
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     notify_socket: socket.socket | None = field(default=None, repr=False)
 
@@ -99,7 +101,7 @@ class Crihook:
             command = ["nri", *command[1:], "--nri-socket", str(self.nri_socket)]
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "crihook.cli", *command],
+                [*self.prefix, sys.executable, "-m", "crihook.cli", *command],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -1,7 +1,7 @@
 """The node daemon the same in both modes, against a real containerd: `crihook nri` reloads its hooks
 on SIGHUP under the same pid as `crihook serve` does (systemd's `reload` sends SIGHUP), starts the
-device reporter when a kubeconfig is configured, and registers again when the runtime did not take
-its Synchronize answer."""
+device reporter when a kubeconfig is configured, registers again when the runtime did not take its
+Synchronize answer, and gives a HAMi-core share pod its directories from inside the unit's sandbox."""
 
 from __future__ import annotations
 
@@ -12,8 +12,15 @@ from typing import Any
 
 import pytest
 
+from crihook.base import allocation as al
+from crihook.base.config import ProxyConfig
+from crihook.hooks.grant import HamiCore
+from crihook.simnode import fakenvml
 from crihook.simnode.fakenvml import CONFIG_ENV
+from crihook.simnode.node import make_sim_node
+from tests.e2e.test_gpu_containerd import TOPOLOGY, allocated, env_of
 from tests.e2e.test_gpu_nri import free_port, scrape
+from tests.e2e.test_install import NRI_UNIT
 from tests.proxy.test_serve import TEST_HOOK
 from tests.proxy.test_serve_reporter import NODE, node_config, wait_for
 from tests.support.containerd import Containerd
@@ -21,6 +28,7 @@ from tests.support.cri import Cri, container_config, pod_config
 from tests.support.daemon import Crihook, install_hook_package, running_crihook
 from tests.support.fakekube import FakeKube
 from tests.support.nrirelay import LateSynchronize
+from tests.support.sandbox import sandboxed, unit_service
 
 pytestmark = [pytest.mark.containerd, pytest.mark.runtimes("1.7", "2")]
 
@@ -107,3 +115,59 @@ def test_a_synchronize_answer_the_runtime_did_not_take_is_noticed_and_crihook_re
                 assert given_up == 1
         finally:
             plugin.stop()
+
+
+def test_the_hami_core_defaults_are_where_the_unit_lets_crihook_write() -> None:
+    """crihook makes the cache and lock directories itself: by default under the one host path the
+    unit (ReadWritePaths=) and the chart (a host-path volume) let it write, its state directory."""
+    service = unit_service(NRI_UNIT)
+    assert service["ProtectSystem"] == "strict"
+    writable = service["ReadWritePaths"].split()
+    assert writable == [ProxyConfig().state_dir]
+    for path in (HamiCore().cache_root, HamiCore().lock_dir):
+        assert any(path.startswith(w + "/") for w in writable), path
+
+
+def test_a_hami_core_share_pod_is_created_under_the_units_sandbox(
+    containerd: Containerd, nri_socket: Path, containerd_cri: Cri, tmp_path: Path
+) -> None:
+    """`crihook nri` with the unit's ProtectSystem=strict and ReadWritePaths= (its state directory,
+    here the test's; tests/support/sandbox.py), HAMi-core's directories where they are by default
+    relative to it: the share pod is created, its container (not root) writes its cache, and the
+    file is on the host where HAMi-core's tools look."""
+    service = unit_service(NRI_UNIT)
+    assert service["ProtectSystem"] == "strict" and service["ReadWritePaths"] == ProxyConfig().state_dir
+    node = make_sim_node(tmp_path / "node", TOPOLOGY, char_devices=True)
+    plugin = Crihook(tmp_path / "crihook", containerd.address, "", {CONFIG_ENV: str(node.config)}, nri_socket)
+    state = plugin.state_dir
+    relocate = ProxyConfig().state_dir  # the unit's /var/lib/crihook is the test's state dir
+    cache, lock = (p.replace(relocate, str(state), 1) for p in (HamiCore().cache_root, HamiCore().lock_dir))
+    config = node.proxy_config(fakenvml.build())
+    config = config.replace(f'cache_root = "{node.hami}/containers"', f'cache_root = "{cache}"')
+    config = config.replace(f'lock_dir = "{node.hami}/lock"', f'lock_dir = "{lock}"')
+    config = config.replace(f'"{node.hami}/*"]', f'"{node.hami}/*", "{state}/hami-core/*"]')
+    plugin.config_text = config
+    state.mkdir(parents=True)
+    plugin.prefix = sandboxed([state])
+    plugin.start()
+    try:
+        assert plugin.pid is not None
+        root = next(
+            line for line in Path(f"/proc/{plugin.pid}/mountinfo").read_text().splitlines() if line.split()[4] == "/"
+        )
+        assert "ro" in root.split()[5].split(","), root  # the daemon's / is read-only
+        share = {al.GPU_CORE: "30", al.GPU_MEMORY_RATIO: "25"}
+        pod = pod_config(
+            "shared",
+            labels={"koordinator.sh/gpu-isolation-provider": "HAMi-core"},
+            annotations=allocated({"minor": 2, "resources": share}),
+        )
+        ctr = container_config("cuda", pod)
+        ctr.linux.security_context.run_as_user.value = 1000  # HAMi-core's cache is written as the image's user
+        with containerd_cri.pod(pod) as pod_id, containerd_cri.container(pod_id, ctr, pod) as cid:
+            assert env_of(containerd_cri, cid)["CUDA_DEVICE_SM_LIMIT"] == "30"
+            containerd_cri.output(cid, "touch", "/tmp/vgpu/cudevshr.cache", "/tmp/vgpulock/0")
+            mine = Path(cache) / f"{pod.metadata.uid}_cuda"
+            assert (mine / "cudevshr.cache").exists() and (Path(lock) / "0").exists()
+    finally:
+        plugin.stop()

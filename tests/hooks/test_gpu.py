@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -271,14 +272,19 @@ def test_chain_names_pod_container_annotation_and_cause(node: Node) -> None:
     )
 
 
-def test_hami_core_library_must_be_allowlisted(node: Node) -> None:
-    hami = {"library": "/opt/hami/libvgpu.so", "preload_file": "/opt/hami/ld.so.preload", "cache_root": "/opt/hami/c"}
+def test_hami_core_library_must_be_allowlisted(node: Node, tmp_path: Path) -> None:
+    hami = {
+        "library": "/opt/hami/libvgpu.so",
+        "preload_file": "/opt/hami/ld.so.preload",
+        "cache_root": f"{tmp_path}/c",
+        "lock_dir": f"{tmp_path}/lock",
+    }
     narrow = HooksConfig(options={"gpu": {"hami_core": hami}})
     out = chain_run(node, narrow, pod(SHARED, labels=HAMI))
     assert out.error is not None and out.error.code == grpc.StatusCode.PERMISSION_DENIED
     assert "host path '/opt/hami/libvgpu.so' is outside the allowed device and mount paths" in out.error.reason
 
-    allowed = (*HooksConfig().allowed_host_paths, "/opt/hami/*", "/tmp/vgpulock")
+    allowed = (*HooksConfig().allowed_host_paths, "/opt/hami/*", f"{tmp_path}/*")
     wide = HooksConfig(allowed_host_paths=allowed, options={"gpu": {"hami_core": hami}})
     out = chain_run(node, wide, pod(SHARED, labels=HAMI))
     assert out.error is None
@@ -288,9 +294,23 @@ def test_hami_core_library_must_be_allowlisted(node: Node) -> None:
     assert {(m.container_path, m.host_path, m.readonly) for m in c.mounts} == {
         ("/opt/hami/libvgpu.so", "/opt/hami/libvgpu.so", True),
         ("/etc/ld.so.preload", "/opt/hami/ld.so.preload", True),
-        ("/tmp/vgpu", f"/opt/hami/c/{POD_UID}_cuda", False),
-        ("/tmp/vgpulock", "/tmp/vgpulock", False),
+        ("/tmp/vgpu", f"{tmp_path}/c/{POD_UID}_cuda", False),
+        ("/tmp/vgpulock", f"{tmp_path}/lock", False),
     }
+    # made before the runtime mounts them, writable by the container's user whoever it is
+    for made in (tmp_path / "c" / f"{POD_UID}_cuda", tmp_path / "lock"):
+        assert stat.S_IMODE(made.stat().st_mode) == 0o777
+
+
+def test_a_hami_core_directory_that_can_not_be_made_refuses_the_container(node: Node, tmp_path: Path) -> None:
+    (tmp_path / "c").write_text("a file where the cache root should be")
+    hami = {"library": "/opt/hami/libvgpu.so", "preload_file": "/opt/hami/p", "cache_root": f"{tmp_path}/c"}
+    allowed = (*HooksConfig().allowed_host_paths, "/opt/hami/*", f"{tmp_path}/*")
+    out = chain_run(
+        node, HooksConfig(allowed_host_paths=allowed, options={"gpu": {"hami_core": hami}}), pod(SHARED, labels=HAMI)
+    )
+    assert out.error is not None and out.error.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"container cuda: HAMi-core directory {tmp_path}/c/{POD_UID}_cuda can not be made" in out.error.reason
 
 
 # -- the registered hook, with NVML answered by the fake library -----------------------------------

@@ -454,8 +454,8 @@ def test_hami_core_limits_and_mounts() -> None:
     assert edit.add_mounts == [
         Mount("/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu/libvgpu.so", readonly=True),
         Mount("/etc/ld.so.preload", "/usr/local/vgpu/ld.so.preload", readonly=True),
-        Mount("/tmp/vgpu", f"/usr/local/vgpu/containers/{POD_UID}_cuda"),
-        Mount("/tmp/vgpulock", "/tmp/vgpulock"),
+        Mount("/tmp/vgpu", f"/var/lib/crihook/hami-core/containers/{POD_UID}_cuda"),
+        Mount("/tmp/vgpulock", "/var/lib/crihook/hami-core/lock"),
     ]
 
 

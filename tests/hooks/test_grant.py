@@ -74,4 +74,7 @@ def test_hami_mounts() -> None:
         Mount("/etc/ld.so.preload", paths.preload_file, readonly=True),
         Mount("/tmp/vgpu", f"{paths.cache_root}/claim-1"),
     ]
-    assert grant.hami_mounts(grant.HamiCore(), "x")[-1] == Mount("/tmp/vgpulock", "/tmp/vgpulock")
+    mounts = grant.hami_mounts(grant.HamiCore(), "x")
+    assert mounts[-1] == Mount("/tmp/vgpulock", "/var/lib/crihook/hami-core/lock")
+    assert grant.hami_dirs(mounts) == ["/var/lib/crihook/hami-core/containers/x", "/var/lib/crihook/hami-core/lock"]
+    assert grant.hami_dirs(grant.hami_mounts(paths, "y")) == [f"{paths.cache_root}/y"]
