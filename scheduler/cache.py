@@ -127,6 +127,18 @@ class KubeApi:
             },
         )
 
+    def create_template(self, template: Mapping[str, Any]) -> None:
+        """Write a ResourceClaimTemplate (the webhook's DRA conversion); one already there is the same,
+        since templates are named after their content."""
+        meta = template.get("metadata") or {}
+        namespace = quote(str(meta.get("namespace", "")), safe="")
+        path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates"
+        try:
+            self.api.call("POST", path, dict(template))
+        except ApiFailure as e:
+            if e.code != 409:
+                raise
+
     def bind_pod(self, namespace: str, name: str, uid: str, node: str, resource_version: str = "") -> None:
         # uid and resourceVersion are preconditions of the Binding (BindingREST in the API server)
         meta = {"name": name, "namespace": namespace, "uid": uid}

@@ -218,6 +218,7 @@ class App:
             "/preempt": self.extender.preempt,
             "/bind": self.extender.bind,
             "/mutate": lambda r: webhook.mutate(r, self.webhook_config),
+            "/mutate-dra": lambda r: webhook.mutate(r, self.webhook_config, dra_all=True),
             "/validate": lambda r: webhook.validate(r, self.webhook_config),
         }
 

@@ -7,14 +7,20 @@ ratio is a multiple of 100, else 1). Optionally GPU pods of the default schedule
 (`request.parse_request`), so the webhook and the scheduler can never disagree, and only the
 scheduler may set the allocation annotations the node hooks trust.
 
-Pure: dicts in, dicts out; the HTTP server is in server.py.
+With `dra` set, a GPU pod bound for crihook's DRA driver (through `/mutate-dra`, which the
+MutatingWebhookConfiguration sends pods of opted-in namespaces, or with a nodeSelector for the
+`dra_pool` label) is turned into a ResourceClaim (scheduler/draconvert.py); `templates` writes its
+ResourceClaimTemplate, and a pod whose template could not be written stays on the annotation path.
+
+Pure: dicts in, dicts out (the template writer is given); the HTTP server is in server.py.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Collection, Mapping
+import logging
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -30,8 +36,11 @@ from crihook.base.allocation import (
     KOORD_GPU,
     NVIDIA_GPU,
 )
+from crihook.scheduler import draconvert
 from crihook.scheduler.pod import PodError, pod_from_json
 from crihook.scheduler.request import RequestError, parse_request
+
+log = logging.getLogger("crihook.scheduler")
 
 ADMISSION_API = "admission.k8s.io/v1"
 PROTECTED = (DEVICE_ALLOCATED, CONTAINER_DEVICES)
@@ -45,6 +54,11 @@ class WebhookConfig:
     scheduler_users: Collection[str] = ("system:serviceaccount:kube-system:crihook-scheduler",)
     # When set, GPU pods that name no scheduler or the default one are given this one.
     scheduler_name: str = ""
+    # When set, GPU pods bound for crihook's DRA driver get a ResourceClaim instead (draconvert.py):
+    # those /mutate-dra receives, and those whose nodeSelector names `dra_pool` (label=value).
+    dra: draconvert.ConvertConfig | None = None
+    dra_pool: str = ""
+    templates: Callable[[dict[str, Any]], None] | None = None  # writes a ResourceClaimTemplate
 
 
 class ReviewError(ValueError):
@@ -197,8 +211,24 @@ def _is_pod(req: dict[str, Any]) -> bool:
     return res.get("group", "") == "" and res.get("resource") == "pods" and not req.get("subResource")
 
 
-def mutate(review: Any, config: WebhookConfig) -> dict[str, Any]:
-    """The AdmissionReview response for the mutating webhook."""
+def _to_dra(req: dict[str, Any], pod: dict[str, Any], config: WebhookConfig, dra_all: bool) -> list[dict[str, Any]]:
+    """The patch that turns the (mutated) pod's GPUs into a claim, once its template is written."""
+    if config.dra is None or not (dra_all or (config.dra_pool and draconvert.bound_for(pod, config.dra_pool))):
+        return []
+    conv = draconvert.convert_pod(pod, config.dra)
+    if conv is None:
+        return []
+    if config.templates is not None and not req.get("dryRun"):
+        try:
+            config.templates(conv.template)
+        except Exception as e:  # the pod keeps the annotation path rather than wait on a template
+            log.warning("ResourceClaimTemplate not written", extra={"pod": req.get("name", ""), "error": str(e)})
+            return []
+    return conv.ops
+
+
+def mutate(review: Any, config: WebhookConfig, dra_all: bool = False) -> dict[str, Any]:
+    """The AdmissionReview response for the mutating webhook (`dra_all`: the DRA opt-in path)."""
     req = _request(review)
     uid = req["uid"]
     if req.get("operation") != "CREATE" or not _is_pod(req):
@@ -206,7 +236,8 @@ def mutate(review: Any, config: WebhookConfig) -> dict[str, Any]:
     pod = _pod_of(req, "object")
     if pod is None:
         raise ReviewError("AdmissionReview.request.object is missing")
-    _, ops = mutate_pod(pod, config)
+    mutated, ops = mutate_pod(pod, config)
+    ops += _to_dra(req, mutated, config, dra_all)
     if not ops:
         return _response(uid, True)
     patch = base64.b64encode(json.dumps(ops, separators=(",", ":")).encode()).decode()

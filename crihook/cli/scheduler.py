@@ -13,7 +13,9 @@ import threading
 from typing import Any
 
 from crihook.base import log as crihook_log
+from crihook.base import quantity
 from crihook.scheduler import ha, webhook
+from crihook.scheduler.draconvert import ConvertConfig
 from crihook.scheduler.extender import Extender
 from crihook.scheduler.plugin import DeviceShare, PluginConfig
 from crihook.scheduler.request import STRATEGIES
@@ -71,6 +73,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="schedulerName of the pods the extender filters and binds (repeatable; default --scheduler-name if "
         f"given, else {DEFAULT_SCHEDULER})",
+    )
+    parser.add_argument(
+        "--dra-convert",
+        action="store_true",
+        help="webhook: turn GPU requests into ResourceClaims of gpu.crihook.io for pods of namespaces the "
+        "webhook's /mutate-dra receives, and for pods whose nodeSelector names --dra-pool",
+    )
+    parser.add_argument(
+        "--dra-pool", default="", help="LABEL=VALUE (or LABEL) of the nodes crihook's DRA driver serves"
+    )
+    parser.add_argument(
+        "--dra-gpu-memory",
+        default="0",
+        help="memory of one GPU of the DRA pool (a quantity, e.g. 80Gi), to convert memory ratios; "
+        "without it, pods asking a memory ratio stay on the annotation path",
     )
     parser.add_argument("--log-level", default="info", choices=crihook_log.LEVELS)
     ha.add_arguments(parser)
@@ -139,7 +156,14 @@ def run(args: argparse.Namespace) -> int:
         log.error(str(e))
         return 2
     users = tuple(args.scheduler_user) or (DEFAULT_SCHEDULER_USER,)
-    app = App(extender, webhook.WebhookConfig(users, args.scheduler_name), replica.ready)
+    try:
+        gpu_memory = quantity.to_int(args.dra_gpu_memory)
+    except quantity.QuantityError as e:
+        log.error(f"--dra-gpu-memory: {e}")
+        return 2
+    dra = ConvertConfig(gpu_memory=gpu_memory) if args.dra_convert else None
+    hooks = webhook.WebhookConfig(users, args.scheduler_name, dra, args.dra_pool, KubeApi(api_client).create_template)
+    app = App(extender, hooks, replica.ready)
     try:
         server = make_server(app, host, port, tls, extender_clients=frozenset(args.extender_client))
     except (OSError, ssl.SSLError) as e:

@@ -15,6 +15,7 @@ import pytest
 
 from crihook.base.allocation import CONTAINER_DEVICES, DEVICE_ALLOCATED, GPU, GPU_CORE, parse_device_allocated
 from crihook.scheduler.cache import ClusterCache
+from crihook.scheduler.extender import ApiFailure
 from crihook.scheduler.plugin import DeviceShare
 from tests.support.bindrun import Scheduler, start_scheduler
 from tests.support.extender import FIXTURES
@@ -398,3 +399,18 @@ def test_a_cluster_without_dra_is_ready_with_no_claims() -> None:
             assert s.ext.bind(bind_args(pod)) == {"Error": ""}
         finally:
             s.stop()
+
+
+def test_the_webhooks_claim_template_is_written_once_per_content(kube: FakeKube) -> None:
+    from crihook.scheduler.cache import KubeApi
+    from crihook.scheduler.draconvert import template_for
+
+    api = KubeApi(kube.api_client())
+    tpl = template_for("team-a", {"devices": {"requests": [{"name": "gpus", "exactly": {"deviceClassName": "x"}}]}})
+    api.create_template(tpl)
+    api.create_template(tpl)  # a pod of the same shape: the template is there already
+    assert kube.get("resourceclaimtemplates", tpl["metadata"]["name"], "team-a")["spec"] == tpl["spec"]
+    with FakeKube(dra=False) as old:  # a cluster without DRA: the webhook keeps the pod as it is
+        with pytest.raises(ApiFailure) as e:
+            KubeApi(old.api_client()).create_template(tpl)
+        assert e.value.code == 404

@@ -240,3 +240,41 @@ def test_mutate_pod_leaves_its_input_alone_and_returns_what_its_patch_makes(
     out, ops = webhook.mutate_pod(pod, webhook.WebhookConfig(scheduler_name="crihook"))
     assert pod == before
     assert out == json_patch(before, ops)
+
+
+def test_pods_bound_for_the_dra_pool_get_a_claim_and_their_template_is_written() -> None:
+    from crihook.scheduler.draconvert import CLAIM, ConvertConfig
+
+    written: list[dict[str, Any]] = []
+    config = webhook.WebhookConfig(
+        dra=ConvertConfig(gpu_memory=16 << 30), dra_pool="pool=dra", templates=written.append
+    )
+    rv = review()  # koordinator.sh/gpu: 50, converted to a share first, then to a claim
+    assert "resourceClaims" not in patched(rv, webhook.mutate(rv, config))["spec"]  # not bound for the pool
+    rv["request"]["object"]["spec"]["nodeSelector"] = {"pool": "dra"}
+    pod = patched(rv, webhook.mutate(rv, config))
+    ((tpl,),) = [written]
+    assert pod["spec"]["resourceClaims"] == [{"name": CLAIM, "resourceClaimTemplateName": tpl["metadata"]["name"]}]
+    assert tpl["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"]["cores"] == "50"
+    assert not parse_request(pod_from_json(pod)).wants_devices
+    # the opt-in path converts whatever namespace the API server sent it from
+    del rv["request"]["object"]["spec"]["nodeSelector"]
+    assert "resourceClaims" in patched(rv, webhook.mutate(rv, config, dra_all=True))["spec"]
+    # a dry run writes no template
+    rv["request"]["dryRun"] = True
+    webhook.mutate(rv, config, dra_all=True)
+    assert len(written) == 2
+
+
+def test_a_template_that_can_not_be_written_leaves_the_pod_on_the_annotation_path() -> None:
+    from crihook.scheduler.draconvert import ConvertConfig
+
+    def fail(_: dict[str, Any]) -> None:
+        raise OSError("API server down")
+
+    config = webhook.WebhookConfig(dra=ConvertConfig(gpu_memory=16 << 30), templates=fail)
+    rv = review()
+    pod = patched(rv, webhook.mutate(rv, config, dra_all=True))
+    assert "resourceClaims" not in pod["spec"] and parse_request(pod_from_json(pod)).wants_devices
+    # without DRA conversion configured, the opt-in path only does the usual mutation
+    assert patched(rv, webhook.mutate(rv, CONFIG, dra_all=True)) == patched(rv, webhook.mutate(rv, CONFIG))

@@ -5,8 +5,9 @@ It serves exactly what crihook uses, the way the API server does it on the wire:
 - the cluster-scoped custom resource `devices.scheduling.koordinator.sh/v1alpha1` (+ `/status`);
 - `coordination.k8s.io/v1` `leases` (leader election);
 - `/version` (the `version` field);
-- `resource.k8s.io/v1` `resourceslices` and `resourceclaims` (+ `/status`), or neither
-  (`FakeKube(dra=False)`: a cluster that does not serve DRA answers 404);
+- `resource.k8s.io/v1` `resourceslices`, `resourceclaims` (+ `/status`) and
+  `resourceclaimtemplates`, or none (`FakeKube(dra=False)`: a cluster that does not serve DRA
+  answers 404);
 - GET, LIST (with a list `resourceVersion`, label and field selectors), POST, PUT, PATCH (merge,
   strategic merge for maps and keyed lists, JSON patch), DELETE (with preconditions), `Status`
   bodies for every error;
@@ -108,7 +109,11 @@ LEASES = Resource("leases", "Lease", "coordination.k8s.io", "v1", namespaced=Tru
 # DRA (k8s.io/api/resource/v1): slices are cluster-scoped, claims namespaced with a status subresource
 RESOURCE_SLICES = Resource("resourceslices", "ResourceSlice", "resource.k8s.io", "v1", namespaced=False)
 RESOURCE_CLAIMS = Resource("resourceclaims", "ResourceClaim", "resource.k8s.io", "v1", namespaced=True)
-RESOURCES = {r.plural: r for r in (NODES, PODS, DEVICES, LEASES, RESOURCE_SLICES, RESOURCE_CLAIMS)}
+RESOURCE_CLAIM_TEMPLATES = Resource(
+    "resourceclaimtemplates", "ResourceClaimTemplate", "resource.k8s.io", "v1", namespaced=True
+)
+DRA = (RESOURCE_SLICES, RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES)
+RESOURCES = {r.plural: r for r in (NODES, PODS, DEVICES, LEASES, *DRA)}
 
 # metav1.MicroTime's wire form (RFC3339Micro): exactly six fractional digits
 MICRO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)$")
@@ -1112,7 +1117,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(201, fake._bind(ns, pod, body))
             return
         res = RESOURCES.get(plural)
-        if res in (RESOURCE_SLICES, RESOURCE_CLAIMS) and not fake.dra:
+        if res in DRA and not fake.dra:
             res = None
         if res is None or (res.group or None) != gd.get("group") or (gd.get("version") or "v1") != res.version:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
