@@ -12,7 +12,7 @@ Prepare reads the claim from the API server, takes this driver's results on this
 a claim the checkpoint names is answered from it, so kubelet's repeated calls, and calls after a
 restart, need no API server. Unprepare removes the claim from the checkpoint, then its spec.
 Blocking work (the API call, NVML, the files) runs on worker threads; calls for one claim are
-serialised, calls for different claims run at once, checkpoint writes one at a time.
+serialised, calls for different claims run at once (each claim has a checkpoint file of its own).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class Paths:
 
     @property
     def checkpoint(self) -> Path:
-        return self.state_dir / "dra-prepared.json"
+        return self.state_dir / "dra"
 
     def spec_file(self, claim_uid: str) -> Path:
         return self.cdi_dir / f"{SPEC_PREFIX}{claim_uid}.json"
@@ -99,7 +99,6 @@ class Driver:
         self.exists = exists
         self.state = State(paths.checkpoint)
         self._claim_locks: dict[str, asyncio.Lock] = {}
-        self._write_lock = asyncio.Lock()
         self.registered: asyncio.Event = asyncio.Event()
         self.registration_error = ""
 
@@ -110,9 +109,9 @@ class Driver:
         for path in sorted(self.paths.cdi_dir.glob(f"{SPEC_PREFIX}*.json")):
             uid = path.name[len(SPEC_PREFIX) : -len(".json")]
             if uid not in self.state.claims:
-                remove(path)
+                remove(path, durable=False)
                 log.info("CDI spec of no prepared claim removed", extra={"file": str(path)})
-        log.info("prepared claims read", extra={"claims": len(self.state.claims), "file": str(self.paths.checkpoint)})
+        log.info("prepared claims read", extra={"claims": len(self.state.claims), "dir": str(self.paths.checkpoint)})
 
     async def prepare(self, claims: Sequence[Claim]) -> dict[str, cl.Prepared | str]:
         """Claim UID -> the prepared claim, or the error for that claim."""
@@ -131,44 +130,45 @@ class Driver:
 
     async def _prepare(self, c: Claim) -> cl.Prepared | str:
         held = self.state.claims.get(c.uid)
-        if held is not None:
-            if held.spec and not self.paths.spec_file(c.uid).exists():
-                await asyncio.to_thread(self._write_spec, held)
-            return held
         try:
+            if held is not None:
+                if not self.paths.spec_file(c.uid).exists():  # /var/run emptied by a reboot
+                    await asyncio.to_thread(self._write_spec, held)
+                return held
             doc = await self.fetch(c.namespace, c.name)
-            prepared = await asyncio.to_thread(
-                cl.prepare, doc, c.uid, self.node, self.gpus, self.exists, self.paths.dev_root, self.hami
-            )
+            prepared = await asyncio.to_thread(self._prepare_and_write, doc, c.uid)
         except cl.ClaimError as e:
             log.warning("claim not prepared", extra={"claim": f"{c.namespace}/{c.name}", "uid": c.uid, "error": str(e)})
             return str(e)
-        async with self._write_lock:
-            if prepared.spec:
-                await asyncio.to_thread(self._write_spec, prepared)
-            await asyncio.to_thread(self.state.put, prepared)
-        log.info(
-            "claim prepared",
-            extra={
-                "claim": f"{c.namespace}/{c.name}",
-                "uid": c.uid,
-                "devices": ",".join(d.device for d in prepared.devices),
-            },
-        )
+        devices = ",".join(d.device for d in prepared.devices)
+        log.info("claim prepared", extra={"claim": f"{c.namespace}/{c.name}", "uid": c.uid, "devices": devices})
+        return prepared
+
+    def _prepare_and_write(self, doc: Mapping[str, Any], uid: str) -> cl.Prepared:
+        """On a worker thread: the claim prepared, its spec written, then the checkpoint naming it."""
+        prepared = cl.prepare(doc, uid, self.node, self.gpus, self.exists, self.paths.dev_root, self.hami)
+        if prepared.spec:
+            write_atomic(self.paths.spec_file(uid), json.dumps(prepared.spec, indent=1).encode(), 0o644, durable=False)
+        self.state.put(prepared)
         return prepared
 
     async def _unprepare(self, c: Claim) -> str:
         if c.uid not in self.state.claims:
             return ""  # never prepared here, or already unprepared
-        async with self._write_lock:
-            await asyncio.to_thread(self.state.drop, c.uid)
-            await asyncio.to_thread(remove, self.paths.spec_file(c.uid))
+        await asyncio.to_thread(self._drop, c.uid)
         self._claim_locks.pop(c.uid, None)  # held by this call: a waiter still holds its own reference
         log.info("claim unprepared", extra={"claim": f"{c.namespace}/{c.name}", "uid": c.uid})
         return ""
 
+    def _drop(self, uid: str) -> None:
+        self.state.drop(uid)
+        remove(self.paths.spec_file(uid), durable=False)
+
     def _write_spec(self, p: cl.Prepared) -> None:
-        write_atomic(self.paths.spec_file(p.uid), json.dumps(p.spec, indent=1).encode(), mode=0o644)
+        """A prepared claim's spec again, from the checkpoint's facts. Raises ClaimError."""
+        spec = cl.cdi_spec(p, self.gpus, self.exists, self.paths.dev_root, self.hami) if p.devices else None
+        if spec:
+            write_atomic(self.paths.spec_file(p.uid), json.dumps(spec, indent=1).encode(), 0o644, durable=False)
 
 
 def _claims(request: Any) -> list[Claim]:

@@ -2,17 +2,20 @@
 repeated NodePrepareResources from it (the claim may be gone from the API server by then, or another
 by its name) and knows which CDI specs are its own to remove.
 
-One JSON file, replaced atomically (temporary file, fsync, rename, fsync of the directory) on every
-change, with a checksum over its body: a file cut short or edited is refused with the reason, never
-half read. Each claim's CDI spec is written the same way before the checkpoint names the claim, and
-removed after the checkpoint has let it go, so after a crash at any point a spec exists for every
-claim in the checkpoint (a spec no claim names is removed at start).
+One small JSON file per claim (`<state dir>/dra/<claim UID>.json`), so a prepare or unprepare costs
+the same whatever the node holds: written atomically (temporary file, fsync, rename, fsync of the
+directory) with a checksum over its body; a file cut short or edited is set aside with a warning and
+its claim prepared again at kubelet's next call. The claim's CDI spec is written before its file and
+removed after it: after a crash at any point a spec exists for every claim the checkpoint names (a
+spec none names is removed at start). Specs live in the runtime's CDI dir, /var/run/cdi, a tmpfs
+emptied at boot: they are not fsynced, and one missing is written again from the checkpoint.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,33 +23,38 @@ from typing import Any
 
 from crihook.dra.claims import Prepared, PreparedDevice
 
+log = logging.getLogger("crihook.dra")
+
 FORMAT = 1
-FILE_NAME = "dra-prepared.json"
 
 
 class StateError(Exception):
     """The checkpoint can not be read; the message names the file and the cause."""
 
 
-def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
+def write_atomic(path: Path, data: bytes, mode: int = 0o600, durable: bool = True) -> None:
+    """Replace `path` whole; `durable`: on disk before this returns."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         os.write(fd, data)
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    if durable:
+        _fsync_dir(path.parent)
 
 
-def remove(path: Path) -> None:
+def remove(path: Path, durable: bool = True) -> None:
     try:
         path.unlink()
     except FileNotFoundError:
         return
-    _fsync_dir(path.parent)
+    if durable:
+        _fsync_dir(path.parent)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -57,22 +65,22 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def encode(claims: Mapping[str, Prepared]) -> bytes:
-    body = json.dumps({uid: _claim(p) for uid, p in sorted(claims.items())}, sort_keys=True, separators=(",", ":"))
+def encode(p: Prepared) -> bytes:
+    body = json.dumps(_claim(p), sort_keys=True, separators=(",", ":"))
     checksum = hashlib.sha256(body.encode()).hexdigest()
-    return json.dumps({"format": FORMAT, "checksum": checksum, "claims": body}).encode()
+    return json.dumps({"format": FORMAT, "uid": p.uid, "checksum": checksum, "claim": body}).encode()
 
 
-def decode(data: bytes, where: str) -> dict[str, Prepared]:
+def decode(data: bytes, where: str) -> Prepared:
     """Raises StateError naming `where`."""
     try:
         doc = json.loads(data)
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise StateError(f"{where}: not a checkpoint of format {FORMAT}")
-        body = doc["claims"]
+        body = doc["claim"]
         if hashlib.sha256(body.encode()).hexdigest() != doc["checksum"]:
             raise StateError(f"{where}: checksum mismatch (cut short or edited)")
-        return {uid: _prepared(uid, c) for uid, c in json.loads(body).items()}
+        return _prepared(str(doc["uid"]), json.loads(body))
     except StateError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -96,7 +104,6 @@ def _claim(p: Prepared) -> dict[str, Any]:
             }
             for d in p.devices
         ],
-        "spec": p.spec,
     }
 
 
@@ -114,31 +121,40 @@ def _prepared(uid: str, c: Mapping[str, Any]) -> Prepared:
         )
         for d in c["devices"]
     )
-    return Prepared(uid, c["namespace"], c["name"], devices, c.get("spec") or {})
+    return Prepared(uid, c["namespace"], c["name"], devices)
 
 
 class State:
-    """The checkpoint file and what it holds; written whole on every change."""
+    """The checkpoint's directory and the claims it holds."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
         self.claims: dict[str, Prepared] = {}
 
+    def path(self, uid: str) -> Path:
+        return self.directory / f"{uid}.json"
+
     def load(self) -> None:
-        """Raises StateError; a missing file is an empty checkpoint."""
+        """Every claim file; one that can not be read is renamed to <name>.bad and logged. Raises
+        StateError for a directory that can not be listed."""
+        self.claims = {}
         try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            self.claims = {}
-            return
+            files = sorted(self.directory.glob("*.json"))
         except OSError as e:
-            raise StateError(f"{self.path}: {e.strerror or e}") from None
-        self.claims = decode(data, str(self.path))
+            raise StateError(f"{self.directory}: {e.strerror or e}") from None
+        for path in files:
+            try:
+                p = decode(path.read_bytes(), str(path))
+            except (OSError, StateError) as e:
+                log.warning("prepared claim unreadable: set aside", extra={"file": str(path), "error": str(e)})
+                path.replace(path.with_suffix(".bad"))
+                continue
+            self.claims[p.uid] = p
 
     def put(self, p: Prepared) -> None:
+        write_atomic(self.path(p.uid), encode(p))
         self.claims[p.uid] = p
-        write_atomic(self.path, encode(self.claims))
 
     def drop(self, uid: str) -> None:
         if self.claims.pop(uid, None) is not None:
-            write_atomic(self.path, encode(self.claims))
+            remove(self.path(uid))
