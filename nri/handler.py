@@ -549,7 +549,7 @@ class HookHandler:
         added = {d.container_path for d in after.devices} - {d.container_path for d in before.devices}
         kept = replace(after, devices=(*before.devices, *(d for d in after.devices if d.container_path in added)))
         reach = reach_of(kept, rules, lambda path: self.node_of(path)[0])
-        if not may_reach_gpus(reach):
+        if not may_reach_gpus(self._beyond_hooks(before, after, reach, added)):
             return "", ()
         try:
             verdict = await self._ask(judge, pod, after, reach, deadline)
@@ -564,6 +564,17 @@ class HookHandler:
             " device plugin's) and no NRI adjustment before containerd 2.2 can take away",
             (),
         )
+
+    def _beyond_hooks(self, before: ContainerInfo, after: ContainerInfo, reach: Reach, added: set[str]) -> Reach:
+        """The part of `reach` the hook chain did not decide: the runtime's nodes and rules (not the
+        allow rules of the nodes the chain added), CDI devices, and NVIDIA_VISIBLE_DEVICES unless a
+        hook set it. When it can name no GPU (a container the scheduler placed, a plain one) there is
+        nothing for the verdict to judge, and CreateContainer asks nothing."""
+        given = {self.node_of(d.host_path)[0] for d in after.devices if d.container_path in added}
+        own = tuple(r for r in reach.rules or () if not (r.allow and (r.kind, r.major, r.minor) in given))
+        nodes = reach.nodes[: len(before.devices)]
+        visible = None if after.env(VISIBLE) != before.env(VISIBLE) else reach.visible
+        return Reach(nodes, own, reach.cdi_devices, visible)
 
     # -- the other events: bookkeeping, refusals, post hooks -------------------------------------
 

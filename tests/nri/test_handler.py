@@ -17,6 +17,7 @@ import pytest
 
 from crihook.base.config import HooksConfig, NodeConfig
 from crihook.base.metrics import NRI_EVICTIONS_PENDING
+from crihook.base.spec import Device
 from crihook.hooks.base import ContainerInfo, Edit, HookContext, HookError, PodInfo, ResourcesPatch, Stage
 from crihook.hooks.reach import Gpu, Grants, Reach, Undecided, Verdict, judge
 from crihook.hooks.registry import build_chain
@@ -219,8 +220,9 @@ class Judge:
     priority = 20
     stages = frozenset({Stage.PRE_CREATE_CONTAINER})
 
-    def __init__(self, refuse: bool = True) -> None:
+    def __init__(self, refuse: bool = True, grant: Edit | None = None) -> None:
         self.refuse = refuse
+        self.grant = grant
         self.grants: dict[str, Grants] = {}
         self.undecided: str | None = None
         self.asked: list[str] = []
@@ -231,7 +233,7 @@ class Judge:
     async def handle(self, ctx: HookContext) -> Edit | None:
         if self.refuse:
             raise HookError(grpc.StatusCode.UNAVAILABLE, "remote hook server unreachable")
-        return None
+        return self.grant
 
     def verdict(self, pod: PodInfo, container: ContainerInfo, reach: Reach) -> Verdict:
         self.asked.append(container.id)
@@ -429,3 +431,22 @@ async def test_containers_that_can_reach_no_gpu_are_not_asked_about(tmp_path: Pa
     await h.state_change(api.StateChangeEvent(event=api.RUN_POD_SANDBOX, pod=POD))
     answer = await h.create_container(api.CreateContainerRequest(pod=POD, container=c))
     assert answer is not None and hook.asked == []
+
+
+async def test_what_the_hooks_granted_is_not_asked_about_again(tmp_path: Path) -> None:
+    """A container the scheduler placed: the GPU node, its rule and NVIDIA_VISIBLE_DEVICES are the
+    chain's own decision, so CreateContainer asks no verdict (none of it came from the runtime)."""
+    grant = Edit(env={"NVIDIA_VISIBLE_DEVICES": "GPU-1"}, add_devices=[Device("/dev/nvidia1", "/dev/nvidia1", "rw")])
+    hook = Judge(refuse=False, grant=grant)
+    h = await judged(tmp_path, hook)
+    h.node_of = lambda path: (("c", 195, 1), 0o666)
+    c = api.Container(id="cuda", pod_sandbox_id=POD.id, name="cuda", env=["NVIDIA_VISIBLE_DEVICES=all"])
+    c.linux.resources.devices.add(allow=False, access="rwm")
+    await h.state_change(api.StateChangeEvent(event=api.RUN_POD_SANDBOX, pod=POD))
+    answer = await h.create_container(api.CreateContainerRequest(pod=POD, container=c))
+    assert [d.path for d in answer.adjust.linux.devices] == ["/dev/nvidia1"] and hook.asked == []
+    leaky = api.Container(id="leaky", pod_sandbox_id=POD.id, name="leaky")
+    leaky.linux.devices.add(path="/dev/nvidia0", type="c", major=195, minor=0)
+    with pytest.raises(RpcError) as err:  # the runtime's GPU node: asked, and GPU 0 is nobody's grant
+        await h.create_container(api.CreateContainerRequest(pod=POD, container=leaky))
+    assert hook.asked == ["leaky"] and "GPU minor 0 (by device node /dev/nvidia0 (c 195:0))" in err.value.message
