@@ -34,6 +34,7 @@ from crihook.devices import slices
 from crihook.devices.nvml import GpuIndex, Nvml
 from crihook.dra.driver import Driver, Paths, Plugin, api_fetch
 from crihook.dra.publisher import Publisher
+from crihook.hooks.grant import HamiCore
 from crihook.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from crihook.simnode import fakenvml
 from tests.support.draclaims import claim, result
@@ -58,7 +59,8 @@ async def prepare_all(
         devices = [result(dra.device_name(minors[i % len(minors)]), pool=NODE, consumed=consumed)]
         doc = claim(f"c{i}", devices, namespace="bench")
         uids.append((kube.create("resourceclaims", doc, namespace="bench")["metadata"]["uid"], f"c{i}"))
-    driver = Driver(NODE, index, api_fetch(kube.api_client()), paths)
+    hami = HamiCore(cache_root=str(paths.state_dir / "hami"), lock_dir=str(paths.state_dir / "lock"))
+    driver = Driver(NODE, index, api_fetch(kube.api_client()), paths, hami)
     driver.start()
     plugin = Plugin(driver)
     await plugin.start()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crihook.base import dra, quantity
+from crihook.base.spec import Mount
 from crihook.hooks.gpu_edit import GpuLookup
 from crihook.hooks.grant import (
     VISIBLE,
@@ -23,6 +24,7 @@ from crihook.hooks.grant import (
     Share,
     cuda_order,
     device_nodes,
+    hami_dirs,
     hami_env,
     hami_mounts,
     visible,
@@ -184,3 +186,10 @@ def cdi_spec(
 
 def _node(n: Any) -> dict[str, str]:
     return {"path": n.container_path, "hostPath": n.host_path, "permissions": n.permissions}
+
+
+def spec_dirs(spec: Mapping[str, Any]) -> list[str]:
+    """The host directories of HAMi-core's cache and lock a claim's spec mounts: made by the driver,
+    writable by every user, before a container can mount them (hooks.grant.hami_dirs)."""
+    mounts = (spec.get("containerEdits") or {}).get("mounts") or ()
+    return hami_dirs(Mount(m["containerPath"], m["hostPath"]) for m in mounts)

@@ -21,6 +21,7 @@ import asyncio
 import json
 import logging
 import os
+import stat
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,9 +149,21 @@ class Driver:
         """On a worker thread: the claim prepared, its spec written, then the checkpoint naming it."""
         prepared = cl.prepare(doc, uid, self.node, self.gpus, self.exists, self.paths.dev_root, self.hami)
         if prepared.spec:
-            write_atomic(self.paths.spec_file(uid), json.dumps(prepared.spec, indent=1).encode(), 0o644, durable=False)
+            self._write(uid, prepared.spec)
         self.state.put(prepared)
         return prepared
+
+    def _write(self, uid: str, spec: Mapping[str, Any]) -> None:
+        """HAMi-core's directories made (every user writes there, as HAMi's device plugin makes
+        them), then the spec. Raises ClaimError."""
+        for d in cl.spec_dirs(spec):
+            try:
+                os.makedirs(d, exist_ok=True)
+                if stat.S_IMODE(os.stat(d).st_mode) != 0o777:
+                    os.chmod(d, 0o777)
+            except OSError as e:
+                raise cl.ClaimError(f"HAMi-core directory {d} can not be made ({e.strerror or e})") from None
+        write_atomic(self.paths.spec_file(uid), json.dumps(spec, indent=1).encode(), 0o644, durable=False)
 
     async def _unprepare(self, c: Claim) -> str:
         if c.uid not in self.state.claims:
@@ -166,9 +179,8 @@ class Driver:
 
     def _write_spec(self, p: cl.Prepared) -> None:
         """A prepared claim's spec again, from the checkpoint's facts. Raises ClaimError."""
-        spec = cl.cdi_spec(p, self.gpus, self.exists, self.paths.dev_root, self.hami) if p.devices else None
-        if spec:
-            write_atomic(self.paths.spec_file(p.uid), json.dumps(spec, indent=1).encode(), 0o644, durable=False)
+        if p.devices:
+            self._write(p.uid, cl.cdi_spec(p, self.gpus, self.exists, self.paths.dev_root, self.hami))
 
 
 def _claims(request: Any) -> list[Claim]:

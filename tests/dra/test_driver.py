@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -19,6 +20,7 @@ import pytest
 
 from crihook.base import dra
 from crihook.dra import driver as drv
+from crihook.hooks.grant import HamiCore
 from crihook.proto import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from crihook.proto import pluginregistration_v1_pb2 as reg_pb
 from crihook.proto import pluginregistration_v1_pb2_grpc as reg_grpc
@@ -78,7 +80,10 @@ def make_driver(kube: FakeKube, paths: drv.Paths, fetches: list[tuple[str, str]]
         fetches.append((namespace, name))
         return await fetch(namespace, name)
 
-    return drv.Driver(NODE, Inventory(BOX), counted, paths)
+    hami = HamiCore(
+        cache_root=str(paths.state_dir / "hami" / "containers"), lock_dir=str(paths.state_dir / "hami" / "lock")
+    )
+    return drv.Driver(NODE, Inventory(BOX), counted, paths, hami)
 
 
 @pytest.fixture
@@ -287,7 +292,9 @@ async def test_shares_get_hami_core_limits_numbered_in_cuda_order(kubelet: Kubel
         "containerPath": "/tmp/vgpu",
         "options": ["rw", "nosuid", "nodev", "bind"],
     } in edits["mounts"]
-    assert {m["containerPath"] for m in edits["mounts"]} >= {hami.library, "/etc/ld.so.preload"}
+    assert {m["containerPath"] for m in edits["mounts"]} >= {hami.library, "/etc/ld.so.preload", "/tmp/vgpulock"}
+    for made in (f"{hami.cache_root}/dra-{uid}", hami.lock_dir):  # writable by any user of the container
+        assert os.stat(made).st_mode & 0o777 == 0o777
 
 
 async def test_a_bad_share_fails_its_claim(kubelet: Kubelet) -> None:
