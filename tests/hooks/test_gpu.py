@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,12 +19,18 @@ from crihook.base.config import ConfigError, HooksConfig, NodeConfig
 from crihook.base.spec import Device
 from crihook.devices import checkpoint as checkpoint_module
 from crihook.devices.checkpoint import CheckpointReader
+from crihook.devices.draclaims import STATE_FILE, ClaimsReader
 from crihook.hooks.base import ContainerInfo, Edit, HookContext, HookError, PodInfo, Stage
+from crihook.hooks.cdi import CdiIndex
 from crihook.hooks.gpu import GpuHook, PodDirs, StorePods, directory
 from crihook.hooks.gpu_edit import GpuOptions, SeenPod
 from crihook.hooks.grant import HamiCore
+from crihook.hooks.reach import DeviceNode, Reach, Undecided
 from crihook.hooks.registry import build_chain
+from crihook.proto import deviceplugin_v1beta1_pb2 as dp
 from crihook.simnode.node import make_dev_root
+from tests.devices.test_draclaims import checkpoint as dra_checkpoint
+from tests.devices.test_draclaims import claim as dra_claim
 from tests.support.gpu_fixtures import Entry, Inventory, fake_proc, gpus, nvidia_plugin_resp, write_checkpoint
 
 POD_UID = "0b1c2d3e-0000-4000-8000-000000000001"
@@ -509,3 +516,82 @@ def test_the_plain_grant_made_without_the_node_view_claims_its_gpus(node: Node, 
     err = refusal(hook, pod(uid=OTHER_UID))
     assert err.code == grpc.StatusCode.FAILED_PRECONDITION and f"which live pod {POD_UID} uses" in err.reason
     hook.close()
+
+
+# -- the verdict on a container as it is (hooks.reach through GpuHook.verdict) -----------------------
+
+
+def verdict_hook(node: Node, tmp_path: Path) -> GpuHook:
+    """The hook with kubelet's DRA checkpoint and a CDI spec dir; one claim of POD_UID's whose spec
+    brings GPU minor 4 (numbers in the spec: the test's /dev holds plain files)."""
+    hook = node.hook()
+    specs = tmp_path / "cdi"
+    specs.mkdir()
+    spec = {
+        "cdiVersion": "0.5.0",
+        "kind": "example.com/claim",
+        "devices": [
+            {
+                "name": "c1-gpu",
+                "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia4", "type": "c", "major": 195, "minor": 4}]},
+            }
+        ],
+    }
+    (specs / "claim.json").write_text(json.dumps(spec))
+    (node.kubelet / STATE_FILE).write_bytes(
+        dra_checkpoint(dra_claim("c1", [POD_UID], **{"gpu.example.com": [["example.com/claim=c1-gpu"]]}))
+    )
+    hook.claims = ClaimsReader(str(node.kubelet / STATE_FILE))
+    hook.specs = CdiIndex((str(specs),))
+    return hook
+
+
+def reaching(*minors: int, visible: str | None = None) -> Reach:
+    return Reach(nodes=tuple(DeviceNode("c", 195, m, f"/dev/gpu{m}") for m in minors), visible=visible)
+
+
+def test_the_verdict_names_what_none_of_the_three_grants_gives(node: Node, tmp_path: Path) -> None:
+    hook = verdict_hook(node, tmp_path)
+    p, c = pod(allocated(2)), ContainerInfo("cuda")
+    assert hook.verdict(p, c, reaching(2)).ungranted == ()  # the scheduler's
+    assert hook.verdict(p, c, reaching(2, 3)).ungranted == (3,)
+    assert hook.verdict(p, c, reaching(visible="all")).ungranted == (3, 5)  # 2 the scheduler's, 4 the claim's
+    write_checkpoint(node.checkpoint, [Entry(POD_UID, "cuda", [BOX[1].uuid + "::2"])])  # a replica of minor 3
+    assert hook.verdict(p, c, reaching(2, 3)).ungranted == ()  # the device plugin's
+    assert hook.verdict(p, c, reaching(4)).ungranted == ()  # the DRA claim's
+    assert hook.verdict(pod(uid=OTHER_UID), c, reaching(4)).ungranted == (4,)  # another pod's claim
+    assert hook.verdict(pod({al.DEVICE_ALLOCATED: "{"}), c, reaching(2)).ungranted == (2,)  # malformed: nothing
+
+
+def test_a_fact_that_can_not_be_had_is_no_finding(node: Node, tmp_path: Path) -> None:
+    hook = verdict_hook(node, tmp_path)
+    assert hook.verdict(pod(), ContainerInfo("cuda"), Reach()).ungranted == ()  # nothing reached, nothing read
+    node.checkpoint.parent.mkdir(parents=True)
+    node.checkpoint.write_text("{")
+    with pytest.raises(Undecided, match="kubelet checkpoint"):
+        hook.verdict(pod(), ContainerInfo("cuda"), reaching(2))
+    node.checkpoint.unlink()
+    for spec in (tmp_path / "cdi").iterdir():
+        spec.unlink()
+    with pytest.raises(Undecided, match=re.escape("declares example.com/claim=c1-gpu")):
+        hook.verdict(pod(), ContainerInfo("cuda"), reaching(2))
+    hook.gpus = Inventory(())
+    with pytest.raises(Undecided, match="NVML lists no GPU"):
+        hook.verdict(pod(), ContainerInfo("cuda"), reaching(2))
+
+
+def test_a_requests_cdi_device_no_plugin_asked_for_is_a_claims(node: Node, tmp_path: Path) -> None:
+    """Proxy mode: kubelet fills CDI_devices from device plugins and DRA claims alone, so a device
+    the checkpoint does not show is a claim's, kept with its GPU, even without kubelet's DRA
+    checkpoint; the device plugin's own CDI device is replaced by the scheduler's choice."""
+    hook = verdict_hook(node, tmp_path)
+    (node.kubelet / STATE_FILE).unlink()
+    c = ContainerInfo("cuda", cdi_devices=("example.com/claim=c1-gpu",))
+    edit = handle(hook, pod(), c)
+    assert edit is None  # kept as kubelet asked, env and all
+    resp = dp.ContainerAllocateResponse()
+    resp.cdi_devices.add(name="example.com/claim=c1-gpu")
+    write_checkpoint(node.checkpoint, [Entry(POD_UID, "cuda", [BOX[2].uuid], resp=resp)])
+    node.pod_dir(POD_UID)
+    edit = handle(hook, pod(allocated(2)), c)
+    assert edit is not None and edit.remove_cdi_devices == {"example.com/claim=c1-gpu"}
