@@ -24,7 +24,8 @@ PREFIX=/opt/crihook
 SOURCE=""
 PIP_ARGS=""
 PYTHON=python3
-CONTAINERD_SOCKET=/run/containerd/containerd.sock
+DEFAULT_CONTAINERD_SOCKET=/run/containerd/containerd.sock
+CONTAINERD_SOCKET=$DEFAULT_CONTAINERD_SOCKET
 SKIP_KUBELET=0
 UNINSTALL=0
 MODE=proxy
@@ -55,7 +56,8 @@ usage: $PROG [--mode proxy|nri] [--uninstall] [--root DIR] [--prefix DIR] [--sou
   --source PATH|SPEC     what pip installs (default: the checkout this script is in; a wheel works)
   --pip-args ARGS        extra pip arguments, e.g. "--no-index --find-links /srv/wheels" offline
   --python PYTHON        interpreter for the virtual environment, 3.11 or newer (default python3)
-  --containerd-socket P  containerd's socket, checked before installing (default $CONTAINERD_SOCKET)
+  --containerd-socket P  containerd's socket, checked before installing and, when not the default,
+                         given to crihook (--runtime-endpoint) (default $CONTAINERD_SOCKET)
   --nri-socket PATH      containerd's NRI socket, checked in NRI mode (default $NRI_SOCKET)
   --skip-kubelet         leave kubelet alone (point its runtime endpoint at crihook yourself)
 EOF
@@ -329,8 +331,12 @@ install_files() {
     local unit
     unit=$(mode_unit)
     # The unit names /opt/crihook (and the NRI socket); another prefix or socket means other paths.
+    # containerd's CRI socket, both modes' [node] runtime_endpoint, goes on the command line when it
+    # is not the default (the flag wins over the config file).
+    local runtime=""
+    [[ $CONTAINERD_SOCKET == "$DEFAULT_CONTAINERD_SOCKET" ]] || runtime=" --runtime-endpoint unix://$CONTAINERD_SOCKET"
     sed -e "s|/opt/crihook/|$PREFIX/|g" -e "s|--nri-socket /var/run/nri/nri.sock|--nri-socket $NRI_SOCKET|" \
-        "$HERE/systemd/${unit##*/}" >"$WORK/unit"
+        -e "s|^\(ExecStart=.*\)$|\1$runtime|" "$HERE/systemd/${unit##*/}" >"$WORK/unit"
     install_file "$WORK/unit" "$unit" 0644 || true
     if [[ -e $(r "$CONFIG") ]]; then
         say "keeping the existing $CONFIG"

@@ -25,7 +25,15 @@ INSTALL = REPO / "install.sh"
 UNIT = REPO / "systemd" / "crihook.service"
 NRI_UNIT = REPO / "systemd" / "crihook-nri.service"
 TEMPLATE = REPO / "systemd" / "config.toml"
-PACKAGE_DIRS = ("crihook", "proxy", "nri", "node", "hooks", "scheduler", "devices", "proto")
+# the folders pyproject.toml's package-dir installs, read from it so a new package is never left out
+PACKAGE_DIRS = tuple(
+    sorted(
+        {
+            d.split("/")[0]
+            for d in tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values()
+        }
+    )
+)
 HOST_UNITS = Path("/usr/lib/systemd/system")
 
 KUBELET_UNIT = """\
@@ -271,6 +279,17 @@ def test_nri_mode_prefix_and_socket_are_written_into_the_unit(tmp_path: Path, wh
         " --nri-socket /run/containerd/nri/nri.sock" in unit
     )
     assert "/opt/crihook" not in unit and "/var/run/nri" not in unit
+
+
+@pytest.mark.parametrize("mode", ["proxy", "nri"])
+def test_a_containerd_socket_elsewhere_is_given_to_crihook(tmp_path: Path, wheel: Path, mode: str) -> None:
+    """Both modes dial containerd's CRI socket ([node] runtime_endpoint): the one install.sh checked."""
+    root = make_node(tmp_path / "root", nri=mode == "nri")
+    listen_at(root / "run/k3s/containerd/containerd.sock")
+    install(root, wheel, "--mode", mode, "--containerd-socket", "/run/k3s/containerd/containerd.sock")
+    unit = (root / "etc/systemd/system" / ("crihook-nri.service" if mode == "nri" else "crihook.service")).read_text()
+    (start,) = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    assert start.endswith(" --runtime-endpoint unix:///run/k3s/containerd/containerd.sock"), start
 
 
 def test_nri_mode_refuses_without_the_nri_socket_and_says_how_to_turn_it_on(tmp_path: Path) -> None:
