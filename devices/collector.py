@@ -6,7 +6,8 @@ It runs on a thread of its own, off every CRI or NRI call's path, and is the sam
 modes: the front door hands it the store once it is rebuilt (containers adopted at start included)
 and starts it. It reads the store without a lock: it copies the container table in one step and
 reads each record's fields, which the daemon replaces or sets whole. It only reports: a container
-above its memory grant is counted and logged, never stopped.
+above its memory grant is counted and logged, never stopped. The GPUs a pod's DRA claims brought come
+from kubelet's DRA checkpoint, read again only when it changed.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from typing import Protocol
 from crihook.base import metrics
 from crihook.base.config import Config
 from crihook.base.errors import InputError
-from crihook.devices import usage
+from crihook.devices import kubelet, usage
+from crihook.devices.draclaims import STATE_FILE as CLAIMS_FILE
+from crihook.devices.draclaims import Claims, ClaimsError, ClaimsReader
 from crihook.devices.nvml import Nvml, ProcessRead
 
 log = logging.getLogger("crihook.usage")
@@ -39,6 +42,8 @@ class PodView(Protocol):
     def name(self) -> str: ...
     @property
     def namespace(self) -> str: ...
+    @property
+    def uid(self) -> str: ...
     @property
     def annotations(self) -> Mapping[str, str]: ...
 
@@ -111,9 +116,11 @@ class UsageCollector:
         interval: float = DEFAULT_INTERVAL,
         proc_root: str = "/proc",
         state_dir: str = "",
+        claims: ClaimsReader | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.nvml = nvml
+        self.claims = claims  # kubelet's DRA checkpoint; None: no DRA
         self.store = store
         self.interval = interval
         self.proc_root = proc_root
@@ -123,6 +130,7 @@ class UsageCollector:
         self._over: frozenset[tuple[str, str]] = frozenset()
         self._memo = _GrantMemo()
         self._bad: dict[str, str] = {}  # container id -> why its grant is unreadable, once logged
+        self._claims_bad = ""  # why the DRA checkpoint is unreadable, once logged
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -134,6 +142,7 @@ class UsageCollector:
         if by_minor != self._memo.gpus:
             self._memo = _GrantMemo(by_minor)
         pods = self.store.pods
+        held = self._claims()
         found: dict[str, usage.KnownContainer] = {}
         memo: dict[str, tuple[Mapping[str, str], tuple[usage.Grant, ...]]] = {}
         for cid, c in list(self.store.containers.items()):
@@ -146,11 +155,26 @@ class UsageCollector:
             else:
                 grants = self._grants(cid, pod, c.name)
             memo[cid] = (pod.annotations, grants)
-            found[cid] = usage.KnownContainer(cid, pod.namespace, pod.name, c.name, grants)
+            claimed = usage.claim_grants(held.for_pod(pod.uid), self._memo.gpus) if held.claims else ()
+            found[cid] = usage.KnownContainer(cid, pod.namespace, pod.name, c.name, grants + claimed)
         self._memo.by_container = memo
         if self._bad:  # containers gone since their grant was found unreadable
             self._bad = {cid: why for cid, why in self._bad.items() if cid in memo}
         return found
+
+    def _claims(self) -> Claims:
+        """The DRA checkpoint's claims; none when it can not be read (said once per reason)."""
+        if self.claims is None:
+            return Claims()
+        try:
+            got = self.claims.read()
+        except ClaimsError as e:
+            if self._claims_bad != str(e):
+                log.warning("DRA claims unreadable", extra={"error": str(e)})
+                self._claims_bad = str(e)
+            return Claims()
+        self._claims_bad = ""
+        return got
 
     def _grants(self, cid: str, pod: PodView, container: str) -> tuple[usage.Grant, ...]:
         try:
@@ -192,6 +216,7 @@ class UsageCollector:
         sm: dict[tuple[str, ...], float] = {}
         core: dict[tuple[str, ...], float] = {}
         memory: dict[tuple[str, ...], float] = {}
+        claims: dict[tuple[str, ...], float] = {}
         others: dict[tuple[str, ...], float] = {}
         for u in collection.rows:
             o = u.owner
@@ -207,10 +232,13 @@ class UsageCollector:
                 core[key] = u.granted_core
             if u.granted_memory is not None:
                 memory[key] = u.granted_memory
+            if u.claim:
+                claims[(*key, u.claim)] = 1
         metrics.USAGE_MEMORY.replace(used)
         metrics.USAGE_SM.replace(sm)
         metrics.GRANT_CORE.replace(core)
         metrics.GRANT_MEMORY.replace(memory)
+        metrics.GRANT_CLAIM.replace(claims)
         metrics.USAGE_OTHERS.replace(others)
         self._over, went_over = usage.newly_over(self._over, collection.rows)
         for u in went_over:
@@ -259,8 +287,15 @@ def start_usage(cfg: Config, store: StoreView, state_dir: str) -> UsageCollector
     if not cfg.usage.enabled:
         return None
     nvml = Nvml(cfg.node.nvml_library, cfg.node.sys_root)
+    pods_dir = kubelet.pods_dir(kubelet.kubelet_argv(cfg.node.proc_root) or ())
+    claims = ClaimsReader(os.path.join(os.path.dirname(pods_dir), CLAIMS_FILE))
     collector = UsageCollector(
-        nvml, store, interval=cfg.usage.interval_seconds, proc_root=cfg.node.proc_root, state_dir=state_dir
+        nvml,
+        store,
+        interval=cfg.usage.interval_seconds,
+        proc_root=cfg.node.proc_root,
+        state_dir=state_dir,
+        claims=claims,
     )
     collector.start()
     return collector

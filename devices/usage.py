@@ -8,6 +8,12 @@ with the systemd driver (its cgroupsPath `<slice>:cri-containerd:<id>`), on cgro
 The container leads to its pod, namespace and grant through crihook's store; a process in no
 container is the host's, one in a container crihook does not know is an unknown container's, and
 one that ended before its cgroup was read has exited: none of them is dropped.
+
+A GPU can also come through a DRA claim: kubelet's DRA checkpoint names the claims each pod holds
+and the CDI devices prepared for them (devices/draclaims.py). A device named `<claim UID>-gpu-<minor>`
+(crihook's driver, and NVIDIA's) is that GPU; the use of it is shown against the claim, by
+namespace/name. The claim's share is its allocation's, which the node does not record: no core or
+memory figure is shown for it.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crihook.base import allocation as alloc
+from crihook.base import dra
+from crihook.devices.draclaims import Claim
 
 CONTAINER = "container"
 HOST = "host"  # a process in no container
@@ -61,6 +69,7 @@ class Grant:
     gpu: str  # UUID
     core: int  # percent of the GPU's SMs
     memory: int  # bytes; 0 when not known
+    claim: str = ""  # namespace/name of the DRA claim that brought the GPU; "" for the scheduler's grant
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +104,9 @@ class Usage:
     used_memory: int = 0
     sm_util: float | None = None
     pids: tuple[int, ...] = ()
-    granted_core: int | None = None  # None: no grant on this GPU
+    granted_core: int | None = None  # None: no grant on this GPU (or a claim's, of unknown size)
     granted_memory: int | None = None
+    claim: str = ""  # namespace/name of the DRA claim the GPU came through
 
     @property
     def over_grant(self) -> bool:
@@ -195,6 +205,26 @@ def grants_of(annotations: Mapping[str, str], container: str, gpus: Mapping[int,
     return tuple(grants)
 
 
+def claim_minor(claim_uid: str, cdi_device: str) -> int | None:
+    """The GPU minor a claim's CDI device stands for: its name is `<claim UID>-gpu-<minor>` with
+    crihook's driver and NVIDIA's; None for any other device."""
+    name = cdi_device.partition("=")[2]
+    prefix = f"{claim_uid}-"
+    return dra.device_minor(name[len(prefix) :]) if claim_uid and name.startswith(prefix) else None
+
+
+def claim_grants(claims: Iterable[Claim], gpus: Mapping[int, tuple[str, int]]) -> tuple[Grant, ...]:
+    """The GPUs of this node a pod's DRA claims brought, each named after its claim; `gpus`: minor
+    -> (UUID, memory in bytes)."""
+    out = []
+    for c in claims:
+        for device in c.cdi_devices:
+            minor = claim_minor(c.uid, device)
+            if minor is not None and minor in gpus:
+                out.append(Grant(gpus[minor][0], 0, 0, f"{c.namespace}/{c.name}"))
+    return tuple(dict.fromkeys(out))
+
+
 # -- attribution ----------------------------------------------------------------------------------
 
 
@@ -286,8 +316,9 @@ def _usage(owner: Owner, gpu: str, device: str, row: _Row, grant: Grant | None) 
         row.used,
         row.sm,
         tuple(sorted(row.pids)),
-        grant.core if grant else None,
-        grant.memory if grant else None,
+        grant.core if grant and not grant.claim else None,
+        grant.memory if grant and not grant.claim else None,
+        grant.claim if grant else "",
     )
 
 
@@ -333,6 +364,7 @@ def encode(
                 "pids": list(u.pids),
                 "granted_core": u.granted_core,
                 "granted_memory": u.granted_memory,
+                "claim": u.claim,
             }
             for u in rows
         ],
@@ -398,6 +430,9 @@ def decode(doc: Any) -> State:
         pids = _typed(raw, "pids", lambda v: isinstance(v, list) and all(map(_is_int, v)))
         core = _typed(raw, "granted_core", lambda v: v is None or _is_int(v))
         memory = _typed(raw, "granted_memory", lambda v: v is None or _is_int(v))
+        claim = raw.get("claim", "")  # absent in files of versions before claims were shown
+        if not isinstance(claim, str):
+            raise StateError(f"'claim' of row {raw!r} is not a string")
         rows.append(
             Usage(
                 Owner(kind, text["namespace"], text["pod"], text["container"], text["container_id"]),
@@ -408,6 +443,7 @@ def decode(doc: Any) -> State:
                 tuple(pids),
                 core,
                 memory,
+                claim,
             )
         )
     return State(
@@ -433,6 +469,7 @@ class ContainerTotals:
     granted_memory: int | None
     sm_util: float | None  # mean over the devices the driver sampled
     over_grant: bool
+    claims: tuple[str, ...] = ()  # the DRA claims its GPUs came through
 
 
 def per_container(state: State) -> tuple[ContainerTotals, ...]:
@@ -457,6 +494,7 @@ def per_container(state: State) -> tuple[ContainerTotals, ...]:
                 sum(memories) if memories else None,
                 sum(sms) / len(sms) if sms else None,
                 any(u.over_grant for u in rows),
+                tuple(dict.fromkeys(u.claim for u in rows if u.claim)),
             )
         )
     kinds = {k: i for i, k in enumerate(OWNER_KINDS)}

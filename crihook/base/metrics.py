@@ -428,6 +428,12 @@ GRANT_MEMORY = Gauge(
     "GPU memory the scheduler granted the container (koordinator.sh/gpu-memory, or its ratio of the GPU's).",
     _USAGE_LABELS,
 )
+GRANT_CLAIM = Gauge(
+    "crihook_gpu_claim_info",
+    "1 for each GPU a container reached through a DRA claim (claim: namespace/name, from kubelet's DRA "
+    "checkpoint); the claim's share is its allocation's, on the ResourceClaim.",
+    (*_USAGE_LABELS, "claim"),
+)
 USAGE_OTHERS = Gauge(
     "crihook_gpu_unattributed_memory_used_bytes",
     "GPU memory held by processes of no known container, by device and owner: host (no container), "

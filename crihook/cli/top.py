@@ -1,5 +1,6 @@
 """`crihook top`: per pod what `nvidia-smi` shows per GPU: one row per container with its GPUs, its
-grant (core and memory) and what its processes use (memory, SM utilisation), redrawn every second.
+grant (core and memory, or the DRA claim its GPUs came through) and what its processes use (memory,
+SM utilisation), redrawn every second.
 
 It reads the running daemon's last usage collection from the state dir (`usage.json`, written by
 the usage collector every `[usage] interval_seconds`), so it needs no access to the GPUs or /proc
@@ -75,6 +76,7 @@ def rows_json(state: usage.State, now: float) -> dict[str, Any]:
                 "used_memory": t.used_memory,
                 "sm_util": t.sm_util,
                 "over_grant": t.over_grant,
+                "claims": list(t.claims),
                 "pids": sorted({p for u in t.devices for p in u.pids}),
             }
         )
@@ -93,7 +95,7 @@ def render(state: usage.State, now: float) -> str:
     for g in state.gpus:
         lines.append(f"  GPU {g.minor:<3} {_size(g.memory_used):>8} / {_size(g.memory_total):<8} {g.uuid}")
     names = _gpu_names(state)
-    table = [("POD", "CONTAINER", "GPUS", "CORE", "GRANTED", "USED", "SM%", "PIDS")]
+    table = [("POD", "CONTAINER", "GPUS", "CORE", "GRANTED", "USED", "SM%", "PIDS", "CLAIM")]
     totals = usage.per_container(state)
     for t in totals:
         pod, container = _who(t)
@@ -107,6 +109,7 @@ def render(state: usage.State, now: float) -> str:
                 _size(t.used_memory) + ("!" if t.over_grant else ""),
                 "-" if t.sm_util is None else f"{t.sm_util:.0f}",
                 str(len({p for u in t.devices for p in u.pids})),
+                ",".join(t.claims) or "-",
             )
         )
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]

@@ -46,9 +46,9 @@ def test_the_table_has_a_row_per_container(tmp_path: Path) -> None:
     assert "GPU 0" in lines[1] and "31.0Gi / 80.0Gi" in lines[1]
     header = next(i for i, line in enumerate(lines) if line.startswith("POD"))
     rows = [line.split() for line in lines[header + 1 :] if line and not line.startswith("!")]
-    assert rows[0] == ["ml/train", "main", "0,1", "200%", "160.0Gi", "32.0Gi", "60", "1"]
-    assert rows[1] == ["web/infer", "model", "1", "25%", "4.0Gi", "5.0Gi!", "10", "1"]
-    assert rows[2] == ["(host)", "-", "0", "-", "-", "1.0Gi", "-", "1"]
+    assert rows[0] == ["ml/train", "main", "0,1", "200%", "160.0Gi", "32.0Gi", "60", "1", "-"]
+    assert rows[1] == ["web/infer", "model", "1", "25%", "4.0Gi", "5.0Gi!", "10", "1", "-"]
+    assert rows[2] == ["(host)", "-", "0", "-", "-", "1.0Gi", "-", "1", "-"]
     assert rows[3][:3] == ["(unknown", "container)", "3" * 13]
     assert rows[3][3] == "1:MIG-cccccccc"
     assert lines[-1] == "! above its memory grant (reported only)"
@@ -71,8 +71,21 @@ def test_json_rows(tmp_path: Path) -> None:
         "used_memory": 5 * GiB,
         "sm_util": 10.0,
         "over_grant": True,
+        "claims": [],
         "pids": [20],
     }
+
+
+def test_a_container_whose_gpu_came_through_a_dra_claim_names_it() -> None:
+    known = {CID: KnownContainer(CID, "ml", "dra", "main", (Grant(G1, 0, 0, "ml/dra-gpus"),))}
+    rows = usage.attribute([GpuProcess(10, G1, G1, 3 * GiB, 20.0)], {10: cg(CID)}, known)
+    state = usage.decode(usage.encode([GpuState(G1, 1, 80 * GiB, 3 * GiB)], rows, 1000.0, 10.0))
+    lines = top.render(state, 1001.0).splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("POD"))
+    assert lines[header].split()[-1] == "CLAIM"
+    assert lines[header + 1].split() == ["ml/dra", "main", "1", "-", "-", "3.0Gi", "20", "1", "ml/dra-gpus"]
+    (row,) = top.rows_json(state, 1001.0)["rows"]
+    assert (row["claims"], row["granted_core"], row["granted_memory"]) == (["ml/dra-gpus"], None, None)
 
 
 def run_top(*args: str) -> subprocess.CompletedProcess[str]:

@@ -28,6 +28,7 @@ class Pod:
     name: str
     namespace: str = "team"
     annotations: dict[str, str] = field(default_factory=dict)
+    uid: str = ""
 
 
 @dataclass
@@ -226,3 +227,57 @@ def test_the_thread_collects_at_the_interval_and_stops(sim) -> None:
     finally:
         collector.stop()
     assert start_usage(parse({"usage": {"enabled": False}}), store, str(tmp_path)) is None
+
+
+def test_gpus_that_came_through_a_dra_claim_are_shown_against_the_claim(sim, caplog: pytest.LogCaptureFixture) -> None:
+    from crihook.devices.draclaims import ClaimsReader
+
+    fake, collector, store, procfile, tmp = sim
+    gpu = fake.doc["gpus"][2]
+    cid = "4" * 64
+    store.pods["pod-dra"] = Pod("dra", uid="uid-dra")
+    store.containers[cid] = Ctr("pod-dra")
+    gpu["processes"] = [{"pid": 30, "used_memory": 6 * GiB, "sm_util": 50}]
+    fake.write()
+    procfile(30, cgroup(cid, "d"))
+    state = {
+        "kind": "DRACheckpoint",
+        "apiVersion": "checkpoint.dra.kubelet.k8s.io/v1",
+        "ClaimInfoStateList": [
+            {
+                "ClaimUID": "c-9",
+                "ClaimName": "dra-gpus",
+                "Namespace": "team",
+                "PodUIDs": {"uid-dra": {}},
+                "DriverState": {
+                    "gpu.crihook.io": {
+                        "Devices": [
+                            {
+                                "PoolName": "node",
+                                "DeviceName": f"gpu-{gpu['minor']}",
+                                "RequestNames": ["gpus"],
+                                "CDIDeviceIDs": [f"gpu.crihook.io/claim=c-9-gpu-{gpu['minor']}"],
+                            }
+                        ]
+                    }
+                },
+            }
+        ],
+    }
+    checkpoint = tmp / "dra_manager_state"
+    checkpoint.write_text(json.dumps({"Data": json.dumps(state), "Checksum": 1}))
+    collector.claims = ClaimsReader(str(checkpoint))
+    rows = [u for u in collector.collect_once().rows if u.owner.container_id == cid]
+    assert [(u.gpu, u.claim, u.used_memory, u.granted_core) for u in rows] == [
+        (gpu["uuid"], "team/dra-gpus", 6 * GiB, None)
+    ]
+    assert dict(metrics.GRANT_CLAIM._values) == {("team", "dra", "main", gpu["uuid"], "team/dra-gpus"): 1}
+    written = usage.decode(json.loads((tmp / usage.STATE_FILE).read_text()))
+    assert [u.claim for u in written.rows if u.owner.container_id == cid] == ["team/dra-gpus"]
+    # an unreadable checkpoint: the claims are left out, said once, the rest goes on
+    checkpoint.write_text("{")
+    with caplog.at_level(logging.WARNING, logger="crihook.usage"):
+        for _ in range(2):
+            rows = [u for u in collector.collect_once().rows if u.owner.container_id == cid]
+            assert [u.claim for u in rows] == [""]
+    assert sum("DRA claims unreadable" in r.getMessage() for r in caplog.records) == 1

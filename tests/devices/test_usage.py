@@ -347,3 +347,40 @@ def test_per_container_totals() -> None:
         True,
     )
     assert (host.granted_core, host.sm_util) == (None, None)
+
+
+def test_the_gpus_a_pods_dra_claims_brought_are_named_after_the_claim() -> None:
+    from crihook.devices.draclaims import Claim
+
+    gpus = {0: (GPU0, 80 * GiB), 1: (GPU1, 80 * GiB)}
+    ours = Claim("c-1", "train-gpus", "ml", frozenset({"p"}), ("gpu.crihook.io/claim=c-1-gpu-1",))
+    nvidia = Claim("c-2", "other", "ml", frozenset({"p"}), ("k8s.gpu.nvidia.com/claim=c-2-gpu-0", "x.io/y=z"))
+    assert usage.claim_minor("c-1", "gpu.crihook.io/claim=c-1-gpu-1") == 1
+    for uid, dev in [
+        ("c-1", "gpu.crihook.io/claim=c-2-gpu-1"),
+        ("", "a/b=-gpu-1"),
+        ("c-1", "a/b=c-1-mig-1"),
+        ("c-1", "c-1-gpu-1"),
+    ]:
+        assert usage.claim_minor(uid, dev) is None
+    assert usage.claim_grants([ours, nvidia], gpus) == (
+        Grant(GPU1, 0, 0, "ml/train-gpus"),
+        Grant(GPU0, 0, 0, "ml/other"),
+    )
+    gone = Claim("c-3", "x", "ml", frozenset({"p"}), ("gpu.crihook.io/claim=c-3-gpu-7",))  # no such GPU here
+    assert usage.claim_grants([gone], gpus) == ()
+    # the use is shown against the claim; its share is the allocation's, not known here
+    known = {CID: KnownContainer(CID, "ml", "train", "main", usage.claim_grants([ours], gpus))}
+    procs = [usage.GpuProcess(10, GPU1, GPU1, 3 * GiB, 40.0)]
+    (row,) = usage.attribute(procs, {10: SYSTEMD_V2}, known)
+    assert (row.claim, row.granted_core, row.granted_memory, row.over_grant) == ("ml/train-gpus", None, None, False)
+    doc = usage.encode([], [row], 0.0, 10.0)
+    state = usage.decode(json.loads(json.dumps(doc)))
+    assert state.rows == (row,)
+    (totals,) = usage.per_container(state)
+    assert totals.claims == ("ml/train-gpus",) and totals.granted_core is None
+    del doc["rows"][0]["claim"]  # a file written before claims were shown
+    assert usage.decode(doc).rows[0].claim == ""
+    doc["rows"][0]["claim"] = 3
+    with pytest.raises(usage.StateError):
+        usage.decode(doc)
