@@ -54,7 +54,7 @@ from crihook.hooks.gpu_edit import (
     plain_grant,
 )
 from crihook.hooks.grant import hami_dirs
-from crihook.hooks.reach import DeviceNode, Gpu, Grants, Reach, Undecided, Verdict, gpu_cdi_name, gpu_minor, judge
+from crihook.hooks.reach import DeviceNode, Gpu, Grants, Reach, Undecided, Verdict, gpu_minor, judge
 from crihook.hooks.scheduled import prime, scheduled
 
 log = logging.getLogger("crihook.hooks.gpu")
@@ -305,15 +305,15 @@ class GpuHook:
         claimed, names = self.claimed(pod.uid)
         return Grants(scheduler, plugin, claimed, names)
 
-    def claimed(self, pod_uid: str, requested: frozenset[str] = frozenset()) -> tuple[frozenset[int], frozenset[str]]:
+    def claimed(self, pod_uid: str) -> tuple[frozenset[int], frozenset[str]]:
         """The GPU minors the pod's DRA claims bring (their CDI specs' nodes, by number) and the
-        claims' CDI device names: kubelet's DRA checkpoint's, and `requested` (requested_claims).
+        claims' CDI device names, from kubelet's DRA checkpoint: a CDI device in a request is no
+        claim by itself (a device plugin's, or one a container must not have, looks the same).
         Raises Undecided: a claim whose devices can not be told."""
         try:
             names = self.claims.read().cdi_devices(pod_uid) if self.claims is not None else frozenset()
         except ClaimsError as e:
             raise Undecided(str(e)) from None
-        names |= requested
         if not names:
             return frozenset(), names
         assert self.specs is not None
@@ -411,7 +411,7 @@ class GpuHook:
             if facts.cached:
                 raise NotCached("a container's own devices are looked at on a worker thread")
             try:
-                node.claimed, node.claim_cdi = self.claimed(ctx.pod.uid, requested_claims(ctx.pod, ctx.container, cp))
+                node.claimed, node.claim_cdi = self.claimed(ctx.pod.uid)
             except Undecided as e:
                 raise HookError(grpc.StatusCode.FAILED_PRECONDITION, f"the pod's DRA claims: {e}") from None
             node.number_of = host_number
@@ -527,16 +527,6 @@ class _KnownGpus:
         if g is None:
             raise NotCached(f"GPU {kind} {key} not in the index")
         return g
-
-
-def requested_claims(pod: PodInfo, container: ContainerInfo, cp: Checkpoint) -> frozenset[str]:
-    """The CDI devices of a CRI request's CDI_devices no device plugin asked for: a DRA claim's.
-    kubelet fills the field from those two alone (a pod spec can not name one), so what the
-    checkpoint does not show came from a claim. GPU-kind names are left to the scheduler's choice."""
-    if not container.cdi_devices:
-        return frozenset()
-    plugin = {n for e in cp.for_container(pod.uid, container.name) if e.alloc_resp for n in e.alloc_resp.cdi_devices}
-    return frozenset(n for n in container.cdi_devices if n not in plugin and gpu_cdi_name(n) is None)
 
 
 def node_number(path: str) -> DeviceNode:

@@ -27,7 +27,6 @@ from crihook.hooks.gpu_edit import GpuOptions, SeenPod
 from crihook.hooks.grant import HamiCore
 from crihook.hooks.reach import DeviceNode, Reach, Undecided
 from crihook.hooks.registry import build_chain
-from crihook.proto import deviceplugin_v1beta1_pb2 as dp
 from crihook.simnode.node import make_dev_root
 from tests.devices.test_draclaims import checkpoint as dra_checkpoint
 from tests.devices.test_draclaims import claim as dra_claim
@@ -580,18 +579,14 @@ def test_a_fact_that_can_not_be_had_is_no_finding(node: Node, tmp_path: Path) ->
         hook.verdict(pod(), ContainerInfo("cuda"), reaching(2))
 
 
-def test_a_requests_cdi_device_no_plugin_asked_for_is_a_claims(node: Node, tmp_path: Path) -> None:
-    """Proxy mode: kubelet fills CDI_devices from device plugins and DRA claims alone, so a device
-    the checkpoint does not show is a claim's, kept with its GPU, even without kubelet's DRA
-    checkpoint; the device plugin's own CDI device is replaced by the scheduler's choice."""
+def test_a_cdi_device_is_a_claims_only_by_kubelets_dra_checkpoint(node: Node, tmp_path: Path) -> None:
+    """The claim's device kept for its pod (no change at all); the same device in another pod's
+    request, or in its own once the checkpoint no longer lists the claim, is stripped."""
     hook = verdict_hook(node, tmp_path)
-    (node.kubelet / STATE_FILE).unlink()
     c = ContainerInfo("cuda", cdi_devices=("example.com/claim=c1-gpu",))
+    assert handle(hook, pod(), c) is None
+    edit = handle(hook, pod(uid=OTHER_UID), c)
+    assert edit is not None and edit.remove_cdi_devices == {"example.com/claim=c1-gpu"}
+    (node.kubelet / STATE_FILE).unlink()
     edit = handle(hook, pod(), c)
-    assert edit is None  # kept as kubelet asked, env and all
-    resp = dp.ContainerAllocateResponse()
-    resp.cdi_devices.add(name="example.com/claim=c1-gpu")
-    write_checkpoint(node.checkpoint, [Entry(POD_UID, "cuda", [BOX[2].uuid], resp=resp)])
-    node.pod_dir(POD_UID)
-    edit = handle(hook, pod(allocated(2)), c)
     assert edit is not None and edit.remove_cdi_devices == {"example.com/claim=c1-gpu"}
