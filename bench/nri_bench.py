@@ -1,19 +1,24 @@
-"""NRI mode beside direct and proxy mode, on a simulated 8-GPU node where every pod is given all 8
-GPUs, so the gpu hook does its whole job.
+"""NRI mode beside direct and proxy mode and beside NRI's own floor, on a simulated 8-GPU node where
+every pod is given all 8 GPUs, so the gpu hook does its whole job.
 
     TMPDIR=/dev/shm python bench/nri_bench.py [--runtime 1.7|2] [--rounds 300] [--creates 100] [--pods 50]
     python bench/nri_bench.py --handler-only [--creates 1000]
 
-Needs root, containerd and runc, as bench/proxy_bench.py does. A registered plugin sees every
-CreateContainer of its containerd, so NRI mode gets a containerd of its own: two private containerds
-of the same release (NRI on) run side by side, A with no plugin and B with `crihook nri` registered.
-Targets, interleaved call by call in an order drawn afresh each round so machine noise hits all
-alike: direct (A, sent the request crihook's hooks would make, worked out in this process untimed,
-so containerd does the same work), proxy (`crihook serve` in front of A, sent kubelet's request) and
-nri (B, sent kubelet's request). Before the plugin registers, the same calls go to A and B straight
-(the calibration: what B costs over A by itself, printed first). Prints p50/p99 per target and what
-each adds over direct, for Version, CreateContainer into a running pod and pod start (RunPodSandbox,
-the pod's CreateContainer, StartContainer), and the daemons' resident memory.
+Needs root, containerd and runc, as bench/proxy_bench.py does, and Go for the Go plugin (built on
+first use from bench/nriplugin, the `github.com/containerd/nri` module at the version its go.mod
+names, into ~/.cache/crihook/bench; `--no-go` leaves it out). A registered plugin sees every
+CreateContainer of its containerd, so each plugin gets a containerd of its own: three private
+containerds of the same release (NRI on) run side by side, A with no plugin, B with `crihook nri`
+and C with the Go plugin (containerd's own stub library, answering every CreateContainer with one
+env adjustment: what any NRI plugin costs at the least). Targets, interleaved call by call in an
+order drawn afresh each round so machine noise hits all alike: direct (A, sent the request
+crihook's hooks would make, worked out in this process untimed, so containerd does the same work),
+proxy (`crihook serve` in front of A, sent kubelet's request), nri (B, sent kubelet's request) and
+go (C, sent the rewritten request). Before the plugins register, the same calls go to A, B and C
+straight: the A/A lines, what B and C cost over A by themselves, printed first. Prints p50/p99 per
+target and what each adds over direct, for Version, CreateContainer into a running pod and pod start
+(RunPodSandbox, the pod's CreateContainer, StartContainer), then crihook's added p50 over the Go
+plugin's, and the daemons' resident memory.
 
 `--handler-only`: no containerd; crihook's NRI handler in this process, on the same node, for a
 kubelet-shaped CreateContainer request (decoded, hooks run, the adjustment encoded): crihook's own
@@ -30,13 +35,15 @@ import os
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import grpc
 import proxy_bench as pb
@@ -70,6 +77,7 @@ def main() -> None:
     ap.add_argument("--creates", type=int, default=100, help="CreateContainers per target")
     ap.add_argument("--pods", type=int, default=50, help="pod starts per target")
     ap.add_argument("--handler-only", action="store_true", help="time crihook's NRI handler in this process")
+    ap.add_argument("--no-go", action="store_true", help="leave out the Go plugin and its containerd")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # the containerds and daemons stop on the way out
     tmp = Path(tempfile.mkdtemp(prefix="nri-bench-"))
@@ -88,9 +96,11 @@ def main() -> None:
     print(f"containerd {rt.name}: {rt.package_version()} (Debian {rt.suite}), in {pb.fs_type(str(tmp))}", flush=True)
     rewrite = pb.Rewriter(pb.crihook_config(tmp, node, "rewriter-state"), tmp / "rewriter")
     atexit.register(rewrite.close)
+    go = None if args.no_go else go_plugin(tmp)
     with contextlib.ExitStack() as stack:
         a = stack.enter_context(running_containerd(runtime=rt, nri=True))
         b = stack.enter_context(running_containerd(runtime=rt, nri=True))
+        c = stack.enter_context(running_containerd(runtime=rt, nri=True)) if go is not None else None
         proxy = quiet(Crihook(tmp / "proxy", a.address, node, env))
         plugin = quiet(Crihook(tmp / "nri", b.address, node, env, b.nri_socket))
         proxy.start()
@@ -100,6 +110,8 @@ def main() -> None:
             "proxy": grpc.insecure_channel(proxy.address),
             "nri": grpc.insecure_channel(b.address),
         }
+        if c is not None:
+            chans["go"] = grpc.insecure_channel(c.address)
         for ch in chans.values():
             stack.callback(ch.close)
 
@@ -175,17 +187,85 @@ def main() -> None:
                 ids.clear()
             return out
 
-        print("calibration, no plugin: B straight beside A straight, both sent the rewritten request", flush=True)
-        report(measure({"direct": True, "nri": True}), {"direct": "A", "nri": "B"})
+        straight = {"direct": True, "nri": True} | ({"go": True} if c is not None else {})
+        print("A/A, no plugin: B (and C) straight beside A straight, all sent the rewritten request", flush=True)
+        calibration = measure(straight)
+        report(calibration, {"direct": "A", "nri": "B", "go": "C"})
         plugin.start()  # registered with B and synchronized
         stack.callback(plugin.stop)
-        print("direct (A) | proxy (crihook serve in front of A) | nri (B, crihook nri registered)", flush=True)
-        report(measure({"direct": True, "proxy": False, "nri": False}), {})
+        if c is not None and go is not None:
+            stack.enter_context(go_registered(go, c))
+        print("direct (A) | proxy (crihook serve in front of A) | nri (B, crihook nri) | go (C, Go plugin)", flush=True)
+        attached = measure({"direct": True, "proxy": False, "nri": False} | ({"go": True} if c is not None else {}))
+        report(attached, {})
+        if c is not None:
+            against_floor(attached, calibration)
         print(
             f"resident memory: crihook nri {plugin.rss_bytes() / 2**20:.1f} MiB,"
             f" crihook serve {proxy.rss_bytes() / 2**20:.1f} MiB",
             flush=True,
         )
+
+
+GO_MODULE = Path(__file__).resolve().parent / "nriplugin"
+
+
+def go_plugin(tmp: Path) -> Path:
+    """The Go plugin's binary, built from bench/nriplugin into the cache unless its sources' build
+    is there already (the file is named by a hash of go.mod, go.sum and main.go)."""
+    import hashlib
+
+    digest = hashlib.sha256(b"".join((GO_MODULE / f).read_bytes() for f in ("go.mod", "go.sum", "main.go")))
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "crihook" / "bench"
+    binary = cache / f"nri-goplugin-{digest.hexdigest()[:16]}"
+    if not binary.exists():
+        go = shutil.which("go") or "/usr/local/go/bin/go"
+        print(f"building the Go NRI plugin with {go} (once; minutes on a cold Go cache)", flush=True)
+        cache.mkdir(parents=True, exist_ok=True)
+        built = tmp / "nri-goplugin"
+        subprocess.run([go, "build", "-o", str(built), "."], cwd=GO_MODULE, check=True)
+        shutil.move(built, binary)
+    return binary
+
+
+@contextlib.contextmanager
+def go_registered(binary: Path, c: Any) -> Iterator[None]:
+    """The Go plugin running against containerd `c`, until it has registered there."""
+    proc = subprocess.Popen(
+        [str(binary), "-socket", str(c.nri_socket), "-name", "gobench", "-idx", "10"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while 'plugin \\"10-gobench\\" connected' not in c.log_path.read_text(errors="replace"):
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise SystemExit("the Go NRI plugin did not register")
+            time.sleep(0.05)
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def against_floor(attached: dict[str, dict[str, list[float]]], calibration: dict[str, dict[str, list[float]]]) -> None:
+    """crihook's added p50 beside the Go plugin's, both over direct, and the same less each
+    containerd's own offset over A in the A/A run (noisier: two runs' medians)."""
+    for title, samples in attached.items():
+        d50, base = statistics.median(samples["direct"]), statistics.median(calibration[title]["direct"])
+        raw = {t: statistics.median(samples[t]) - d50 for t in ("nri", "go")}
+        less = {t: raw[t] - (statistics.median(calibration[title][t]) - base) for t in ("nri", "go")}
+        print(
+            f"{title}: added p50 crihook nri {raw['nri'] * 1000:+.3f} ms, Go plugin {raw['go'] * 1000:+.3f} ms,"
+            f" ratio {ratio(raw['nri'], raw['go'])}; less A/A {less['nri'] * 1000:+.3f} ms,"
+            f" {less['go'] * 1000:+.3f} ms, ratio {ratio(less['nri'], less['go'])}",
+            flush=True,
+        )
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}" if b > 0 else "n/a (the Go plugin added nothing measurable)"
 
 
 async def handler_alone(config_text: str, annotations: dict[str, str], creates: int) -> None:

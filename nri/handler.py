@@ -14,6 +14,7 @@ says whether they are evicted or only reported.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -27,7 +28,7 @@ import grpc
 
 from crihook.base.metrics import NRI_EVICTIONS_PENDING, NRI_UNGRANTED
 from crihook.hooks.base import ContainerInfo, HookContext, HookError, JudgesGpus, PodInfo, Stage
-from crihook.hooks.chain import HookRecord
+from crihook.hooks.chain import HookChain, HookRecord
 from crihook.hooks.reach import (
     VISIBLE,
     DeviceRule,
@@ -193,6 +194,7 @@ class HookHandler:
     # container id -> what crihook's answer to its CreateContainer left it, until the runtime asks to
     # validate the final adjustment (NRI v0.10+: right after, in the same CreateContainer)
     _answers: dict[str, Answer] = field(default_factory=dict)
+    _judge_of: tuple[HookChain, JudgesGpus | None] | None = None
     # evictions not done yet (container id -> the finding), retried until done or the container is gone
     _evicting: dict[str, Ungranted] = field(default_factory=dict)
     # container ids removed since the last CRI listing began: the listing may still show them
@@ -347,10 +349,12 @@ class HookHandler:
             raise Undecided(f"{type(e).__name__}: {e}") from None
 
     def _judge(self) -> JudgesGpus | None:
-        for reg in self.lifecycle.chain.hooks:
-            if isinstance(reg.hook, JudgesGpus):
-                return reg.hook
-        return None
+        """The chain's hook that judges GPUs; found once per chain (a Protocol check is slow)."""
+        chain = self.lifecycle.chain
+        if self._judge_of is None or self._judge_of[0] is not chain:
+            found = next((reg.hook for reg in chain.hooks if isinstance(reg.hook, JudgesGpus)), None)
+            self._judge_of = (chain, found)
+        return self._judge_of[1]
 
     async def _evict(self, hit: Ungranted) -> None:
         """Evict until it is done or the container is gone, backing off between tries."""
@@ -476,12 +480,15 @@ class HookHandler:
         try:
             reasons = unapplied(before, after, self.runtime, every_device=every, selinux=self.selinux)
             device_rules = self.runtime.device_rules
-            adjust = nri_adjustment(before, after, self.node_of, device_rules=device_rules)
-            left, deny = await self._left(pod, before, after, (*rules, *adjusted_rules(adjust)), ctx.deadline)
+            node_of = functools.cache(self.node_of)  # each device node read once per creation
+            adjust = nri_adjustment(before, after, node_of, device_rules=device_rules)
+            left, deny = await self._left(
+                pod, before, after, (*rules, *adjusted_rules(adjust)), lambda path: node_of(path)[0], ctx.deadline
+            )
             if left:
                 reasons.append(left)
             if deny:  # NRI v0.10+: the runtime applies deny rules, so the GPU is taken away
-                adjust = nri_adjustment(before, after, self.node_of, device_rules=device_rules, deny_gpus=deny)
+                adjust = nri_adjustment(before, after, node_of, device_rules=device_rules, deny_gpus=deny)
             if not reasons:
                 make_sources(adjust)
         except OSError as e:
@@ -536,6 +543,7 @@ class HookHandler:
         before: ContainerInfo,
         after: ContainerInfo,
         rules: tuple[DeviceRule, ...],
+        number_of: Callable[[str], DeviceNumber],
         deadline: float | None,
     ) -> tuple[str, tuple[int, ...]]:
         """What ungranted GPU the container would still reach once adjusted (the runtime's spec with
@@ -548,7 +556,7 @@ class HookHandler:
             return "", ()
         added = {d.container_path for d in after.devices} - {d.container_path for d in before.devices}
         kept = replace(after, devices=(*before.devices, *(d for d in after.devices if d.container_path in added)))
-        reach = reach_of(kept, rules, lambda path: self.node_of(path)[0])
+        reach = reach_of(kept, rules, number_of)
         if not may_reach_gpus(self._beyond_hooks(before, after, reach, added)):
             return "", ()
         try:

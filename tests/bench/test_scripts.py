@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,9 +35,9 @@ p4,1000,2048,0,0,,BE,Running,0,10,0
 """
 
 
-def run(*cmd: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run(*cmd: str | Path, env: dict[str, str] | None = None, timeout: int = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(c) for c in cmd], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, env=env
+        [str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, env=env
     )
 
 
@@ -96,13 +97,17 @@ def test_the_nri_bench_runs_every_mode_briefly() -> None:
         pytest.skip(why)
     if (why := runtime("2").unavailable()) is not None:
         pytest.skip(why)
-    args = ("--runtime", "2", "--rounds", "3", "--creates", "2", "--pods", "2")
-    done = run(sys.executable, BENCH / "nri_bench.py", *args)
+    go = shutil.which("go") or shutil.which("/usr/local/go/bin/go")
+    args = ("--runtime", "2", "--rounds", "3", "--creates", "2", "--pods", "2", *(() if go else ("--no-go",)))
+    done = run(sys.executable, BENCH / "nri_bench.py", *args, timeout=900)  # the Go plugin's first build
     assert done.returncode == 0, done.stderr[-2000:]
     for section in ("Version", "CreateContainer (8 GPUs)", "pod start (run+create+start)"):
-        calibration, measured = [line for line in done.stdout.splitlines() if line.startswith(section)]
+        calibration, measured, *floor = [line for line in done.stdout.splitlines() if line.startswith(section)]
         assert calibration.split("]: ")[1].startswith("A p50") and "| B p50" in calibration, calibration
         assert "| proxy p50" in measured and "| nri p50" in measured, measured
+        if go:  # the A/A line has the Go plugin's containerd too; then crihook beside the Go plugin
+            assert "| C p50" in calibration and "| go p50" in measured, (calibration, measured)
+            assert "added p50 crihook nri" in floor[0] and "Go plugin" in floor[0], floor
     assert "resident memory: crihook nri" in done.stdout
     alone = run(sys.executable, BENCH / "nri_bench.py", "--handler-only", "--creates", "5")
     assert alone.returncode == 0, alone.stderr[-2000:]
