@@ -13,6 +13,9 @@ from typing import TypeVar
 
 import pytest
 
+from crihook.base.config import Config, ProxyConfig
+from crihook.cli.doctor.finding import Level
+from crihook.cli.doctor.nri import check_evictions
 from crihook.node.store import Store
 from tests.e2e import test_gpu_containerd as proxy_mode
 from tests.e2e import test_gpu_nri
@@ -206,6 +209,7 @@ def test_a_hook_server_down_at_reconnection_stops_no_gpu_pod(gpu_node: GpuNode, 
                 plugin.start()
                 until("the check", lambda: "containers checked" in log(), plugin)
                 until("the eviction", lambda: not running(cri, bad), plugin)
+                until("the eviction's log line", lambda: "container evicted" in log(), plugin)
                 assert running(cri, trainer) and running(cri, app)
                 assert log().count("container evicted") == 1 and "pod=default/greedy" in log()
     finally:
@@ -213,6 +217,44 @@ def test_a_hook_server_down_at_reconnection_stops_no_gpu_pod(gpu_node: GpuNode, 
             plugin.start()
         with_config(plugin, "")
         shutil.rmtree(confdir, ignore_errors=True)
+
+
+def test_an_eviction_that_fails_is_retried_and_shown_until_it_is_done(gpu_node: GpuNode, cri: Cri) -> None:
+    """The runtime's CRI socket is not there when crihook comes back: the eviction fails, is shown
+    by `crihook doctor`, and is tried again with back-off, not at the next reconnection; once the
+    socket is there the container is stopped and the doctor's finding goes."""
+    plugin = gpu_node.proxy
+    real = plugin.backend
+    link = short_dir() / "cri.sock"
+    doctor = Config(proxy=ProxyConfig(state_dir=str(plugin.state_dir)))
+    with_config(plugin, '\n[nri]\nsynchronize = "evict"\n')
+    plugin.stop()
+    web = pod_config("web")
+    greedy = container_config("cuda", web, envs={"NVIDIA_VISIBLE_DEVICES": "all"})
+    try:
+        with cri.pod(web) as web_id, cri.container(web_id, greedy, web) as bad:
+            plugin.backend = f"unix://{link}"
+            seen = len(plugin.log_text())
+
+            def log() -> str:
+                return plugin.log_text()[seen:]
+
+            plugin.start()
+            until("a failed eviction", lambda: "eviction failed; trying again" in log(), plugin)
+            finding = check_evictions(doctor)
+            assert finding.level is Level.FAIL and "container cuda of pod default/web" in finding.found
+            assert running(cri, bad)
+            link.symlink_to(real.removeprefix("unix://"))
+            until("the eviction", lambda: not running(cri, bad), plugin)
+            until("the eviction's log line", lambda: "container evicted" in log(), plugin)
+            assert check_evictions(doctor).level is Level.OK
+            assert log().count("registered with the runtime") == 1  # no reconnection needed
+    finally:
+        plugin.stop()
+        plugin.backend = real
+        with_config(plugin, "")
+        plugin.start()
+        shutil.rmtree(link.parent, ignore_errors=True)
 
 
 def store_ids(plugin: Crihook) -> tuple[set[str], set[str]]:
