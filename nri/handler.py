@@ -308,6 +308,8 @@ class HookHandler:
         if verdict is None or not verdict.ungranted:
             self._cleared.add(c.id)
             return None
+        if c.id in self._barred or c.id in self._cleared:
+            return None  # found by a check that ran at the same time (Synchronize's and StartContainer's)
         hit = Ungranted(c.id, pod.ref, c.name, verdict.describe())
         log.warning(
             "container reaches an ungranted GPU",

@@ -21,9 +21,9 @@ from crihook.base.spec import Device
 from crihook.hooks.base import ContainerInfo, Edit, HookContext, HookError, PodInfo, ResourcesPatch, Stage
 from crihook.hooks.reach import Gpu, Grants, Reach, Undecided, Verdict, judge
 from crihook.hooks.registry import build_chain
-from crihook.node.container import nri_listed_container
+from crihook.node.container import nri_listed_container, nri_reach
 from crihook.node.lifecycle import Lifecycle
-from crihook.node.pod import nri_listed_pod
+from crihook.node.pod import nri_listed_pod, nri_pod_view
 from crihook.node.store import Store
 from crihook.nri.handler import EVICTIONS_FILE, MARGIN, HookHandler
 from crihook.nri.stub import RpcError, event_mask
@@ -68,6 +68,7 @@ async def handler(tmp_path: Path, hook: Recorder) -> HookHandler:
 
 
 POD = api.PodSandbox(id="sb-1", name="train", namespace="ml", uid="u-1")
+POD_VIEW = nri_pod_view(POD)
 
 
 def container() -> api.Container:
@@ -450,3 +451,15 @@ async def test_what_the_hooks_granted_is_not_asked_about_again(tmp_path: Path) -
     with pytest.raises(RpcError) as err:  # the runtime's GPU node: asked, and GPU 0 is nobody's grant
         await h.create_container(api.CreateContainerRequest(pod=POD, container=leaky))
     assert hook.asked == ["leaky"] and "GPU minor 0 (by device node /dev/nvidia0 (c 195:0))" in err.value.message
+
+
+async def test_a_container_found_twice_is_acted_on_once(tmp_path: Path) -> None:
+    """Synchronize's check still running when the container's StartContainer judges it too."""
+    evict = Evictions()
+    h = await judged(tmp_path, Judge(), evict)
+    greedy = gpu_container("greedy", "NVIDIA_VISIBLE_DEVICES=0")
+    verdict = judge(nri_reach(greedy), Grants(), GPUS)
+    assert h._act(POD_VIEW, greedy, verdict) is not None
+    assert h._act(POD_VIEW, greedy, verdict) is None
+    await settle(h)
+    assert evict.calls == ["greedy"]
