@@ -116,7 +116,7 @@ class NodeDaemon:
         await self.door.rebuild(store)
         attach_store(chain, store)
         self.lifecycle = lifecycle = Lifecycle(chain, store)
-        metrics_server = await serve_metrics(cfg.proxy.metrics_listen)
+        metrics_server = await serve_metrics(cfg)
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.stop)
         loop.add_signal_handler(signal.SIGINT, self.stop)
@@ -230,14 +230,22 @@ def log_deprecations(cfg: cfgmod.Config) -> None:
         log.warning("deprecated configuration", extra={"detail": line})
 
 
-async def serve_metrics(listen: str) -> Any:
-    """The metrics endpoint, or None when `listen` is empty; StartupError when it can not listen."""
+async def serve_metrics(cfg: cfgmod.Config) -> Any:
+    """The metrics endpoint, or None when `[proxy] metrics_listen` is empty or it can not listen there
+    (the address taken, say by another crihook): like the reporter it is not on the runtime's path,
+    and a node daemon that does not start stops every pod start (proxy mode) or, pre-registered on
+    containerd 1.7, containerd's CRI service; so it serves without metrics and says why. An address
+    that is not allowed (not loopback) is a ConfigError."""
+    listen = cfg.proxy.metrics_listen
     if not listen:
         return None
     try:
         return await metrics.serve(listen)
-    except (OSError, ValueError) as e:
-        raise StartupError(f"metrics endpoint {listen}: {e}") from None
+    except ValueError as e:
+        raise ConfigError(cfg.source, str(e), "proxy", "metrics_listen") from None
+    except OSError as e:
+        log.error("metrics endpoint not started", extra={"listen": listen, "error": str(e)})
+        return None
 
 
 def attach_store(chain: HookChain, store: Store) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 from crihook.base import config as cfgmod
 from crihook.hooks.registry import build_chain
-from crihook.node.daemon import NodeDaemon
+from crihook.node.daemon import NodeDaemon, serve_metrics
 from crihook.node.lifecycle import Lifecycle
 from crihook.node.store import Store
 from tests.support.loop import assert_loop_keeps_ticking
@@ -126,3 +127,18 @@ async def test_the_deprecated_runtime_endpoint_is_said_at_start_and_at_reload(
     await running.close()
     await daemon.lifecycle.chain.close()
     await daemon.store.close()
+
+
+async def test_a_metrics_address_taken_is_said_and_the_daemon_serves_without(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        listen = f"127.0.0.1:{taken.getsockname()[1]}"
+        with caplog.at_level(logging.ERROR, "crihook.node"):
+            assert await serve_metrics(cfgmod.parse({"proxy": {"metrics_listen": listen}})) is None
+    (record,) = [r for r in caplog.records if r.getMessage() == "metrics endpoint not started"]
+    assert record.__dict__["listen"] == listen and "in use" in record.__dict__["error"]
+    with pytest.raises(cfgmod.ConfigError, match=r"\[proxy\]\.metrics_listen: .*not a loopback address"):
+        await serve_metrics(cfgmod.parse({"proxy": {"metrics_listen": "0.0.0.0:9317"}}))
