@@ -559,7 +559,7 @@ class HookHandler:
         added = {d.container_path for d in after.devices} - {d.container_path for d in before.devices}
         kept = replace(after, devices=(*before.devices, *(d for d in after.devices if d.container_path in added)))
         reach = reach_of(kept, rules, number_of)
-        if not may_reach_gpus(self._beyond_hooks(before, after, reach, added)):
+        if not may_reach_gpus(self._beyond_hooks(before, after, reach, added, number_of)):
             return "", ()
         try:
             verdict = await self._ask(judge, pod, after, reach, deadline)
@@ -575,12 +575,19 @@ class HookHandler:
             (),
         )
 
-    def _beyond_hooks(self, before: ContainerInfo, after: ContainerInfo, reach: Reach, added: set[str]) -> Reach:
+    def _beyond_hooks(
+        self,
+        before: ContainerInfo,
+        after: ContainerInfo,
+        reach: Reach,
+        added: set[str],
+        number_of: Callable[[str], DeviceNumber],
+    ) -> Reach:
         """The part of `reach` the hook chain did not decide: the runtime's nodes and rules (not the
         allow rules of the nodes the chain added), CDI devices, and NVIDIA_VISIBLE_DEVICES unless a
         hook set it. When it can name no GPU (a container the scheduler placed, a plain one) there is
         nothing for the verdict to judge, and CreateContainer asks nothing."""
-        given = {self.node_of(d.host_path)[0] for d in after.devices if d.container_path in added}
+        given = {number_of(d.host_path) for d in after.devices if d.container_path in added}
         own = tuple(r for r in reach.rules or () if not (r.allow and (r.kind, r.major, r.minor) in given))
         nodes = reach.nodes[: len(before.devices)]
         visible = None if after.env(VISIBLE) != before.env(VISIBLE) else reach.visible
@@ -690,7 +697,8 @@ class HookHandler:
         go on without it). A hook's refusal becomes the runtime's error; the core logged it."""
         assert ctx.deadline is not None
         try:
-            return await asyncio.wait_for(work, max(ctx.deadline - time.monotonic(), 0.0))
+            async with asyncio.timeout(max(ctx.deadline - time.monotonic(), 0.0)):  # no task made, as wait_for does
+                return await work
         except HookError as e:
             raise RpcError(_code(e.code), e.reason) from None
         except TimeoutError:
