@@ -377,3 +377,13 @@ class JudgesGpus(Protocol):
     fact it needs can not be had: never a finding."""
 
     def verdict(self, pod: PodInfo, container: ContainerInfo, reach: Reach) -> Verdict: ...
+
+
+@runtime_checkable
+class ForgetsContainers(Protocol):
+    """A hook that keeps something of a container from its CreateContainer on (the gpu hook: the
+    GPUs it let through, so two containers created at once can not share one). `forget` is called
+    when the runtime did not create the container after all, and when it is removed: nothing of it
+    outlives it."""
+
+    def forget(self, pod_uid: str, container: str) -> None: ...

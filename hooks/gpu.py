@@ -428,6 +428,12 @@ class GpuHook:
         except OSError:
             return None
 
+    def forget(self, pod_uid: str, container: str) -> None:
+        """hooks.base.ForgetsContainers: the container was not created, or is gone; what the hook
+        let through for it no longer counts."""
+        with self._lock:
+            self._claims.pop((pod_uid, container), None)
+
     def _expire_claims(self, now: float) -> None:
         """Drop claims older than CLAIM_SECONDS: the oldest come first, so this stops at the first
         still young (a busy node holds a claim per container created in the last 30 s)."""

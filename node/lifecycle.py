@@ -21,7 +21,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from crihook.hooks.base import ContainerInfo, HookContext, LinuxResources, PodInfo, Stage, log_fields
+from crihook.hooks.base import (
+    ContainerInfo,
+    ForgetsContainers,
+    HookContext,
+    LinuxResources,
+    PodInfo,
+    Stage,
+    log_fields,
+)
 from crihook.hooks.chain import HookChain, HookRecord
 from crihook.node.container import container_info, container_record, unknown_container
 from crihook.node.pod import pod_info, pod_record, unknown_pod
@@ -116,6 +124,16 @@ class Lifecycle:
         self.store.put_container(container_record(pod.id, container, [r.as_dict() for r in records]))
         _log_event("container created", pod, container, records)
 
+    def create_failed(self, pod: PodInfo, container: ContainerInfo) -> None:
+        """The runtime did not create `container` after the hooks let it through (it failed, or the
+        front door refused what the hooks decided): nothing the hooks kept of it stays."""
+        self._forget(pod.uid, container.name)
+
+    def _forget(self, pod_uid: str, container: str) -> None:
+        for reg in self.chain.hooks:
+            if isinstance(reg.hook, ForgetsContainers):
+                reg.hook.forget(pod_uid, container)
+
     def container_started(self, container_id: str, records: list[HookRecord]) -> None:
         self.store.add_hook_records(container_id, [r.as_dict() for r in records])
         self._post(Stage.POST_START_CONTAINER, self.store.set_container_state(container_id, "running"))
@@ -133,7 +151,11 @@ class Lifecycle:
         self._post(Stage.POST_STOP_CONTAINER, self.store.set_container_state(container_id, "exited"))
 
     def container_removed(self, container_id: str) -> None:
-        self._post(Stage.POST_REMOVE_CONTAINER, self.store.remove_container(container_id))
+        rec = self.store.remove_container(container_id)
+        pod = self.store.pods.get(rec.pod_id) if rec is not None else None
+        if rec is not None and pod is not None:
+            self._forget(pod.uid, rec.name)
+        self._post(Stage.POST_REMOVE_CONTAINER, rec)
 
     def pod_stopped(self, pod_id: str) -> None:
         self._post_pod(Stage.POST_STOP_POD_SANDBOX, self.store.set_pod_state(pod_id, "notready"))

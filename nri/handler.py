@@ -500,6 +500,7 @@ class HookHandler:
                 f"{self.runtime.ref or 'this runtime'} can not carry out what crihook decided for container"
                 f" {before.name} of pod {pod.ref}: {'; '.join(reasons)}. crihook's proxy mode can (docs/nri.md)"
             )
+            self.lifecycle.create_failed(pod, after)
             self._refuse(ctx, decided.records, grpc.StatusCode.FAILED_PRECONDITION, why)
         self.lifecycle.container_created(pod, replace(after, id=request.container.id), decided.records)
         self._cleared.add(request.container.id)

@@ -45,6 +45,7 @@ log = logging.getLogger("crihook.proxy")
 Decide = Callable[[Lifecycle, Any, float | None], Awaitable[Decided]]  # (…, request, deadline)
 WriteBack = Callable[[Any, Decided], None]  # the hooks' changes onto the decoded request
 Record = Callable[[Lifecycle, "Call", Any, Any], None]  # (…, request as forwarded, response)
+Failed = Callable[[Lifecycle, "Call"], None]
 
 
 def _nothing_to_write(msg: Any, decided: Decided) -> None:
@@ -64,6 +65,7 @@ class Handler:
     write_back: WriteBack = _nothing_to_write
     # refused with FAILED_PRECONDITION, its message may name a task CRI lost track of (orphans.py)
     may_name_orphan: bool = False
+    failed: Failed | None = None  # after a failed call
 
 
 @dataclass(slots=True)
@@ -124,6 +126,8 @@ class Interceptor:
         """After the runtime answered: what it did, reported to the lifecycle core."""
         handler = call.handler
         if status is not grpc.StatusCode.OK:
+            if handler.failed is not None:
+                handler.failed(self.lifecycle, call)
             if status is grpc.StatusCode.FAILED_PRECONDITION and handler.may_name_orphan and self.janitor is not None:
                 self.janitor.notice(message)
             return
@@ -191,6 +195,12 @@ def _record_create(
         (pod, container), records = _create_views(core, req), []
     assert container is not None
     core.container_created(pod, replace(container, id=resp.container_id), records)
+
+
+def _create_failed(core: Lifecycle, call: Call) -> None:
+    decided = call.decided
+    if decided is not None and decided.after.container is not None:
+        core.create_failed(decided.after.pod, decided.after.container)
 
 
 # -- StartContainer, UpdateContainerResources: an id, the rest from the store --------------------
@@ -271,6 +281,7 @@ HANDLERS: dict[bytes, Handler] = {
             Stage.PRE_CREATE_CONTAINER,
             _decide_create,
             _write_create,
+            failed=_create_failed,
         ),
         Handler(
             "StartContainer",

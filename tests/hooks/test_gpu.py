@@ -463,6 +463,11 @@ def test_containers_created_at_once_can_not_share_a_gpu(node: Node, tmp_path: Pa
     assert err.code == grpc.StatusCode.FAILED_PRECONDITION and f"which live pod {POD_UID} uses" in err.reason
     now[0] += 31  # the claim lapses; the store never showed the container (a later hook refused it)
     assert handle(hook, pod(uid=OTHER_UID)) is None  # the plugin's allocation stands
+    hook.forget(OTHER_UID, "cuda")  # its creation failed: the front door says so (Lifecycle.create_failed)
+    handle(hook, pod(allocated(2)))  # let through again, and that creation fails too
+    refusal(hook, pod(uid=OTHER_UID))
+    hook.forget(POD_UID, "cuda")  # no 30 s wait for the claim to lapse
+    assert handle(hook, pod(uid=OTHER_UID)) is None
 
 
 # -- the plain grant -------------------------------------------------------------------------------

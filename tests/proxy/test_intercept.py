@@ -486,3 +486,24 @@ async def test_a_rewrite_started_from_a_protocol_callback_may_wait_on_an_async_h
     loop.call_soon(lambda: started.set_result(start(ic.rewrite(ic.classify(CREATE), create_request()))))
     out = cri.CreateContainerRequest.FromString(await (await started))
     assert container_view(out.config).env("X") == "1" and hook.seen
+
+
+async def test_a_failed_create_is_forgotten_by_the_hooks_that_kept_it(tmp_path: Path) -> None:
+    """containerd fails the CreateContainer crihook let through: no record, and a hook that kept
+    something of the container (the gpu hook's claim on its GPUs) is told to forget it."""
+
+    class Keeper(EditHook):
+        def __init__(self) -> None:
+            super().__init__({Stage.PRE_CREATE_CONTAINER})
+            self.forgotten: list[tuple[str, str]] = []
+
+        def forget(self, pod_uid: str, container: str) -> None:
+            self.forgotten.append((pod_uid, container))
+
+    hook = Keeper()
+    ic = interceptor(tmp_path, hook)
+    call = ic.classify(CREATE)
+    assert call is not None
+    sent = await ic.rewrite(call, create_request())
+    ic.post(call, sent, None, grpc.StatusCode.UNKNOWN, b"failed to create containerd container")
+    assert hook.forgotten == [("u-1", "main")] and not ic.lifecycle.store.containers
