@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -151,11 +152,20 @@ _loaded_path = ""
 
 
 def load_library(path: str) -> None:
-    """Make pynvml use the library at `path`; pynvml itself loads DEFAULT_LIBRARY from the loader
-    path when none is configured. One process uses one library."""
+    """Make pynvml use the library at `path`, or at the first existing one of several paths joined
+    by ":" (a driver root's library directories differ by distribution and architecture); pynvml
+    itself loads DEFAULT_LIBRARY from the loader path when none is configured. One process uses one
+    library."""
     global _loaded_path
     if not path:
         return
+    if ":" in path:
+        found = next((p for p in path.split(":") if p and os.path.exists(p)), "")
+        if not found:
+            raise NvmlUnavailable(
+                f"{DEFAULT_LIBRARY} not found in {path}: the NVIDIA driver is not installed on this node"
+            )
+        path = found
     with _load_lock:
         if _loaded_path == path and pynvml.nvmlLib is not None:
             return

@@ -407,28 +407,37 @@ def test_node_pods_mount_exactly_what_they_need() -> None:
         "/var/lib/kubelet/pods": ("/var/lib/kubelet/pods", True),
         "/dev": ("/dev", True),
         "/var/lib/crihook": ("/var/lib/crihook", False),
-        "/usr/lib/x86_64-linux-gnu": ("/run/crihook/nvml", True),
+        "/": ("/run/crihook/driver", True),
+        "/run/containerd": ("/run/containerd", True),
     }
     assert host_paths(spec, containers["report"]) == {
         "/var/lib/kubelet/device-plugins": ("/var/lib/kubelet/device-plugins", True),
         "/dev": ("/dev", True),
         "/sys": ("/sys", True),
-        "/usr/lib/x86_64-linux-gnu": ("/run/crihook/nvml", True),
+        "/": ("/run/crihook/driver", True),
     }
-    # kubelet must still be able to unmount pod volumes under the pods directory
-    (pods,) = [m for m in containers["nri"]["volumeMounts"] if m["mountPath"] == "/var/lib/kubelet/pods"]
-    assert pods["mountPropagation"] == "HostToContainer"
+    # kubelet must still be able to unmount pod volumes under the pods directory; a driver the GPU
+    # operator installs or upgrades, and a socket containerd makes anew, must be seen in the pod
+    for c in containers.values():
+        for m in c["volumeMounts"]:
+            if m["mountPath"] in ("/var/lib/kubelet/pods", "/run/crihook/driver", "/run/containerd"):
+                assert m["mountPropagation"] == "HostToContainer", (c["name"], m["mountPath"])
     # the config file names the paths as mounted, and crihook accepts it
     crihook_config.parse(config, "config.toml")
     assert config["hooks"]["gpu"]["kubelet_pods_dir"] == "/var/lib/kubelet/pods"
-    assert config["node"]["nvml_library"].startswith("/run/crihook/nvml/")
+    libraries = config["node"]["nvml_library"].split(":")
+    assert "/run/crihook/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1" in libraries  # Debian, Ubuntu
+    assert "/run/crihook/driver/usr/lib64/libnvidia-ml.so.1" in libraries  # RHEL
+    assert "/run/crihook/driver/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1" in libraries  # arm64
+    # the catch-up and eviction reach containerd's CRI socket where it is mounted
+    assert config["node"]["runtime_endpoint"] == "unix:///run/containerd/containerd.sock"
     # the token reaches the reporter alone; crihook's own hooks skip these pods
     assert spec["automountServiceAccountToken"] is False
     token = [c for c in containers.values() for m in c["volumeMounts"] if m["name"] == "kube-api"]
     assert token == [containers["report"]]
     (ds,) = helm.of_kind(helm.rendered("defaults"), "DaemonSet")
     assert ds["spec"]["template"]["metadata"]["labels"]["runtimeproxy.koordinator.sh/skip-hookserver"] == "true"
-    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert "nodeSelector" not in spec
 
 
 def test_host_pid_namespace_only_for_gpu_usage() -> None:
@@ -448,7 +457,7 @@ def test_node_without_reporter_has_no_api_access() -> None:
     assert "serviceAccountName" not in spec and "hostNetwork" not in spec
     roles = [d for k in ("ClusterRole", "ClusterRoleBinding") for d in helm.of_kind(helm.rendered(name), k)]
     assert not [r for r in roles if r["metadata"]["name"].endswith("-node")]
-    assert "/run/crihook/nvml" not in {m["mountPath"] for m in containers["nri"]["volumeMounts"]}
+    assert not {"/run/crihook/driver", "/run/containerd"} & {m["mountPath"] for m in containers["nri"]["volumeMounts"]}
 
 
 def test_node_config_keeps_integers_and_merges_user_keys() -> None:
@@ -581,3 +590,146 @@ def test_kube_scheduler_presents_the_client_certificate_the_scheduler_requires()
     )
     external = [c for c in helm.of_kind(helm.rendered("cert-manager-external-issuer"), "Certificate")]
     assert {c["spec"]["issuerRef"]["group"] for c in external} == {"awspca.cert-manager.io"}
+
+
+def node_affinity_matches(affinity: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Kubernetes' rule for requiredDuringScheduling node affinity: any term, all its expressions."""
+    terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+
+    def holds(e: dict[str, Any]) -> bool:
+        if e["operator"] == "In":
+            return labels.get(e["key"]) in e["values"]
+        if e["operator"] == "Exists":
+            return e["key"] in labels
+        raise AssertionError(e)
+
+    return any(all(holds(e) for e in t["matchExpressions"]) for t in terms)
+
+
+@pytest.mark.parametrize(
+    ("labels", "placed"),
+    [
+        ({"feature.node.kubernetes.io/pci-10de.present": "true"}, True),  # node feature discovery alone
+        ({"nvidia.com/gpu.present": "true"}, True),  # GPU feature discovery, or by hand
+        ({"feature.node.kubernetes.io/cpu-model.vendor_id": "NVIDIA"}, True),  # Tegra
+        ({"kubernetes.io/hostname": "cpu-node"}, False),
+        ({"feature.node.kubernetes.io/pci-10de.present": "false"}, False),
+    ],
+    ids=json.dumps,
+)
+def test_daemonset_placed_where_nvidias_charts_place_theirs(labels: dict[str, str], placed: bool) -> None:
+    spec, _, _ = node_pod()
+    assert node_affinity_matches(spec["affinity"], labels) is placed
+    assert not spec.get("nodeSelector")
+
+
+def test_own_node_affinity_replaces_the_gpu_rule() -> None:
+    mine = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["gpu"]}]}]}
+    values = {"node": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": mine}}}}
+    (ds,) = helm.of_kind(helm.documents_of(helm.template_text(Combo(values), NEWEST), "mine"), "DaemonSet")
+    affinity = ds["spec"]["template"]["spec"]["affinity"]
+    assert node_affinity_matches(affinity, {"pool": "gpu"})
+    assert not node_affinity_matches(affinity, {"nvidia.com/gpu.present": "true"})
+
+
+def test_gpu_operator_driver_root_plugin_index_number_and_update_strategy() -> None:
+    spec, containers, _ = node_pod("node-gpu-operator")
+    assert host_paths(spec, containers["nri"])["/run/nvidia/driver"] == ("/run/crihook/driver", True)
+    assert "--plugin-index=20" in containers["nri"]["args"]
+    assert parse_args("nri", containers["nri"]["args"][1:]).plugin_index == "20"
+    (ds,) = helm.of_kind(helm.rendered("node-gpu-operator"), "DaemonSet")
+    assert ds["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert spec["nodeSelector"] == {"pool": "gpu"}
+
+
+# Pod Security Admission's restricted level (k8s.io/pod-security-admission, policy/check_*.go), the
+# checks a Deployment's pod template can fail
+RESTRICTED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
+
+
+def restricted_problems(spec: dict[str, Any]) -> list[str]:
+    out = []
+    pod_sc = spec.get("securityContext", {})
+    for v in spec.get("volumes", []):
+        if not set(v) - {"name"} <= RESTRICTED_VOLUMES:
+            out.append(f"volume {v['name']}")
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(key):
+            out.append(key)
+    for c in spec["containers"]:
+        sc = c.get("securityContext", {})
+        if sc.get("privileged"):
+            out.append(f"{c['name']}: privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            out.append(f"{c['name']}: allowPrivilegeEscalation")
+        if not (sc.get("runAsNonRoot") or pod_sc.get("runAsNonRoot")) or sc.get("runAsUser") == 0:
+            out.append(f"{c['name']}: runAsNonRoot")
+        if sc.get("capabilities", {}).get("drop") != ["ALL"] or set(sc.get("capabilities", {}).get("add", [])) - {
+            "NET_BIND_SERVICE"
+        }:
+            out.append(f"{c['name']}: capabilities")
+        seccomp = (sc.get("seccompProfile") or pod_sc.get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            out.append(f"{c['name']}: seccompProfile")
+        if any("hostPort" in p for p in c.get("ports", [])):
+            out.append(f"{c['name']}: hostPort")
+    return out
+
+
+@pytest.mark.parametrize("name", ["defaults", "cert-manager", "given-certificate"])
+def test_scheduler_pods_meet_the_restricted_pod_security_level(name: str) -> None:
+    """The scheduler and the second kube-scheduler run in a namespace labelled
+    pod-security.kubernetes.io/enforce=restricted; the node pods need privileged (docs/helm.md)."""
+    for dep in helm.of_kind(helm.rendered(name), "Deployment"):
+        assert restricted_problems(dep["spec"]["template"]["spec"]) == [], dep["metadata"]["name"]
+    (ds,) = helm.of_kind(helm.rendered(name), "DaemonSet")
+    assert restricted_problems(ds["spec"]["template"]["spec"])  # the check can fail
+
+
+def test_installs_as_a_subchart_of_an_umbrella_chart(tmp_path: Path) -> None:
+    """A parent chart depending on crihook, with global values and crihook's values under its name:
+    lint, dependency build and template with the real helm; the schema accepts `global`."""
+    umbrella = tmp_path / "platform"
+    (umbrella / "charts").mkdir(parents=True)
+    (umbrella / "templates").mkdir()
+    (umbrella / "templates" / "settings.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: platform-settings\n"
+        "data:\n  registry: {{ .Values.global.imageRegistry | quote }}\n"
+    )
+    (umbrella / "Chart.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v2",
+                "name": "platform",
+                "version": "1.0.0",
+                "dependencies": [{"name": "crihook", "version": __version__, "repository": f"file://{CHART}"}],
+            }
+        )
+    )
+    (umbrella / "values.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "global": {"imageRegistry": "registry.example", "storageClass": "fast"},
+                "crihook": {"scheduler": {"replicas": 3}},
+            }
+        )
+    )
+    helm.run("dependency", "build", str(umbrella))
+    assert helm.run("lint", "--strict", str(umbrella), "--kube-version", NEWEST).returncode == 0
+    text = helm.run("template", "platform", str(umbrella), "--namespace", "gpu", "--kube-version", NEWEST).stdout
+    docs = helm.documents_of(text, "umbrella")
+    (scheduler,) = [
+        d for d in helm.of_kind(docs, "Deployment") if d["metadata"]["name"] == "platform-crihook-scheduler"
+    ]
+    assert scheduler["spec"]["replicas"] == 3
+    problems = [f"{w}: {p}" for w, d in docs if (p := helm.api_problem(d, NEWEST))]
+    assert not problems, "\n".join(problems)

@@ -188,6 +188,21 @@ def test_missing_library_reports_zero_gpus_once(tmp_path, caplog: pytest.LogCapt
     assert len([r for r in caplog.records if "not usable" in r.getMessage()]) == 1
 
 
+def test_library_found_in_one_of_several_directories(fake_nvml, tmp_path) -> None:
+    """A driver root's library directory differs by distribution (usr/lib64, usr/lib/x86_64-linux-gnu,
+    usr/lib/aarch64-linux-gnu): the first path of the list that exists is loaded; none: no driver."""
+    fake = fake_nvml("pcie-l40s")
+    paths = [str(tmp_path / d / "libnvidia-ml.so.1") for d in ("usr/lib64", "usr/lib/x86_64-linux-gnu")]
+    nvml = Nvml(":".join([*paths, str(fake.library)]), str(fake.sys_root))
+    try:
+        assert len(nvml.snapshot().gpus) == 4
+    finally:
+        nvml.close()
+    missing = Nvml(":".join(paths), str(tmp_path))
+    snap = missing.snapshot()
+    assert snap.gpus == () and "not found in" in snap.reason and "not installed" in snap.reason
+
+
 def test_driver_not_loaded_is_retried_only_after_the_interval(node) -> None:
     clock = Clock()
     fake, nvml = node("dgx-h100", retry_seconds=30, clock=clock)

@@ -7,8 +7,9 @@ holding the suite's own kube binary (tests/kube) and the C libraries it links, n
 chart expects it.
 
 Values: only what a user of such a node sets (docs/helm.md): one replica of each scheduler (one
-node), where containerd's NRI socket and kubelet's root dir are, the driver's directory
-(`node.nvmlLibraryDir`, here the simulated node's: its fake libnvidia-ml.so.1 beside its topology),
+node), where containerd's NRI and CRI sockets and kubelet's root dir are, the driver's root
+(`node.driverRoot`, here the simulated node's directory: its fake libnvidia-ml.so.1 beside its
+topology, named by `[node] nvml_library` since it is not in a distribution's library directory),
 and a state dir. The simulated node's device nodes and sysfs are in that directory too, so its
 `[node]` dev_root and sys_root point there (`node.config`); a real node has them at /dev and /sys.
 """
@@ -30,7 +31,7 @@ from tests.support.helm import CHART, helm
 
 NAMESPACE = "crihook"
 RELEASE = "crihook"
-DRIVER_MOUNT = "/run/crihook/nvml"  # where the chart mounts node.nvmlLibraryDir in the node pods
+DRIVER_MOUNT = "/run/crihook/driver"  # where the chart mounts node.driverRoot in the node pods
 KUBE_SCHEDULER_REPOSITORY = "registry.k8s.io/kube-scheduler"
 
 
@@ -101,9 +102,16 @@ def user_values(cluster: Cluster) -> dict[str, Any]:
     values["node"] = {
         "nri": {"socket": str(cluster.containerd.nri_socket)},
         "kubeletRootDir": str(cluster.kubelet_root),
-        "nvmlLibraryDir": str(cluster.sim.root),
+        "driverRoot": str(cluster.sim.root),
+        "runtimeSocket": str(cluster.containerd.socket),
         "stateDir": str(cluster.base / "crihook-state"),
-        "config": {"node": {"dev_root": f"{DRIVER_MOUNT}/dev", "sys_root": f"{DRIVER_MOUNT}/sys"}},
+        "config": {
+            "node": {
+                "nvml_library": f"{DRIVER_MOUNT}/libnvidia-ml.so.1",
+                "dev_root": f"{DRIVER_MOUNT}/dev",
+                "sys_root": f"{DRIVER_MOUNT}/sys",
+            }
+        },
     }
     return values
 

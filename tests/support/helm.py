@@ -88,7 +88,17 @@ COMBOS: dict[str, Combo] = {
     "network-policy": Combo({"networkPolicy": {"enabled": True}}),
     "no-node": Combo({"node": {"enabled": False}}),
     "dra": Combo({"dra": {"enabled": True, "extendedResourceName": "nvidia.com/gpu", "consumableCapacity": "on"}}),
-    "node-without-reporter": Combo({"node": {"reporter": {"enabled": False}, "nvmlLibraryDir": ""}}),
+    "node-without-reporter": Combo({"node": {"reporter": {"enabled": False}, "driverRoot": "", "runtimeSocket": ""}}),
+    "node-gpu-operator": Combo(
+        {
+            "node": {
+                "driverRoot": "/run/nvidia/driver",
+                "nri": {"pluginIndex": 20},
+                "updateStrategy": {"type": "OnDelete"},
+                "nodeSelector": {"pool": "gpu"},
+            }
+        }
+    ),
     "service-monitor": Combo(api_versions=(SERVICE_MONITOR,)),
     "kube-system": Combo(namespace="kube-system", values={"webhooks": {"excludeNamespaces": ["monitoring"]}}),
     "other-release-name": Combo(release="gpu", values={"scheduler": {"replicas": 3}}),
