@@ -161,3 +161,18 @@ then each table. */}}
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/* The node pods' affinity (node.affinity), with NVIDIA's any-of GPU node rule unless it has a
+nodeAffinity of its own: the labels NVIDIA's device-plugin and GPU-operator charts place on. JSON. */}}
+{{- define "crihook.nodeAffinity" -}}
+{{- $n := .Values.node }}
+{{- $affinity := deepCopy $n.affinity }}
+{{- if and $n.gpuNodeAffinity (not (hasKey $affinity "nodeAffinity")) }}
+{{- $terms := list }}
+{{- range $label := list (list "feature.node.kubernetes.io/pci-10de.present" "true") (list "feature.node.kubernetes.io/cpu-model.vendor_id" "NVIDIA") (list "nvidia.com/gpu.present" "true") }}
+{{- $terms = append $terms (dict "matchExpressions" (list (dict "key" (index $label 0) "operator" "In" "values" (list (index $label 1))))) }}
+{{- end }}
+{{- $_ := set $affinity "nodeAffinity" (dict "requiredDuringSchedulingIgnoredDuringExecution" (dict "nodeSelectorTerms" $terms)) }}
+{{- end }}
+{{- $affinity | toJson }}
+{{- end }}
