@@ -10,7 +10,7 @@ gave them. No I/O here: dra/driver.py fetches, writes and answers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +60,9 @@ class Prepared:
     name: str
     devices: tuple[PreparedDevice, ...] = ()
     spec: Mapping[str, Any] = field(default_factory=dict)  # the CDI spec; empty when no devices
+    # the claims (UIDs, this one among them) whose GPUs the containers using this claim hold, numbered
+    # together in its spec; () for this claim alone
+    group: tuple[str, ...] = ()
 
     def cdi_ids(self, d: PreparedDevice) -> list[str]:
         return [dra.cdi_device(self.uid, d.device)]
@@ -89,16 +92,9 @@ def results(claim: Mapping[str, Any], uid: str, node: str, what: str) -> list[Ma
     return [r for r in found if r.get("driver") == dra.DRIVER and r.get("pool") == pool]
 
 
-def prepare(
-    claim: Mapping[str, Any],
-    uid: str,
-    node: str,
-    gpus: GpuLookup,
-    exists: Callable[[str], bool],
-    dev_root: str,
-    hami: HamiCore,
-) -> Prepared:
-    """The claim prepared: its devices and CDI spec. Raises ClaimError."""
+def resolve(claim: Mapping[str, Any], uid: str, node: str, gpus: GpuLookup) -> Prepared:
+    """The claim's devices on this node, with their shares; no spec yet (`with_spec`). Raises
+    ClaimError."""
     meta = claim.get("metadata") or {}
     namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
     what = f"{namespace}/{name}"
@@ -126,37 +122,62 @@ def prepare(
         by_device[device] = PreparedDevice(
             request_names, dra.pool_name(node), device, g.minor, g.uuid, memory, cores, share_id
         )
-    devices = tuple(by_device.values())
-    prepared = Prepared(uid, namespace, name, devices)
-    if not devices:
+    return Prepared(uid, namespace, name, tuple(by_device.values()))
+
+
+def with_spec(
+    prepared: Prepared,
+    group: Sequence[Prepared],
+    gpus: GpuLookup,
+    exists: Callable[[str], bool],
+    dev_root: str,
+    hami: HamiCore,
+) -> Prepared:
+    """The claim with its CDI spec, numbered with the claims of `group` (this one among them; empty:
+    alone). Raises ClaimError."""
+    if not prepared.devices:
         return prepared
-    return Prepared(uid, namespace, name, devices, cdi_spec(prepared, gpus, exists, dev_root, hami))
+    members = tuple(group) or (prepared,)
+    spec = cdi_spec(prepared, members, gpus, exists, dev_root, hami)
+    uids = tuple(sorted(p.uid for p in members)) if len(members) > 1 else ()
+    return Prepared(prepared.uid, prepared.namespace, prepared.name, prepared.devices, spec, uids)
 
 
 def cdi_spec(
-    prepared: Prepared, gpus: GpuLookup, exists: Callable[[str], bool], dev_root: str, hami: HamiCore
+    prepared: Prepared,
+    group: Sequence[Prepared],
+    gpus: GpuLookup,
+    exists: Callable[[str], bool],
+    dev_root: str,
+    hami: HamiCore,
 ) -> dict[str, Any]:
-    """The claim's CDI spec: a device per GPU (`<claim UID>-<device>`, its device node) and the
-    claim's common edits (control nodes, NVIDIA_VISIBLE_DEVICES, and for a share HAMi-core's limits
-    numbered in CUDA's order, its library and a cache per claim). Raises ClaimError."""
+    """The claim's CDI spec: a device per GPU of the claim (`<claim UID>-<device>`, its device node)
+    and common edits for the GPUs of every claim of `group` (this one among them), the claims a
+    container using this one holds: control nodes, NVIDIA_VISIBLE_DEVICES, and where one is a share,
+    HAMi-core's limits numbered in CUDA's order over all of them, its library and a cache. Every
+    spec of the group sets the same values, so a container holding them all gets no conflicting
+    ones, whichever spec the runtime applies last. Raises ClaimError."""
+    what = f"claim {prepared.namespace}/{prepared.name}"
     shares = []
-    for d in prepared.devices:
-        g = gpus.by_minor(d.minor)
-        if g is None:
-            raise ClaimError(f"claim {prepared.namespace}/{prepared.name}: GPU minor {d.minor} is gone from this node")
-        shares.append((d, Share(g, d.memory, d.cores)))
-    ordered = cuda_order(s for _, s in shares)
+    for p in group:
+        for d in p.devices:
+            g = gpus.by_minor(d.minor)
+            if g is None:
+                raise ClaimError(f"{what}: GPU minor {d.minor} is gone from this node")
+            shares.append(Share(g, d.memory, d.cores))
+    ordered = cuda_order(shares)
+    own = [s.gpu for s in ordered if s.gpu.minor in {d.minor for d in prepared.devices}]
     try:
-        nodes = device_nodes([s.gpu for s in ordered], exists, dev_root)
+        nodes = device_nodes(own, exists, dev_root)
     except MissingDeviceNode as e:
-        raise ClaimError(f"claim {prepared.namespace}/{prepared.name}: {e}") from None
-    gpu_nodes, control = nodes[: len(ordered)], nodes[len(ordered) :]
-    node_of = {s.gpu.minor: n for s, n in zip(ordered, gpu_nodes, strict=True)}
+        raise ClaimError(f"{what}: {e}") from None
+    gpu_nodes, control = nodes[: len(own)], nodes[len(own) :]
+    node_of = {g.minor: n for g, n in zip(own, gpu_nodes, strict=True)}
     env = {VISIBLE: visible(s.gpu for s in ordered)}
     mounts = []
     if any(s.shared for s in ordered):
         env |= hami_env(ordered)
-        mounts = hami_mounts(hami, f"dra-{prepared.uid}")
+        mounts = hami_mounts(hami, f"dra-{min(p.uid for p in group)}")
     edits: dict[str, Any] = {
         "env": [f"{k}={v}" for k, v in env.items()],
         "deviceNodes": [_node(n) for n in control],
@@ -178,7 +199,7 @@ def cdi_spec(
                 "name": f"{prepared.uid}-{d.device}",
                 "containerEdits": {"deviceNodes": [_node(node_of[d.minor])]},
             }
-            for d, _ in sorted(shares, key=lambda pair: pair[0].device)
+            for d in sorted(prepared.devices, key=lambda d: d.device)
         ],
         "containerEdits": edits,
     }
@@ -193,3 +214,33 @@ def spec_dirs(spec: Mapping[str, Any]) -> list[str]:
     writable by every user, before a container can mount them (hooks.grant.hami_dirs)."""
     mounts = (spec.get("containerEdits") or {}).get("mounts") or ()
     return hami_dirs(Mount(m["containerPath"], m["hostPath"]) for m in mounts)
+
+
+def pod_groups(pod: Mapping[str, Any], claims: Mapping[str, str]) -> tuple[dict[str, tuple[str, ...]], list[str]]:
+    """Which of `claims` (claim name -> UID, those of one pod prepared together) each claim's
+    containers hold with it, from the pod (JSON): a claim's UID -> the UIDs its containers hold
+    (itself among them), and the problems. A claim whose containers hold different sets of them can
+    not be numbered for all: it stays alone, and the problem says so."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    generated = {s.get("name"): s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or ()}
+    actual = {
+        c.get("name"): c.get("resourceClaimName") or generated.get(c.get("name"))
+        for c in spec.get("resourceClaims") or ()
+    }
+    seen: dict[str, set[tuple[str, ...]]] = {}
+    for c in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]:
+        names = {actual.get(r.get("name")) for r in (c.get("resources") or {}).get("claims") or ()}
+        held = tuple(sorted(claims[n] for n in names if isinstance(n, str) and n in claims))
+        for uid in held:
+            seen.setdefault(uid, set()).add(held)
+    groups: dict[str, tuple[str, ...]] = {}
+    problems = []
+    for name, uid in claims.items():
+        sets = seen.get(uid, set())
+        if len(sets) == 1:
+            groups[uid] = next(iter(sets))
+        else:
+            groups[uid] = (uid,)
+            if len(sets) > 1:
+                problems.append(f"claim {name}: its containers hold it with different claims; numbered alone")
+    return groups, problems

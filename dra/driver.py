@@ -18,6 +18,7 @@ serialised, calls for different claims run at once (each claim has a checkpoint 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -91,10 +92,14 @@ class Driver:
         paths: Paths,
         hami: HamiCore | None = None,
         exists: Callable[[str], bool] = os.path.exists,
+        fetch_pod: Fetch | None = None,
     ) -> None:
+        """`fetch`: a claim by namespace and name; `fetch_pod`: a pod (None: claims are numbered
+        alone)."""
         self.node = node
         self.gpus = gpus
         self.fetch = fetch
+        self.fetch_pod = fetch_pod
         self.paths = paths
         self.hami = hami or HamiCore()
         self.exists = exists
@@ -115,9 +120,93 @@ class Driver:
         log.info("prepared claims read", extra={"claims": len(self.state.claims), "dir": str(self.paths.checkpoint)})
 
     async def prepare(self, claims: Sequence[Claim]) -> dict[str, cl.Prepared | str]:
-        """Claim UID -> the prepared claim, or the error for that claim."""
-        done = await asyncio.gather(*(self._locked(c, self._prepare) for c in claims))
-        return {c.uid: r for c, r in zip(claims, done, strict=True)}
+        """Claim UID -> the prepared claim, or the error for that claim. The claims of one call are
+        one pod's: those its containers hold together are numbered together in their specs."""
+        async with contextlib.AsyncExitStack() as stack:
+            for uid in sorted({c.uid for c in claims}):  # one order: calls sharing claims never wait in a circle
+                await stack.enter_async_context(self._claim_locks.setdefault(uid, asyncio.Lock()))
+            found = await asyncio.gather(*(self._resolve(c) for c in claims))
+            out: dict[str, cl.Prepared | str] = {}
+            for c, r in zip(claims, found, strict=True):
+                out[c.uid] = r if isinstance(r, str) else r[0]
+            resolved = {c.uid: r for c, r in zip(claims, found, strict=True) if not isinstance(r, str)}
+            groups = await self._groups(resolved)
+            for c in claims:
+                if c.uid not in resolved:
+                    continue
+                p, doc = resolved[c.uid]
+                uids = groups.get(c.uid)
+                group = None if uids is None else tuple(resolved[u][0] for u in uids if u in resolved)
+                try:
+                    out[c.uid] = await asyncio.to_thread(self._settle, p, group, doc is not None)
+                except cl.ClaimError as e:
+                    out[c.uid] = self._failed(c, str(e))
+                    continue
+                if doc is not None:
+                    devices = ",".join(d.device for d in p.devices)
+                    log.info(
+                        "claim prepared", extra={"claim": f"{c.namespace}/{c.name}", "uid": c.uid, "devices": devices}
+                    )
+        return out
+
+    async def _resolve(self, c: Claim) -> tuple[cl.Prepared, Mapping[str, Any] | None] | str:
+        """The claim as the checkpoint holds it (no document), or read and resolved; or its error."""
+        held = self.state.claims.get(c.uid)
+        if held is not None:
+            return held, None
+        try:
+            doc = await self.fetch(c.namespace, c.name)
+            return await asyncio.to_thread(cl.resolve, doc, c.uid, self.node, self.gpus), doc
+        except cl.ClaimError as e:
+            return self._failed(c, str(e))
+
+    def _failed(self, c: Claim, error: str) -> str:
+        log.warning("claim not prepared", extra={"claim": f"{c.namespace}/{c.name}", "uid": c.uid, "error": error})
+        return error
+
+    async def _groups(
+        self, resolved: Mapping[str, tuple[cl.Prepared, Mapping[str, Any] | None]]
+    ) -> dict[str, tuple[str, ...]]:
+        """Claim UID -> the UIDs of the call's claims its containers hold with it (() alone), from
+        the pod the new claims are reserved for; nothing (held claims keep their numbering, new ones
+        are alone) when fewer than two hold GPUs, when none is new, or when the pod can not be told."""
+        members = {uid: r for uid, r in resolved.items() if r[0].devices}
+        docs = [doc for _, doc in members.values() if doc is not None]
+        if len(members) < 2 or not docs or self.fetch_pod is None:
+            return {}
+        pods = [{(r.get("name"), r.get("uid")) for r in _reserved(doc)} for doc in docs]
+        common = set.intersection(*pods)
+        some = next(iter(members.values()))[0]
+        if len(common) != 1:
+            log.warning("claims numbered alone: not reserved for one pod", extra={"pods": len(common)})
+            return {}
+        ((name, pod_uid),) = common
+        try:
+            pod = await self.fetch_pod(some.namespace, str(name))
+        except cl.ClaimError as e:
+            log.warning("claims numbered alone: the pod can not be read", extra={"error": str(e)})
+            return {}
+        if (pod.get("metadata") or {}).get("uid") != pod_uid:
+            return {}
+        groups, problems = cl.pod_groups(pod, {p.name: uid for uid, (p, _) in members.items()})
+        for problem in problems:
+            log.warning("claim numbered alone", extra={"pod": f"{some.namespace}/{name}", "problem": problem})
+        return {uid: g if len(g) > 1 else () for uid, g in groups.items()}
+
+    def _settle(self, p: cl.Prepared, group: Sequence[cl.Prepared] | None, new: bool) -> cl.Prepared:
+        """On a worker thread: a new claim, or a held one whose group changed, gets its spec, then
+        its checkpoint file; a held one keeps its own, written again if missing (/var/run is
+        emptied at boot). `group`: the claims numbered with it (None: as it was, or alone)."""
+        uids = tuple(sorted(m.uid for m in group)) if group is not None and len(group) > 1 else ()
+        if new or (group is not None and uids != p.group):
+            done = cl.with_spec(p, group or (), self.gpus, self.exists, self.paths.dev_root, self.hami)
+            if done.spec:
+                self._write(done.uid, done.spec)
+            self.state.put(done)
+            return done
+        if p.devices and not self.paths.spec_file(p.uid).exists():
+            self._write_spec(p)
+        return p
 
     async def unprepare(self, claims: Sequence[Claim]) -> dict[str, str]:
         """Claim UID -> "" or the error for that claim."""
@@ -128,30 +217,6 @@ class Driver:
         """One call at a time per claim; the lock goes when the claim is unprepared."""
         async with self._claim_locks.setdefault(c.uid, asyncio.Lock()):
             return await work(c)
-
-    async def _prepare(self, c: Claim) -> cl.Prepared | str:
-        held = self.state.claims.get(c.uid)
-        try:
-            if held is not None:
-                if not self.paths.spec_file(c.uid).exists():  # /var/run emptied by a reboot
-                    await asyncio.to_thread(self._write_spec, held)
-                return held
-            doc = await self.fetch(c.namespace, c.name)
-            prepared = await asyncio.to_thread(self._prepare_and_write, doc, c.uid)
-        except cl.ClaimError as e:
-            log.warning("claim not prepared", extra={"claim": f"{c.namespace}/{c.name}", "uid": c.uid, "error": str(e)})
-            return str(e)
-        devices = ",".join(d.device for d in prepared.devices)
-        log.info("claim prepared", extra={"claim": f"{c.namespace}/{c.name}", "uid": c.uid, "devices": devices})
-        return prepared
-
-    def _prepare_and_write(self, doc: Mapping[str, Any], uid: str) -> cl.Prepared:
-        """On a worker thread: the claim prepared, its spec written, then the checkpoint naming it."""
-        prepared = cl.prepare(doc, uid, self.node, self.gpus, self.exists, self.paths.dev_root, self.hami)
-        if prepared.spec:
-            self._write(uid, prepared.spec)
-        self.state.put(prepared)
-        return prepared
 
     def _write(self, uid: str, spec: Mapping[str, Any]) -> None:
         """HAMi-core's directories made (every user writes there, as HAMi's device plugin makes
@@ -178,9 +243,16 @@ class Driver:
         remove(self.paths.spec_file(uid), durable=False)
 
     def _write_spec(self, p: cl.Prepared) -> None:
-        """A prepared claim's spec again, from the checkpoint's facts. Raises ClaimError."""
-        if p.devices:
-            self._write(p.uid, cl.cdi_spec(p, self.gpus, self.exists, self.paths.dev_root, self.hami))
+        """A prepared claim's spec again, from the checkpoint's facts (its group's, those still
+        prepared). Raises ClaimError."""
+        group = [self.state.claims[u] for u in p.group if u in self.state.claims] or [p]
+        self._write(p.uid, cl.cdi_spec(p, group, self.gpus, self.exists, self.paths.dev_root, self.hami))
+
+
+def _reserved(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The pods a claim is reserved for (status.reservedFor)."""
+    found = (doc.get("status") or {}).get("reservedFor") or ()
+    return [r for r in found if r.get("resource") == "pods" and not r.get("apiGroup")]
 
 
 def _claims(request: Any) -> list[Claim]:
@@ -293,22 +365,27 @@ class Plugin:
         self._servers.clear()
 
 
-def api_fetch(api_client: Any) -> Fetch:
-    """A Fetch through the kubernetes client (ResourceV1Api), on a worker thread; the claim as JSON."""
-    from kubernetes.client import ResourceV1Api
+def api_fetch(api_client: Any, kind: str = "claim") -> Fetch:
+    """A Fetch through the kubernetes client, on a worker thread: a ResourceClaim (ResourceV1Api)
+    or, with kind "pod", a Pod; the object as JSON. Raises ClaimError."""
+    from kubernetes.client import CoreV1Api, ResourceV1Api
     from kubernetes.client.exceptions import ApiException
 
-    api = ResourceV1Api(api_client)
+    get: Callable[..., Any] = (
+        CoreV1Api(api_client).read_namespaced_pod
+        if kind == "pod"
+        else ResourceV1Api(api_client).read_namespaced_resource_claim
+    )
 
     def read(namespace: str, name: str) -> Mapping[str, Any]:
         try:
-            response: Any = api.read_namespaced_resource_claim(name, namespace, _preload_content=False)
+            response: Any = get(name, namespace, _preload_content=False)
         except ApiException as e:
             if e.status == 404:
-                raise cl.ClaimError(f"claim {namespace}/{name} not found") from None
-            raise cl.ClaimError(f"claim {namespace}/{name}: API server answered {e.status} {e.reason}") from None
+                raise cl.ClaimError(f"{kind} {namespace}/{name} not found") from None
+            raise cl.ClaimError(f"{kind} {namespace}/{name}: API server answered {e.status} {e.reason}") from None
         except Exception as e:  # unreachable API server: kubelet asks again
-            raise cl.ClaimError(f"claim {namespace}/{name}: API server not reachable ({e})") from None
+            raise cl.ClaimError(f"{kind} {namespace}/{name}: API server not reachable ({e})") from None
         doc: Mapping[str, Any] = json.loads(response.data)
         return doc
 

@@ -91,6 +91,7 @@ def _claim(p: Prepared) -> dict[str, Any]:
     return {
         "namespace": p.namespace,
         "name": p.name,
+        "group": list(p.group),
         "devices": [
             {
                 "requests": list(d.requests),
@@ -121,7 +122,7 @@ def _prepared(uid: str, c: Mapping[str, Any]) -> Prepared:
         )
         for d in c["devices"]
     )
-    return Prepared(uid, c["namespace"], c["name"], devices)
+    return Prepared(uid, c["namespace"], c["name"], devices, group=tuple(c.get("group") or ()))
 
 
 class State:

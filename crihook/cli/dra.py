@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     nvml = Nvml(conf.node.nvml_library, conf.node.sys_root)
     index = GpuIndex(nvml)
     paths = Paths(Path(args.kubelet_root), Path(args.state_dir), Path(args.cdi_dir), conf.node.dev_root.rstrip("/"))
-    driver = Driver(node, index, api_fetch(api_client), paths, gpu.hami_core)
+    driver = Driver(node, index, api_fetch(api_client), paths, gpu.hami_core, fetch_pod=api_fetch(api_client, "pod"))
     try:
         driver.start()
     except StateError as e:

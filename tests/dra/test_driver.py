@@ -24,7 +24,7 @@ from crihook.hooks.grant import HamiCore
 from crihook.proto import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from crihook.proto import pluginregistration_v1_pb2 as reg_pb
 from crihook.proto import pluginregistration_v1_pb2_grpc as reg_grpc
-from tests.support.draclaims import claim, result
+from tests.support.draclaims import claim, pod, result
 from tests.support.fakekube import FakeKube
 from tests.support.gpu_fixtures import Inventory, gpus
 
@@ -83,7 +83,8 @@ def make_driver(kube: FakeKube, paths: drv.Paths, fetches: list[tuple[str, str]]
     hami = HamiCore(
         cache_root=str(paths.state_dir / "hami" / "containers"), lock_dir=str(paths.state_dir / "hami" / "lock")
     )
-    return drv.Driver(NODE, Inventory(BOX), counted, paths, hami)
+    pods = drv.api_fetch(kube.api_client(), "pod")
+    return drv.Driver(NODE, Inventory(BOX), counted, paths, hami, fetch_pod=pods)
 
 
 @pytest.fixture
@@ -301,3 +302,46 @@ async def test_a_bad_share_fails_its_claim(kubelet: Kubelet) -> None:
     uid = kubelet.create(claim("odd", [result("gpu-2", consumed={"memory": "1.5"})]))
     answer = await kubelet.v1().NodePrepareResources(v1_claims(("default", uid, "odd")))
     assert "consumedCapacity.memory: '1.5' is not a whole non-negative amount" in answer.claims[uid].error
+
+
+def env_of(doc: dict[str, Any]) -> dict[str, str]:
+    return dict(e.split("=", 1) for e in doc["containerEdits"]["env"])
+
+
+async def test_claims_a_container_holds_together_are_numbered_together(kubelet: Kubelet) -> None:
+    made = kubelet.kube.create(
+        "pods", pod("trainer", {"main": ["a", "b"]}, {"a": "trainer-a", "b": "trainer-b"}), namespace="default"
+    )
+    owner = ("trainer", made["metadata"]["uid"])
+    a = kubelet.create(claim("trainer-a", [result("gpu-2", consumed={"memory": "8Gi", "cores": "50"})], pod=owner))
+    b = kubelet.create(claim("trainer-b", [result("gpu-5", consumed={"memory": "4Gi", "cores": "30"})], pod=owner))
+    answer = await kubelet.v1().NodePrepareResources(
+        v1_claims(("default", a, "trainer-a"), ("default", b, "trainer-b"))
+    )
+    assert answer.claims[a].error == answer.claims[b].error == ""
+    first, second = spec(kubelet, a), spec(kubelet, b)
+    # one numbering over both claims' GPUs in CUDA's order (minor 5 first on the bus), in both specs
+    want = {"CUDA_DEVICE_MEMORY_LIMIT_0": "4096m", "CUDA_DEVICE_MEMORY_LIMIT_1": "8192m", "CUDA_DEVICE_SM_LIMIT": "30"}
+    for doc in (first, second):
+        assert env_of(doc).items() >= want.items()
+        assert env_of(doc)["NVIDIA_VISIBLE_DEVICES"] == f"{BOX[3].uuid},{BOX[0].uuid}"
+    assert first["containerEdits"]["mounts"] == second["containerEdits"]["mounts"]
+    assert [d["containerEdits"]["deviceNodes"][0]["path"] for d in first["devices"]] == ["/dev/nvidia2"]
+    assert [d["containerEdits"]["deviceNodes"][0]["path"] for d in second["devices"]] == ["/dev/nvidia5"]
+    # kubelet asking again for one of them changes nothing
+    await kubelet.v1().NodePrepareResources(v1_claims(("default", b, "trainer-b")))
+    assert spec(kubelet, b) == second
+    await kubelet.restart()
+    kubelet.paths.spec_file(a).unlink()
+    await kubelet.v1().NodePrepareResources(v1_claims(("default", a, "trainer-a")))
+    assert spec(kubelet, a) == first
+
+
+async def test_claims_of_a_pod_that_can_not_be_read_are_numbered_alone(kubelet: Kubelet) -> None:
+    owner = ("gone", "0000-gone")
+    a = kubelet.create(claim("gone-a", [result("gpu-2", consumed={"cores": "50"})], pod=owner))
+    b = kubelet.create(claim("gone-b", [result("gpu-5", consumed={"cores": "30"})], pod=owner))
+    answer = await kubelet.v1().NodePrepareResources(v1_claims(("default", a, "gone-a"), ("default", b, "gone-b")))
+    assert answer.claims[a].error == answer.claims[b].error == ""
+    assert env_of(spec(kubelet, a))["NVIDIA_VISIBLE_DEVICES"] == BOX[0].uuid
+    assert "CUDA_DEVICE_MEMORY_LIMIT_1" not in env_of(spec(kubelet, a))

@@ -2,7 +2,8 @@
 mode: a claim prepared by the driver (its CDI spec in the runtime's spec dir, kubelet's DRA checkpoint
 naming its CDI devices) reaches the container as the runtime applies the spec: exactly the claimed
 GPUs' device nodes, NVIDIA_VISIBLE_DEVICES in CUDA's order, HAMi-core's limits for a share; two
-claims in one container bring both; the claim reaches no other pod."""
+claims in one container bring both. What other pods get of a claim is the gpu hook's decision
+(tests/e2e/test_gpu_dra.py)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from tests.e2e import test_gpu_containerd as proxy_mode
 from tests.e2e import test_gpu_dra
 from tests.e2e.test_gpu_containerd import GpuNode, MiB, env_of, gpu_devices, gpu_nodes, spec_of
 from tests.e2e.test_gpu_dra import create
-from tests.support.cri import Cri, CriError, container_config, pod_config
-from tests.support.draclaims import claim, result
+from tests.support.cri import Cri, container_config, pod_config
+from tests.support.draclaims import claim, pod, result
 from tests.support.fakekube import FakeKube
 from tests.support.gpu_fixtures import Gpu, Inventory
 
@@ -46,17 +47,28 @@ class Prepared:
         paths = drv.Paths(sim.root / "dra-kubelet", sim.root / "dra-state", cdi_spec_dir, str(sim.dev_root))
         hami = HamiCore(str(sim.hami / "libvgpu.so"), str(sim.hami / "ld.so.preload"), str(sim.hami / "containers"),
                         str(sim.hami / "lock"))  # fmt: skip
-        self.driver = drv.Driver(NODE, Inventory(gpus), drv.api_fetch(kube.api_client()), paths, hami)
+        fetch, pods = drv.api_fetch(kube.api_client()), drv.api_fetch(kube.api_client(), "pod")
+        self.driver = drv.Driver(NODE, Inventory(gpus), fetch, paths, hami, fetch_pod=pods)
         self.driver.start()
         self.held: dict[str, dict[str, list[str]]] = {}  # pod uid -> claim uid -> CDI ids
 
     def prepare(self, pod_uid: str, name: str, *results: dict[str, object]) -> list[str]:
-        made = self.kube.create("resourceclaims", claim(name, list(results)), namespace="default")
-        uid = made["metadata"]["uid"]
-        (answer,) = asyncio.run(self.driver.prepare([drv.Claim("default", uid, name)])).values()
-        assert not isinstance(answer, str), answer
-        ids = [i for d in answer.devices for i in answer.cdi_ids(d)]
-        self.held.setdefault(pod_uid, {})[uid] = ids
+        return self.prepare_together(pod_uid, {name: list(results)})
+
+    def prepare_together(self, pod_uid: str, claims: dict[str, list[dict[str, object]]]) -> list[str]:
+        """The pod's claims in one call, as kubelet makes it; one container of the pod holds them all."""
+        owner = self.kube.create("pods", pod("owner", {"main": list(claims)}, {n: n for n in claims}), "default")
+        reserved = ("owner", owner["metadata"]["uid"])
+        made = {n: self.kube.create("resourceclaims", claim(n, r, pod=reserved), "default") for n, r in claims.items()}
+        asked = [drv.Claim("default", m["metadata"]["uid"], n) for n, m in made.items()]
+        answers = asyncio.run(self.driver.prepare(asked))
+        ids = []
+        for c in asked:
+            answer = answers[c.uid]
+            assert not isinstance(answer, str), answer
+            self.held.setdefault(pod_uid, {})[c.uid] = [i for d in answer.devices for i in answer.cdi_ids(d)]
+            ids += self.held[pod_uid][c.uid]
+        self.kube.delete("pods", "owner", "default")
         self._write_checkpoint()
         return ids
 
@@ -136,14 +148,23 @@ def test_a_share_runs_under_hami_core_limits(gpu_node: GpuNode, cri: Cri, prepar
         assert gpu_devices(spec_of(cri, cid)) == gpu_nodes(3)
 
 
-def test_a_claim_reaches_no_other_pod(gpu_node: GpuNode, cri: Cri, prepared: Prepared) -> None:
-    owner, other = pod_config("dra-owner"), pod_config("dra-other")
-    ids = prepared.prepare(owner.metadata.uid, "owned", result("gpu-2", pool=NODE))
-    with cri.pod(other) as other_id:
-        if gpu_node.proxy.mode == "nri":  # the runtime has put the node in; NRI refuses the container
-            with pytest.raises(CriError):
-                create(cri, other_id, with_devices(other, ids), other)
-        else:  # the device is taken out of the request
-            oid = create(cri, other_id, with_devices(other, ids), other)
-            cri.start_container(oid)
-            assert gpu_devices(spec_of(cri, oid)) == {}
+def test_two_shared_claims_in_one_container_are_numbered_together(
+    gpu_node: GpuNode, cri: Cri, prepared: Prepared
+) -> None:
+    sim = gpu_node.node
+    p = pod_config("dra-two-shares")
+    claims = {
+        "share-a": [result("gpu-1", pool=NODE, consumed={"cores": "30", "memory": str(sim.memory(1) // 2)})],
+        "share-b": [result("gpu-2", pool=NODE, consumed={"cores": "40", "memory": str(sim.memory(2) // 4)})],
+    }
+    ids = prepared.prepare_together(p.metadata.uid, claims)
+    with cri.pod(p) as pod_id:
+        cid = create(cri, pod_id, with_devices(p, ids), p)
+        cri.start_container(cid)
+        env = env_of(cri, cid)
+        # minor 2 comes first on the bus (pcie-l40s: minors 2, 3, 0, 1 in bus order)
+        assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{sim.memory(2) // 4 // MiB}m"
+        assert env["CUDA_DEVICE_MEMORY_LIMIT_1"] == f"{sim.memory(1) // 2 // MiB}m"
+        assert env["CUDA_DEVICE_SM_LIMIT"] == "30"
+        assert env["NVIDIA_VISIBLE_DEVICES"] == f"{sim.uuid(2)},{sim.uuid(1)}"
+        assert gpu_devices(spec_of(cri, cid)) == gpu_nodes(1, 2)

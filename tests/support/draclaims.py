@@ -25,8 +25,13 @@ def result(
     return r
 
 
-def claim(name: str, results: Sequence[Mapping[str, Any]] | None, namespace: str = "default") -> dict[str, Any]:
-    """A claim with these allocation results (None: not allocated)."""
+def claim(
+    name: str,
+    results: Sequence[Mapping[str, Any]] | None,
+    namespace: str = "default",
+    pod: tuple[str, str] | None = None,
+) -> dict[str, Any]:
+    """A claim with these allocation results (None: not allocated), reserved for `pod` (name, UID)."""
     doc: dict[str, Any] = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
@@ -35,4 +40,26 @@ def claim(name: str, results: Sequence[Mapping[str, Any]] | None, namespace: str
     }
     if results is not None:
         doc["status"] = {"allocation": {"devices": {"results": list(results)}}}
+        if pod is not None:
+            doc["status"]["reservedFor"] = [{"resource": "pods", "name": pod[0], "uid": pod[1]}]
     return doc
+
+
+def pod(
+    name: str, containers: Mapping[str, Sequence[str]], claims: Mapping[str, str], namespace: str = "default"
+) -> dict[str, Any]:
+    """A pod whose containers (name -> the pod's claim names they use) hold claims made from templates:
+    `claims` maps the pod's claim name to the ResourceClaim's name, as status.resourceClaimStatuses says."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "resourceClaims": [{"name": n, "resourceClaimTemplateName": "t"} for n in claims],
+            "containers": [
+                {"name": c, "image": "x", "resources": {"claims": [{"name": n} for n in used]}}
+                for c, used in containers.items()
+            ],
+        },
+        "status": {"resourceClaimStatuses": [{"name": n, "resourceClaimName": r} for n, r in claims.items()]},
+    }
