@@ -72,7 +72,8 @@ class NriDoor:
         where = f"fd {plugin.fd}" if plugin.fd is not None else plugin.socket_path
         log.info("NRI plugin starting", extra={"plugin": f"{plugin.index}-{plugin.name}", "socket": where})
         runner = asyncio.create_task(plugin.run())
-        watch = asyncio.create_task(self._watch_registration(plugin, endpoint))
+        # a pre-registered plugin can not dial again: giving its one connection up would end it
+        watch = None if plugin.fd is not None else asyncio.create_task(self._watch_registration(plugin, endpoint))
         synced = asyncio.create_task(handler.synchronized.wait())
         stopped = asyncio.create_task(self._stopped.wait())
         waiting = {runner, synced, stopped}
@@ -90,7 +91,8 @@ class NriDoor:
         except ConnectionLost as e:
             raise StartupError(f"cannot serve the runtime: {e}") from None
         finally:
-            watch.cancel()
+            if watch is not None:
+                watch.cancel()
             synced.cancel()
             stopped.cancel()
         if handler.refused is not None:

@@ -53,7 +53,9 @@ def main(argv: list[str]) -> None:
     writable = [a.removeprefix("--rw=") for a in argv[:split]]
     command = argv[split + 1 :]
     for point in _mount_points():
-        subprocess.run(["mount", "-o", "remount,bind,ro", point], check=True)
+        done = subprocess.run(["mount", "-o", "remount,bind,ro", point], capture_output=True, text=True)
+        if done.returncode != 0 and point in _mount_points():  # else unmounted meanwhile (another test's)
+            raise RuntimeError(f"{point} can not be made read-only: {done.stderr.strip()}")
     for path in writable:
         subprocess.run(["mount", "--bind", path, path], check=True)
         subprocess.run(["mount", "-o", "remount,bind,rw", path], check=True)
