@@ -79,10 +79,13 @@ def test_containers_made_while_crihook_was_away(gpu_node: GpuNode, cri: Cri, act
                 envs={"NVIDIA_VISIBLE_DEVICES": node.uuid(2)},
                 devices=[DeviceSpec("/dev/nvidia2", str(node.dev_root / "nvidia2"), "rw")],
             )
+            # minor 2 is NVML index 0 (GPUs are listed in NVML order): the same GPU, named by index
+            by_index = container_config("indexed", granted, envs={"NVIDIA_VISIBLE_DEVICES": "0"})
             with (
                 cri.container(web_id, greedy, web) as bad,
                 cri.container(web_id, plain, web) as ok1,
                 cri.container(granted_id, own, granted) as ok2,
+                cri.container(granted_id, by_index, granted) as ok3,
             ):
                 assert env_of(cri, bad)["NVIDIA_VISIBLE_DEVICES"] == "all"  # the outage gap
                 seen = len(plugin.log_text())
@@ -98,7 +101,8 @@ def test_containers_made_while_crihook_was_away(gpu_node: GpuNode, cri: Cri, act
                     until("the eviction's log line", lambda: "container evicted" in log(), plugin)
                 else:
                     assert running(cri, bad) and "container evicted" not in log()
-                assert running(cri, ok1) and running(cri, ok2)
+                until("the check", lambda: "containers checked" in log(), plugin)
+                assert running(cri, ok1) and running(cri, ok2) and running(cri, ok3)
                 assert log().count("container reaches an ungranted GPU") == 1
     finally:
         if plugin.pid is None:
