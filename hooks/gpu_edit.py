@@ -109,7 +109,7 @@ class GpuOptions:
     cdi_spec_dirs: tuple[str, ...] = field(
         default=DEFAULT_SPEC_DIRS, metadata={"check": not_empty, "each": absolute_path}
     )
-    """with inject = "cdi": where the runtime's CDI specs are"""
+    """where the runtime's CDI specs are: what a container's CDI devices bring, and with inject = "cdi" the GPUs' own"""
 
     def is_plugin_resource(self, name: str) -> bool:
         return any(fnmatch.fnmatchcase(name, p) for p in self.plugin_resources)
