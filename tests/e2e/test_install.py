@@ -287,9 +287,11 @@ def test_a_containerd_socket_elsewhere_is_given_to_crihook(tmp_path: Path, wheel
     root = make_node(tmp_path / "root", nri=mode == "nri")
     listen_at(root / "run/k3s/containerd/containerd.sock")
     install(root, wheel, "--mode", mode, "--containerd-socket", "/run/k3s/containerd/containerd.sock")
-    unit = (root / "etc/systemd/system" / ("crihook-nri.service" if mode == "nri" else "crihook.service")).read_text()
+    name = "crihook-nri.service" if mode == "nri" else "crihook.service"
+    unit = (root / "etc/systemd/system" / name).read_text()
     (start,) = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
     assert start.endswith(" --runtime-endpoint unix:///run/k3s/containerd/containerd.sock"), start
+    verify_units(root, name)
 
 
 def test_nri_mode_refuses_without_the_nri_socket_and_says_how_to_turn_it_on(tmp_path: Path) -> None:
