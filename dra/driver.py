@@ -11,8 +11,9 @@ Prepare reads the claim from the API server, takes this driver's results on this
 (dra/claims.py), writes the claim's CDI spec, then names the claim in the checkpoint (dra/state.py);
 a claim the checkpoint names is answered from it, so kubelet's repeated calls, and calls after a
 restart, need no API server. Unprepare removes the claim from the checkpoint, then its spec.
-Blocking work (the API call, NVML, the files) runs on worker threads; calls for one claim are
-serialised, calls for different claims run at once (each claim has a checkpoint file of its own).
+Blocking work (the API calls, NVML, the files) runs on worker threads, a lone claim's in one hop;
+calls for one claim are serialised, calls for different claims run at once (each claim has a
+checkpoint file of its own).
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ PLUGIN_TYPE = "DRAPlugin"
 VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 SPEC_PREFIX = f"{dra.CDI_VENDOR}-{dra.CDI_CLASS}_"  # + claim UID + ".json"
 
-# (namespace, name) -> the claim as the API server holds it (JSON); raises ClaimError
-Fetch = Callable[[str, str], Awaitable[Mapping[str, Any]]]
+# (namespace, name) -> the object as the API server holds it (JSON), called on a worker thread;
+# raises ClaimError
+Fetch = Callable[[str, str], Mapping[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,8 @@ class Driver:
         async with contextlib.AsyncExitStack() as stack:
             for uid in sorted({c.uid for c in claims}):  # one order: calls sharing claims never wait in a circle
                 await stack.enter_async_context(self._claim_locks.setdefault(uid, asyncio.Lock()))
+            if len(claims) == 1 and claims[0].uid not in self.state.claims:  # most pods: one worker-thread hop
+                return {claims[0].uid: await asyncio.to_thread(self._prepare_alone, claims[0])}
             found = await asyncio.gather(*(self._resolve(c) for c in claims))
             out: dict[str, cl.Prepared | str] = {}
             for c, r in zip(claims, found, strict=True):
@@ -143,20 +147,37 @@ class Driver:
                     out[c.uid] = self._failed(c, str(e))
                     continue
                 if doc is not None:
-                    devices = ",".join(d.device for d in p.devices)
-                    log.info(
-                        "claim prepared", extra={"claim": f"{c.namespace}/{c.name}", "uid": c.uid, "devices": devices}
-                    )
+                    self._prepared(c, p)
         return out
+
+    def _prepared(self, c: Claim, p: cl.Prepared) -> None:
+        devices = ",".join(d.device for d in p.devices)
+        log.info("claim prepared", extra={"claim": f"{c.namespace}/{c.name}", "uid": c.uid, "devices": devices})
+
+    def _prepare_alone(self, c: Claim) -> cl.Prepared | str:
+        """On a worker thread: a new claim, the only one of its call, read, resolved and settled."""
+        found = self._read(c)
+        if isinstance(found, str):
+            return found
+        try:
+            done = self._settle(found[0], None, True)
+        except cl.ClaimError as e:
+            return self._failed(c, str(e))
+        self._prepared(c, done)
+        return done
 
     async def _resolve(self, c: Claim) -> tuple[cl.Prepared, Mapping[str, Any] | None] | str:
         """The claim as the checkpoint holds it (no document), or read and resolved; or its error."""
         held = self.state.claims.get(c.uid)
         if held is not None:
             return held, None
+        return await asyncio.to_thread(self._read, c)
+
+    def _read(self, c: Claim) -> tuple[cl.Prepared, Mapping[str, Any]] | str:
+        """On a worker thread: the claim read from the API server and resolved, or its error."""
         try:
-            doc = await self.fetch(c.namespace, c.name)
-            return await asyncio.to_thread(cl.resolve, doc, c.uid, self.node, self.gpus), doc
+            doc = self.fetch(c.namespace, c.name)
+            return cl.resolve(doc, c.uid, self.node, self.gpus), doc
         except cl.ClaimError as e:
             return self._failed(c, str(e))
 
@@ -182,7 +203,7 @@ class Driver:
             return {}
         ((name, pod_uid),) = common
         try:
-            pod = await self.fetch_pod(some.namespace, str(name))
+            pod = await asyncio.to_thread(self.fetch_pod, some.namespace, str(name))
         except cl.ClaimError as e:
             log.warning("claims numbered alone: the pod can not be read", extra={"error": str(e)})
             return {}
@@ -366,8 +387,8 @@ class Plugin:
 
 
 def api_fetch(api_client: Any, kind: str = "claim") -> Fetch:
-    """A Fetch through the kubernetes client, on a worker thread: a ResourceClaim (ResourceV1Api)
-    or, with kind "pod", a Pod; the object as JSON. Raises ClaimError."""
+    """A Fetch through the kubernetes client: a ResourceClaim (ResourceV1Api) or, with kind "pod",
+    a Pod; the object as JSON. Raises ClaimError."""
     from kubernetes.client import CoreV1Api, ResourceV1Api
     from kubernetes.client.exceptions import ApiException
 
@@ -389,7 +410,4 @@ def api_fetch(api_client: Any, kind: str = "claim") -> Fetch:
         doc: Mapping[str, Any] = json.loads(response.data)
         return doc
 
-    async def fetch(namespace: str, name: str) -> Mapping[str, Any]:
-        return await asyncio.to_thread(read, namespace, name)
-
-    return fetch
+    return read

@@ -76,9 +76,9 @@ def root() -> Iterator[Path]:
 def make_driver(kube: FakeKube, paths: drv.Paths, fetches: list[tuple[str, str]]) -> drv.Driver:
     fetch = drv.api_fetch(kube.api_client())
 
-    async def counted(namespace: str, name: str) -> Any:
+    def counted(namespace: str, name: str) -> Any:
         fetches.append((namespace, name))
-        return await fetch(namespace, name)
+        return fetch(namespace, name)
 
     hami = HamiCore(
         cache_root=str(paths.state_dir / "hami" / "containers"), lock_dir=str(paths.state_dir / "hami" / "lock")
