@@ -3,14 +3,17 @@
     .venv/bin/python bench/dra_bench.py [--claims 300] [--per-call 1] [--concurrency 1]
 
 Kubelet's part is a real grpcio client on the plugin's unix socket; the driver is `crihook dra`'s
-(crihook.dra.driver) with its checkpoint and CDI specs on the local disk (every write fsynced), the
-claims read through the real kubernetes client from the fake API server on loopback, the GPUs those
-of the 8-GPU NVSwitch box of the fake NVML library. Each claim is new (the API server is asked, a
-spec and the checkpoint written); half hold a whole GPU, half a share (HAMi-core's limits).
+(crihook.dra.driver) with its checkpoint on the local disk (fsynced) and its CDI specs in /dev/shm
+when there is one (the runtime's /var/run/cdi is a tmpfs), the claims read through the real
+kubernetes client from the fake API server on loopback, in a process of its own, the GPUs those of
+the 8-GPU NVSwitch box of the fake NVML library. Each claim is new (the API server is asked, a spec
+and the checkpoint written); half hold a whole GPU, half a share (HAMi-core's limits).
 
-Prints ms per claim for NodePrepareResources (p50, p90, p99), the same for NodeUnprepareResources,
-and for the publisher: one round from nothing published to the pool written, one unchanged round, and
-one round after a GPU turned unhealthy (its taint written).
+Prints ms per claim for NodePrepareResources and NodeUnprepareResources (p50, p90, p99 of wall time,
+and with one call at a time of this process's CPU time: the driver and kubelet's client, not the API
+server; on a busy machine the wall-time tail is mostly waiting for a CPU), and for the publisher: one round from
+nothing published to the pool written, one unchanged round, and one round after a GPU turned
+unhealthy (its taint written).
 """
 
 from __future__ import annotations
@@ -18,20 +21,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
+import shutil
 import statistics
 import sys
 import tempfile
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import grpc
+from kubernetes.client import CoreV1Api, ResourceV1Api
 
 from crihook.base import dra
 from crihook.devices import slices
 from crihook.devices.nvml import GpuIndex, Nvml
+from crihook.devices.reporter import api_client_from
 from crihook.dra.driver import Driver, Paths, Plugin, api_fetch
 from crihook.dra.publisher import Publisher
 from crihook.hooks.grant import HamiCore
@@ -43,14 +52,29 @@ from tests.support.fakekube import FakeKube
 NODE = "bench-node"
 
 
-def ms(values: list[float]) -> str:
-    q = statistics.quantiles(values, n=100) if len(values) > 1 else values * 99
-    return f"p50 {statistics.median(values) * 1e3:.2f}  p90 {q[89] * 1e3:.2f}  p99 {q[98] * 1e3:.2f} ms"
+Samples = list[tuple[float, float]]  # (wall, CPU of this process) seconds per claim
 
 
-async def prepare_all(
-    paths: Paths, kube: FakeKube, nvml: Nvml, args: argparse.Namespace
-) -> tuple[list[float], list[float]]:
+def ms(samples: Samples, cpu: bool) -> str:
+    """Wall and, with one call at a time (`cpu`), CPU percentiles: calls in flight together share
+    the process's CPU time."""
+    out = []
+    columns = [("wall", [w for w, _ in samples])] + ([("cpu", [c for _, c in samples])] if cpu else [])
+    for name, values in columns:
+        q = statistics.quantiles(values, n=100) if len(values) > 1 else values * 99
+        out.append(f"{name} p50 {statistics.median(values) * 1e3:.2f} p90 {q[89] * 1e3:.2f} p99 {q[98] * 1e3:.2f}")
+    return "  ".join(out) + " ms"
+
+
+def serve_api(conn: Connection, kubeconfig: Path) -> None:
+    """The fake API server in a process of its own, until the parent says stop."""
+    with FakeKube() as kube:
+        kube.write_kubeconfig(kubeconfig)
+        conn.send("ready")
+        conn.recv()
+
+
+async def prepare_all(paths: Paths, api: Any, nvml: Nvml, args: argparse.Namespace) -> tuple[Samples, Samples]:
     index = GpuIndex(nvml)
     minors = [g.minor for g in index.all()]
     uids = []
@@ -58,14 +82,15 @@ async def prepare_all(
         consumed = {"cores": "50", "memory": "20Gi"} if i % 2 else None
         devices = [result(dra.device_name(minors[i % len(minors)]), pool=NODE, consumed=consumed)]
         doc = claim(f"c{i}", devices, namespace="bench")
-        uids.append((kube.create("resourceclaims", doc, namespace="bench")["metadata"]["uid"], f"c{i}"))
+        made = ResourceV1Api(api).create_namespaced_resource_claim("bench", doc, _preload_content=False)
+        uids.append((json.loads(made.data)["metadata"]["uid"], f"c{i}"))
     hami = HamiCore(cache_root=str(paths.state_dir / "hami"), lock_dir=str(paths.state_dir / "lock"))
-    driver = Driver(NODE, index, api_fetch(kube.api_client()), paths, hami)
+    driver = Driver(NODE, index, api_fetch(api), paths, hami)
     driver.start()
     plugin = Plugin(driver)
     await plugin.start()
-    prepare_times: list[float] = []
-    unprepare_times: list[float] = []
+    prepare_times: Samples = []
+    unprepare_times: Samples = []
     try:
         async with grpc.aio.insecure_channel(f"unix://{paths.service_socket}") as ch:
             stub = dra_v1_pb2_grpc.DRAPluginStub(ch)
@@ -80,11 +105,11 @@ async def prepare_all(
 
                 async def one(group: list[dra_v1_pb2.Claim], method=method, out=out, request=request, sem=sem) -> None:
                     async with sem:
-                        t0 = time.perf_counter()
+                        t0, c0 = time.perf_counter(), time.process_time()
                         answer = await method(request(claims=group))
-                        elapsed = time.perf_counter() - t0
+                        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
                     assert all(not a.error for a in answer.claims.values()), answer
-                    out.extend([elapsed / len(group)] * len(group))
+                    out.extend([(wall / len(group), cpu / len(group))] * len(group))
 
                 await asyncio.gather(*(one(g) for g in claims))
     finally:
@@ -92,9 +117,9 @@ async def prepare_all(
     return prepare_times, unprepare_times
 
 
-def publish_rounds(kube: FakeKube, fake: fakenvml.FakeNvml, nvml: Nvml) -> list[tuple[str, float, int]]:
-    kube.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-    pub = Publisher(NODE, kube.api_client(), nvml, features=slices.Features(True, True))
+def publish_rounds(api: Any, fake: fakenvml.FakeNvml, nvml: Nvml) -> list[tuple[str, float, int]]:
+    CoreV1Api(api).create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+    pub = Publisher(NODE, api, nvml, features=slices.Features(True, True))
     out = []
     for what in ("first round: pool written", "unchanged round", "a GPU turned unhealthy"):
         if what.startswith("a GPU"):
@@ -126,15 +151,29 @@ def main() -> int:
         dev.mkdir()
         for name in [f"nvidia{g['minor']}" for g in doc["gpus"]] + ["nvidiactl", "nvidia-uvm"]:
             (dev / name).touch()
-        paths = Paths(root / "kubelet", root / "state", root / "cdi", str(dev))
+        shm = Path("/dev/shm")
+        cdi = Path(tempfile.mkdtemp(prefix="drabench", dir=shm)) if shm.is_dir() else root / "cdi"
+        paths = Paths(root / "kubelet", root / "state", cdi, str(dev))
         nvml = Nvml(str(fake.library), str(sys_root))
-        with FakeKube() as kube:
-            prepared, unprepared = asyncio.run(prepare_all(paths, kube, nvml, args))
-            rounds = publish_rounds(kube, fake, nvml)
-        nvml.close()
+        parent, child = multiprocessing.Pipe()
+        server = multiprocessing.get_context("spawn").Process(target=serve_api, args=(child, root / "kubeconfig"))
+        server.start()
+        try:
+            parent.recv()
+            api = api_client_from(str(root / "kubeconfig"))
+            prepared, unprepared = asyncio.run(prepare_all(paths, api, nvml, args))
+            rounds = publish_rounds(api, fake, nvml)
+        finally:
+            parent.send("stop")
+            server.join(timeout=30)
+            nvml.close()
+            if cdi.parent == shm:
+                shutil.rmtree(cdi, ignore_errors=True)
+    print(f"load average {os.getloadavg()[0]:.1f}")
     print(f"{args.claims} claims, {args.per_call} per call, {args.concurrency} call(s) at once; per claim:")
-    print(f"  NodePrepareResources    {ms(prepared)}")
-    print(f"  NodeUnprepareResources  {ms(unprepared)}")
+    alone = args.concurrency == 1
+    print(f"  NodePrepareResources    {ms(prepared, alone)}")
+    print(f"  NodeUnprepareResources  {ms(unprepared, alone)}")
     print("publisher:")
     for what, seconds, writes in rounds:
         print(f"  {what:28s} {seconds * 1e3:8.1f} ms  ({writes} write(s))")
