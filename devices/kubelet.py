@@ -29,9 +29,12 @@ def flag_value(argv: Sequence[str], name: str) -> str | None:
 
 
 def kubelet_argv(proc_root: str) -> list[str] | None:
-    """The command line of the running kubelet, or None."""
-    proc = Path(proc_root)
-    for entry in proc.iterdir():
+    """The command line of the running kubelet, or None (also when `proc_root` can not be listed)."""
+    try:
+        entries = list(Path(proc_root).iterdir())
+    except OSError:
+        return None
+    for entry in entries:
         if not entry.name.isdigit():
             continue
         try:

@@ -159,7 +159,10 @@ class NodeDaemon:
         if self.ready.is_set():
             return
         assert self.store is not None
-        self.usage = start_usage(self.cfg, self.store, self.cfg.proxy.state_dir)
+        try:
+            self.usage = start_usage(self.cfg, self.store, self.cfg.proxy.state_dir)
+        except Exception as e:  # like the reporter, not on the runtime's path: serve all the same
+            log.exception("usage collector not started", extra={"error": str(e)})
         systemd.notify(f"READY=1\nSTATUS={status}")
         self.ready.set()
 
