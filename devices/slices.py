@@ -320,3 +320,17 @@ def taken_minors(pods: Sequence[Mapping[str, Any]]) -> tuple[frozenset[int], lis
             continue
         taken.update(a.minor for a in gpus)
     return frozenset(taken), problems
+
+
+def dropped(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> frozenset[str]:
+    """The Features fields the API server does not serve, from a slice's spec as sent and as it was
+    stored: a field of a feature gate that is off is dropped without an error."""
+    kept = {d.get("name"): d for d in stored.get("devices") or ()}
+    out = set()
+    for d in sent.get("devices") or ():
+        mine = kept.get(d.get("name"), {})
+        if d.get("taints") and not mine.get("taints"):
+            out.add("device_taints")
+        if d.get("allowMultipleAllocations") and not mine.get("allowMultipleAllocations"):
+            out.add("consumable_capacity")
+    return frozenset(out)

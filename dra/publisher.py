@@ -76,6 +76,7 @@ class Publisher:
         self._gpus_seen: tuple[str, ...] | None = None  # UUIDs of the last topology read
         self._table: partitions.PartitionTable | None = None
         self._said: tuple[tuple[str, str], ...] = ()
+        self._sent: dict[str, tuple[Any, Any]] = {}  # slice name -> (resourceVersion written, comparable spec sent)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -159,9 +160,7 @@ class Publisher:
         }
         want = {s["metadata"]["name"]: s for s in pool.slices}
         devices = sum(len(s["spec"]["devices"]) for s in pool.slices)
-        same = set(existing) == set(want) and all(
-            slices.comparable(existing[n]["spec"]) == slices.comparable(want[n]["spec"]) for n in want
-        )
+        same = set(existing) == set(want) and all(self._unchanged(existing[n], want[n]) for n in want)
         current = max((int(s["spec"]["pool"]["generation"]) for s in existing.values()), default=0)
         if same:
             return Round(generation=current, devices=devices)
@@ -178,15 +177,36 @@ class Publisher:
         for name, s in ((s["metadata"]["name"], s) for s in pool.slices):
             if name in existing:
                 s["metadata"]["resourceVersion"] = existing[name]["metadata"]["resourceVersion"]
-                self._resource.replace_resource_slice(name, s, **self._opts())
+                stored = self._json(self._resource.replace_resource_slice(name, s, **self._opts()))
                 done.writes.append(f"update {name}")
             else:
-                self._resource.create_resource_slice(s, **self._opts())
+                stored = self._json(self._resource.create_resource_slice(s, **self._opts()))
                 done.writes.append(f"create {name}")
+            self._stored(s, stored)
         for name in sorted(set(existing) - {s["metadata"]["name"] for s in pool.slices}):
             self._resource.delete_resource_slice(name, **self._opts())
             done.writes.append(f"delete {name}")
         return done
+
+    def _unchanged(self, existing: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
+        """The slice the API server holds is the one wanted, or the one this publisher last wrote
+        there for the same devices (what the server dropped of it is not written again and again)."""
+        mine = slices.comparable(want["spec"])
+        if slices.comparable(existing["spec"]) == mine:
+            return True
+        sent = self._sent.get(existing["metadata"]["name"])
+        return sent is not None and sent == (existing["metadata"].get("resourceVersion"), mine)
+
+    def _stored(self, sent: Mapping[str, Any], stored: Mapping[str, Any]) -> None:
+        """Remember what was written; a feature whose fields the API server dropped is off from now on."""
+        name = sent["metadata"]["name"]
+        self._sent[name] = (stored["metadata"].get("resourceVersion"), slices.comparable(sent["spec"]))
+        off = slices.dropped(sent["spec"], stored["spec"])
+        if off and self.features is not None:
+            log.warning(
+                "the API server dropped fields of features it does not serve", extra={"off": ",".join(sorted(off))}
+            )
+            self.features = replace(self.features, **dict.fromkeys(off, False))
 
     def _log_left_out(self, pool: slices.Pool) -> None:
         said = tuple(pool.left_out)

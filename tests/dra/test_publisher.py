@@ -4,6 +4,7 @@ GPU or one crihook's allocator gave out republished at the next round."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -133,3 +134,44 @@ def test_no_nvml_keeps_what_was_published(cluster: tuple[FakeKube, FakeNvml, Pub
 )
 def test_features_follow_the_cluster_version(version: dict[str, str], recent: bool) -> None:
     assert features_for(version) == slices.Features(consumable_capacity=recent, device_taints=recent)
+
+
+def test_a_server_that_drops_taints_turns_them_off(
+    cluster: tuple[FakeKube, FakeNvml, Publisher], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An API server with DRADeviceTaints off drops `taints` without an error: the publisher sees
+    it in what was stored, leaves unhealthy GPUs out instead, and does not write at every round."""
+    kube, fake, pub = cluster
+    fake.doc["gpus"][1]["row_remap_failure"] = True
+    fake.write()
+    resource = pub._resource
+
+    def strip(body: dict[str, Any]) -> dict[str, Any]:
+        for d in body["spec"]["devices"]:
+            d.pop("taints", None)
+        return body
+
+    monkeypatch.setattr(pub, "_resource", _Dropping(resource, strip))
+    first = pub.run_once()
+    assert first.writes and pub.features == slices.Features(consumable_capacity=True, device_taints=False)
+    second = pub.run_once()  # unhealthy GPU left out now: one write
+    sick = dra.device_name(fake.doc["gpus"][1]["minor"])
+    assert second.writes and sick not in devices(kube)
+    assert pub.run_once().writes == []
+
+
+class _Dropping:
+    """The kubernetes client's ResourceV1Api, with the bodies it sends passed through `strip` (as an
+    API server drops the fields of a feature gate that is off)."""
+
+    def __init__(self, api: Any, strip: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        self.api, self.strip = api, strip
+
+    def create_resource_slice(self, body: dict[str, Any], **kw: Any) -> Any:
+        return self.api.create_resource_slice(self.strip(copy.deepcopy(body)), **kw)
+
+    def replace_resource_slice(self, name: str, body: dict[str, Any], **kw: Any) -> Any:
+        return self.api.replace_resource_slice(name, self.strip(copy.deepcopy(body)), **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.api, name)
