@@ -305,11 +305,12 @@ class GpuHook:
         claimed, names = self.claimed(pod.uid)
         return Grants(scheduler, plugin, claimed, names)
 
-    def claimed(self, pod_uid: str) -> tuple[frozenset[int], frozenset[str]]:
+    def claimed(self, pod_uid: str, *, strict: bool = True) -> tuple[frozenset[int], frozenset[str]]:
         """The GPU minors the pod's DRA claims bring (their CDI specs' nodes, by number) and the
         claims' CDI device names, from kubelet's DRA checkpoint: a CDI device in a request is no
         claim by itself (a device plugin's, or one a container must not have, looks the same).
-        Raises Undecided: a claim whose devices can not be told."""
+        Raises Undecided: the checkpoint unreadable; with `strict`, a claim device whose nodes can
+        not be told (without: it is taken to bring no GPU, so a GPU node it does bring is not kept)."""
         try:
             names = self.claims.read().cdi_devices(pod_uid) if self.claims is not None else frozenset()
         except ClaimsError as e:
@@ -321,12 +322,13 @@ class GpuHook:
         for name in sorted(names):
             try:
                 nodes = self.specs.device_nodes(name, node_number)
+                if nodes is None:
+                    raise OSError(f"no CDI spec in {self.specs.describe_dirs()} declares it")
             except OSError as e:
-                raise Undecided(f"a device node of the pod's claim device {name}: {e}") from None
-            if nodes is None:
-                raise Undecided(
-                    f"no CDI spec in {self.specs.describe_dirs()} declares {name}, a device of the pod's claims"
-                )
+                if strict:
+                    raise Undecided(f"the pod's claim device {name}: {e}") from None
+                log.debug("a claim device's nodes can not be told", extra={"device": name, "why": str(e)})
+                continue
             minors |= {m for n in nodes if (m := gpu_minor(n.kind, n.major, n.minor)) is not None}
         return frozenset(minors), names
 
@@ -411,7 +413,7 @@ class GpuHook:
             if facts.cached:
                 raise NotCached("a container's own devices are looked at on a worker thread")
             try:
-                node.claimed, node.claim_cdi = self.claimed(ctx.pod.uid)
+                node.claimed, node.claim_cdi = self.claimed(ctx.pod.uid, strict=False)
             except Undecided as e:
                 raise HookError(grpc.StatusCode.FAILED_PRECONDITION, f"the pod's DRA claims: {e}") from None
             node.number_of = host_number

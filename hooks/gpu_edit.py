@@ -226,7 +226,7 @@ def gpu_edit(pod: PodInfo, container: ContainerInfo, gpus: GpuLookup, node: Node
         if not opts.deny_unallocated:
             return None
         stripped = _strip(container, plugin, node.claim_cdi, node, node.claimed)
-        if node.claimed and _names_only(container.env(VISIBLE), gpus, node.claimed):
+        if node.claim_cdi and _names_only(container.env(VISIBLE), gpus, node.claimed):
             return stripped  # a claim's GPUs and env, kept as its driver made them
         return _granted(stripped, DENIED)
     placed = node.placements.get(allocs, node.stamp) if node.placements is not None else None

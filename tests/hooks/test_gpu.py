@@ -577,7 +577,7 @@ def test_a_fact_that_can_not_be_had_is_no_finding(node: Node, tmp_path: Path) ->
     node.checkpoint.unlink()
     for spec in (tmp_path / "cdi").iterdir():
         spec.unlink()
-    with pytest.raises(Undecided, match=re.escape("declares example.com/claim=c1-gpu")):
+    with pytest.raises(Undecided, match=re.escape("the pod's claim device example.com/claim=c1-gpu: no CDI spec")):
         hook.verdict(pod(), ContainerInfo("cuda"), reaching(2))
     hook.gpus = Inventory(())
     with pytest.raises(Undecided, match="NVML lists no GPU"):
@@ -586,12 +586,32 @@ def test_a_fact_that_can_not_be_had_is_no_finding(node: Node, tmp_path: Path) ->
 
 def test_a_cdi_device_is_a_claims_only_by_kubelets_dra_checkpoint(node: Node, tmp_path: Path) -> None:
     """The claim's device kept for its pod (no change at all); the same device in another pod's
-    request, or in its own once the checkpoint no longer lists the claim, is stripped."""
+    request, or in its own once the checkpoint no longer lists the claim, is stripped. A claim
+    whose spec the hook can not read is kept all the same (the runtime resolves it), not a refusal."""
     hook = verdict_hook(node, tmp_path)
     c = ContainerInfo("cuda", cdi_devices=("example.com/claim=c1-gpu",))
     assert handle(hook, pod(), c) is None
     edit = handle(hook, pod(uid=OTHER_UID), c)
     assert edit is not None and edit.remove_cdi_devices == {"example.com/claim=c1-gpu"}
+    for spec in (tmp_path / "cdi").iterdir():
+        spec.unlink()
+    assert handle(hook, pod(), c) is None
     (node.kubelet / STATE_FILE).unlink()
+    (tmp_path / "cdi" / "claim.json").write_text(
+        json.dumps(
+            {
+                "cdiVersion": "0.5.0",
+                "kind": "example.com/claim",
+                "devices": [
+                    {
+                        "name": "c1-gpu",
+                        "containerEdits": {
+                            "deviceNodes": [{"path": "/dev/nvidia4", "major": 195, "minor": 4, "type": "c"}]
+                        },
+                    }
+                ],
+            }
+        )
+    )
     edit = handle(hook, pod(), c)
     assert edit is not None and edit.remove_cdi_devices == {"example.com/claim=c1-gpu"}
