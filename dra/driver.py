@@ -8,7 +8,9 @@ registration went through `NotifyRegistrationStatus`. Before a pod's containers 
 another UID, not allocated, a GPU the node lacks) carries its error, the others are prepared.
 
 Prepare reads the claim from the API server, takes this driver's results on this node's pool
-(dra/claims.py), writes the claim's CDI spec, then names the claim in the checkpoint (dra/state.py);
+(dra/claims.py), numbers together the claims a container of the pod holds together (the pod read
+through the claims' reservedFor), writes the claim's CDI spec, then names the claim in the
+checkpoint (dra/state.py);
 a claim the checkpoint names is answered from it, so kubelet's repeated calls, and calls after a
 restart, need no API server. Unprepare removes the claim from the checkpoint, then its spec.
 Blocking work (the API calls, NVML, the files) runs on worker threads, a lone claim's in one hop;
@@ -23,7 +25,6 @@ import contextlib
 import json
 import logging
 import os
-import stat
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ from crihook.base import dra
 from crihook.dra import claims as cl
 from crihook.dra.state import State, remove, write_atomic
 from crihook.hooks.gpu_edit import GpuLookup
-from crihook.hooks.grant import HamiCore
+from crihook.hooks.grant import HamiCore, make_hami_dir
 from crihook.proto import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from crihook.proto import pluginregistration_v1_pb2 as reg_pb
 from crihook.proto import pluginregistration_v1_pb2_grpc as reg_grpc
@@ -240,13 +241,10 @@ class Driver:
             return await work(c)
 
     def _write(self, uid: str, spec: Mapping[str, Any]) -> None:
-        """HAMi-core's directories made (every user writes there, as HAMi's device plugin makes
-        them), then the spec. Raises ClaimError."""
+        """HAMi-core's directories made, then the spec. Raises ClaimError."""
         for d in cl.spec_dirs(spec):
             try:
-                os.makedirs(d, exist_ok=True)
-                if stat.S_IMODE(os.stat(d).st_mode) != 0o777:
-                    os.chmod(d, 0o777)
+                make_hami_dir(d)
             except OSError as e:
                 raise cl.ClaimError(f"HAMi-core directory {d} can not be made ({e.strerror or e})") from None
         write_atomic(self.paths.spec_file(uid), json.dumps(spec, indent=1).encode(), 0o644, durable=False)
@@ -296,33 +294,21 @@ def _fill(pb: Any, response: Any, out: Mapping[str, cl.Prepared | str]) -> None:
                 dev.share_id = d.share_id
 
 
-class _DraV1(dra_v1_pb2_grpc.DRAPluginServicer):
-    def __init__(self, driver: Driver) -> None:
+class _DraService:
+    """DRAPlugin of one version (`pb`: its messages); v1 and v1beta1 differ in their package and in
+    v1's share id alone."""
+
+    def __init__(self, driver: Driver, pb: Any) -> None:
         self.driver = driver
+        self.pb = pb
 
     async def NodePrepareResources(self, request: Any, context: Any) -> Any:
-        response = dra_v1_pb2.NodePrepareResourcesResponse()
-        _fill(dra_v1_pb2, response, await self.driver.prepare(_claims(request)))
+        response = self.pb.NodePrepareResourcesResponse()
+        _fill(self.pb, response, await self.driver.prepare(_claims(request)))
         return response
 
     async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
-        response = dra_v1_pb2.NodeUnprepareResourcesResponse()
-        for uid, error in (await self.driver.unprepare(_claims(request))).items():
-            response.claims[uid].error = error
-        return response
-
-
-class _DraV1beta1(dra_v1beta1_pb2_grpc.DRAPluginServicer):
-    def __init__(self, driver: Driver) -> None:
-        self.driver = driver
-
-    async def NodePrepareResources(self, request: Any, context: Any) -> Any:
-        response = dra_v1beta1_pb2.NodePrepareResourcesResponse()
-        _fill(dra_v1beta1_pb2, response, await self.driver.prepare(_claims(request)))
-        return response
-
-    async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
-        response = dra_v1beta1_pb2.NodeUnprepareResourcesResponse()
+        response = self.pb.NodeUnprepareResourcesResponse()
         for uid, error in (await self.driver.unprepare(_claims(request))).items():
             response.claims[uid].error = error
         return response
@@ -363,8 +349,8 @@ class Plugin:
     async def start(self) -> None:
         paths = self.driver.paths
         service = grpc.aio.server()
-        dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(_DraV1(self.driver), service)
-        dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(_DraV1beta1(self.driver), service)
+        dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(_DraService(self.driver, dra_v1_pb2), service)
+        dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(_DraService(self.driver, dra_v1beta1_pb2), service)
         await self._listen(service, paths.service_socket)
         registration = grpc.aio.server()
         reg_grpc.add_RegistrationServicer_to_server(_Registration(self.driver), registration)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from crihook.dra.claims import Prepared, PreparedDevice
+from crihook.node.storefile import fsync_dir
 
 log = logging.getLogger("crihook.dra")
 
@@ -45,7 +46,7 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o600, durable: bool = Tru
         os.close(fd)
     os.replace(tmp, path)
     if durable:
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
 
 
 def remove(path: Path, durable: bool = True) -> None:
@@ -54,15 +55,7 @@ def remove(path: Path, durable: bool = True) -> None:
     except FileNotFoundError:
         return
     if durable:
-        _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync_dir(path.parent)
 
 
 def encode(p: Prepared) -> bytes:

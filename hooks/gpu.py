@@ -53,7 +53,7 @@ from crihook.hooks.gpu_edit import (
     place,
     plain_grant,
 )
-from crihook.hooks.grant import hami_dirs
+from crihook.hooks.grant import hami_dirs, make_hami_dir
 from crihook.hooks.reach import DeviceNode, Gpu, Grants, Reach, Undecided, Verdict, gpu_minor, judge
 from crihook.hooks.scheduled import prime, scheduled
 
@@ -556,15 +556,11 @@ def host_number(path: str) -> tuple[str, int, int] | None:
 
 
 def make_hami_dirs(ctx: HookContext, dirs: Iterable[str]) -> None:
-    """HAMi-core's cache and lock directories, made before the runtime mounts them (NRI's runc
-    mounts a missing source as an error, CRI makes it root's 0755) and writable by every user, as
-    HAMi's own device plugin makes them: the container's processes run as whatever user the image
-    says. A directory that can not be made refuses the container."""
+    """HAMi-core's cache and lock directories (hooks.grant.make_hami_dir); one that can not be made
+    refuses the container."""
     for d in dirs:
         try:
-            os.makedirs(d, exist_ok=True)
-            if stat.S_IMODE(os.stat(d).st_mode) != 0o777:
-                os.chmod(d, 0o777)
+            make_hami_dir(d)
         except OSError as e:
             assert ctx.container is not None
             raise HookError(

@@ -25,6 +25,7 @@ from crihook.hooks.base import ContainerInfo, Edit, HookError, PodInfo
 from crihook.hooks.cdi import ANNOTATION_PREFIX, DEFAULT_SPEC_DIRS
 from crihook.hooks.grant import (
     VISIBLE,
+    GpuFacts,
     HamiCore,
     MissingDeviceNode,
     Share,
@@ -48,17 +49,9 @@ _GPU_NODE = re.compile(r"(?:.*/)?nvidia([0-9]+)")  # /dev/nvidiaN, as a containe
 _PATH_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 
 
-class GpuLike(Protocol):
+class GpuLike(GpuFacts, Protocol):
     @property
     def index(self) -> int: ...
-    @property
-    def minor(self) -> int: ...
-    @property
-    def uuid(self) -> str: ...
-    @property
-    def pci_bus_id(self) -> str: ...
-    @property
-    def memory_total(self) -> int: ...
     @property
     def mig_enabled(self) -> bool: ...
     @property

@@ -7,6 +7,8 @@ says which device nodes exist.
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -126,3 +128,13 @@ def hami_dirs(mounts: Iterable[Mount]) -> list[str]:
     """The host directories of HAMi-core's cache and lock mounts among `mounts`: every process of
     the container, whatever its user, writes there, and nothing else makes them where they go."""
     return [m.host_path for m in mounts if m.container_path in (HAMI_CACHE_MOUNT, HAMI_LOCK_MOUNT)]
+
+
+def make_hami_dir(path: str) -> None:
+    """One of HAMi-core's cache and lock directories, made before the runtime mounts it (NRI's runc
+    mounts a missing source as an error, CRI makes it root's 0755) and writable by every user, as
+    HAMi's own device plugin makes them: the container's processes run as whatever user the image
+    says. Raises OSError."""
+    os.makedirs(path, exist_ok=True)
+    if stat.S_IMODE(os.stat(path).st_mode) != 0o777:
+        os.chmod(path, 0o777)
