@@ -29,6 +29,7 @@ from crihook.hooks.grant import (
     hami_mounts,
     visible,
 )
+from crihook.hooks.reach import DeviceNode
 
 CDI_VERSION = "0.6.0"  # what containerd 1.7.24 and 2.1 read; nothing newer is used
 
@@ -244,3 +245,22 @@ def pod_groups(pod: Mapping[str, Any], claims: Mapping[str, str]) -> tuple[dict[
             if len(sets) > 1:
                 problems.append(f"claim {name}: its containers hold it with different claims; numbered alone")
     return groups, problems
+
+
+def numbered(spec: Mapping[str, Any], number: Callable[[str], DeviceNode | None]) -> dict[str, Any]:
+    """The spec with each device node's type and numbers, where `number(host path)` knows them: the
+    runtime then makes the node from them and never looks for the host path, which is this
+    plugin's view of the node's /dev (its pod's mount), not necessarily the runtime's."""
+
+    def node(n: Mapping[str, Any]) -> dict[str, Any]:
+        found = number(str(n.get("hostPath") or n.get("path", "")))
+        extra = {} if found is None else {"type": found.kind, "major": found.major, "minor": found.minor}
+        return {**n, **extra}
+
+    def edits(e: Mapping[str, Any]) -> dict[str, Any]:
+        return {**e, "deviceNodes": [node(n) for n in e["deviceNodes"]]} if e.get("deviceNodes") else dict(e)
+
+    out = dict(spec)
+    out["devices"] = [{**d, "containerEdits": edits(d.get("containerEdits") or {})} for d in spec.get("devices") or ()]
+    out["containerEdits"] = edits(spec.get("containerEdits") or {})
+    return out

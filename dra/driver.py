@@ -35,8 +35,10 @@ import grpc
 from crihook.base import dra
 from crihook.dra import claims as cl
 from crihook.dra.state import State, remove, write_atomic
+from crihook.hooks.gpu import node_number
 from crihook.hooks.gpu_edit import GpuLookup
 from crihook.hooks.grant import HamiCore, make_hami_dir
+from crihook.hooks.reach import DeviceNode
 from crihook.proto import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from crihook.proto import pluginregistration_v1_pb2 as reg_pb
 from crihook.proto import pluginregistration_v1_pb2_grpc as reg_grpc
@@ -45,6 +47,9 @@ log = logging.getLogger("crihook.dra")
 
 PLUGIN_TYPE = "DRAPlugin"
 VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+# Seconds one read of a claim or pod may take: a read left waiting forever on a lost answer would
+# hold the claim's lock, and every call kubelet makes again for it would wait behind it.
+FETCH_TIMEOUT = 10.0
 SPEC_PREFIX = f"{dra.CDI_VENDOR}-{dra.CDI_CLASS}_"  # + claim UID + ".json"
 
 # (namespace, name) -> the object as the API server holds it (JSON), called on a worker thread;
@@ -96,9 +101,10 @@ class Driver:
         hami: HamiCore | None = None,
         exists: Callable[[str], bool] = os.path.exists,
         fetch_pod: Fetch | None = None,
+        number: Callable[[str], DeviceNode | None] | None = None,
     ) -> None:
         """`fetch`: a claim by namespace and name; `fetch_pod`: a pod (None: claims are numbered
-        alone)."""
+        alone); `number`: a device node's type and numbers by its path (None: read from the file)."""
         self.node = node
         self.gpus = gpus
         self.fetch = fetch
@@ -106,6 +112,7 @@ class Driver:
         self.paths = paths
         self.hami = hami or HamiCore()
         self.exists = exists
+        self.number = number or device_number
         self.state = State(paths.checkpoint)
         self._claim_locks: dict[str, asyncio.Lock] = {}
         self.registered: asyncio.Event = asyncio.Event()
@@ -247,7 +254,8 @@ class Driver:
                 make_hami_dir(d)
             except OSError as e:
                 raise cl.ClaimError(f"HAMi-core directory {d} can not be made ({e.strerror or e})") from None
-        write_atomic(self.paths.spec_file(uid), json.dumps(spec, indent=1).encode(), 0o644, durable=False)
+        doc = cl.numbered(spec, self.number)
+        write_atomic(self.paths.spec_file(uid), json.dumps(doc, indent=1).encode(), 0o644, durable=False)
 
     async def _unprepare(self, c: Claim) -> str:
         if c.uid not in self.state.claims:
@@ -266,6 +274,14 @@ class Driver:
         prepared). Raises ClaimError."""
         group = [self.state.claims[u] for u in p.group if u in self.state.claims] or [p]
         self._write(p.uid, cl.cdi_spec(p, group, self.gpus, self.exists, self.paths.dev_root, self.hami))
+
+
+def device_number(path: str) -> DeviceNode | None:
+    """The device node at `path` as this process sees it; None where there is none."""
+    try:
+        return node_number(path)
+    except OSError:
+        return None
 
 
 def _reserved(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -386,7 +402,7 @@ def api_fetch(api_client: Any, kind: str = "claim") -> Fetch:
 
     def read(namespace: str, name: str) -> Mapping[str, Any]:
         try:
-            response: Any = get(name, namespace, _preload_content=False)
+            response: Any = get(name, namespace, _preload_content=False, _request_timeout=FETCH_TIMEOUT)
         except ApiException as e:
             if e.status == 404:
                 raise cl.ClaimError(f"{kind} {namespace}/{name} not found") from None

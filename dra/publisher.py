@@ -16,7 +16,7 @@ import logging
 import re
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from crihook.base import dra
@@ -117,7 +117,7 @@ class Publisher:
         if self.features is None:
             detected = features_for(self._json(self._version.get_code(**self._opts())))
             self.features = replace(detected, **self.force)
-            log.info("cluster features", extra=vars(self.features))
+            log.info("cluster features", extra=asdict(self.features))
         if not self._node_uid:
             self._node_uid = str(self._json(self._core.read_node(self.node, **self._opts()))["metadata"]["uid"])
         pods = self._json(

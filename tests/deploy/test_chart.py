@@ -404,7 +404,9 @@ def test_node_pods_mount_exactly_what_they_need() -> None:
     assert host_paths(spec, containers["nri"]) == {
         "/var/run/nri": ("/var/run/nri", False),
         "/var/lib/kubelet/device-plugins": ("/var/lib/kubelet/device-plugins", True),
-        "/var/lib/kubelet/pods": ("/var/lib/kubelet/pods", True),
+        "/var/lib/kubelet": ("/var/lib/kubelet", True),
+        "/etc/cdi": ("/etc/cdi", True),
+        "/var/run/cdi": ("/var/run/cdi", True),
         "/dev": ("/dev", True),
         "/var/lib/crihook": ("/var/lib/crihook", False),
         "/": ("/run/crihook/driver", True),
@@ -416,15 +418,17 @@ def test_node_pods_mount_exactly_what_they_need() -> None:
         "/sys": ("/sys", True),
         "/": ("/run/crihook/driver", True),
     }
-    # kubelet must still be able to unmount pod volumes under the pods directory; a driver the GPU
-    # operator installs or upgrades, and a socket containerd makes anew, must be seen in the pod
+    # kubelet must still be able to unmount pod volumes under its root dir (mounted whole: its DRA
+    # checkpoint is replaced by a rename); a driver the GPU operator installs or upgrades, and a
+    # socket containerd makes anew, must be seen in the pod
     for c in containers.values():
         for m in c["volumeMounts"]:
-            if m["mountPath"] in ("/var/lib/kubelet/pods", "/run/crihook/driver", "/run/containerd"):
+            if m["mountPath"] in ("/var/lib/kubelet", "/run/crihook/driver", "/run/containerd"):
                 assert m["mountPropagation"] == "HostToContainer", (c["name"], m["mountPath"])
     # the config file names the paths as mounted, and crihook accepts it
     crihook_config.parse(config, "config.toml")
     assert config["hooks"]["gpu"]["kubelet_pods_dir"] == "/var/lib/kubelet/pods"
+    assert config["hooks"]["gpu"]["cdi_spec_dirs"] == ["/etc/cdi", "/var/run/cdi"]
     libraries = config["node"]["nvml_library"].split(":")
     assert "/run/crihook/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1" in libraries  # Debian, Ubuntu
     assert "/run/crihook/driver/usr/lib64/libnvidia-ml.so.1" in libraries  # RHEL

@@ -345,3 +345,31 @@ async def test_claims_of_a_pod_that_can_not_be_read_are_numbered_alone(kubelet: 
     assert answer.claims[a].error == answer.claims[b].error == ""
     assert env_of(spec(kubelet, a))["NVIDIA_VISIBLE_DEVICES"] == BOX[0].uuid
     assert "CUDA_DEVICE_MEMORY_LIMIT_1" not in env_of(spec(kubelet, a))
+
+
+def character_devices(dev: Path) -> int:
+    """Each plain file the fixture put in `dev` made a link to /dev/null; /dev/null's st_rdev."""
+    for node in dev.iterdir():
+        node.unlink()
+        node.symlink_to("/dev/null")
+    return os.stat("/dev/null").st_rdev
+
+
+async def test_device_nodes_carry_their_numbers(kubelet: Kubelet) -> None:
+    """The runtime makes each node from its type and numbers: the host path is the plugin's view of
+    /dev (its pod's mount), not necessarily the runtime's."""
+    null = character_devices(Path(kubelet.paths.dev_root))
+    uid = kubelet.create(claim("numbered", [result("gpu-2")]))
+    answer = await kubelet.v1().NodePrepareResources(v1_claims(("default", uid, "numbered")))
+    assert answer.claims[uid].error == ""
+    doc = spec(kubelet, uid)
+    nodes = [*doc["devices"][0]["containerEdits"]["deviceNodes"], *doc["containerEdits"]["deviceNodes"]]
+    assert [n["path"] for n in nodes] == ["/dev/nvidia2", "/dev/nvidiactl", "/dev/nvidia-uvm"]
+    assert {(n["type"], n["major"], n["minor"]) for n in nodes} == {("c", os.major(null), os.minor(null))}
+
+
+def test_a_path_that_is_no_device_node_has_no_numbers(root: Path) -> None:
+    (root / "plain").touch()
+    assert drv.device_number(str(root / "plain")) is None
+    assert drv.device_number(str(root / "missing")) is None
+    assert drv.device_number("/dev/null") is not None

@@ -175,3 +175,17 @@ class _Dropping:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.api, name)
+
+
+def test_the_first_round_reads_the_features_from_the_version(fake_nvml: Callable[[str], FakeNvml]) -> None:
+    fake = fake_nvml("dgx-h100")
+    nvml = Nvml(str(fake.library), str(fake.sys_root))
+    try:
+        with FakeKube() as kube:
+            kube.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+            pub = Publisher(NODE, kube.api_client(), nvml, GpuIndex(nvml), force={"device_taints": False})
+            first = pub.run_once()
+            assert first.generation == 1 and first.devices == len(fake.doc["gpus"])
+            assert pub.features == slices.Features(consumable_capacity=True, device_taints=False)
+    finally:
+        nvml.close()
