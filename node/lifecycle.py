@@ -107,6 +107,8 @@ class Lifecycle:
         out = await self.chain.run(ctx)
         if out.error is not None:
             log_refusal(out.ctx, out.records, out.error.reason)
+            if ctx.stage is Stage.PRE_CREATE_CONTAINER and ctx.container is not None:
+                self.create_failed(ctx.pod, ctx.container)  # a hook before the refusing one let it through
             raise out.error
         return Decided(ctx, out.ctx, out.records)
 

@@ -78,13 +78,34 @@ async def test_nri_create_carries_the_id_and_is_reported_at_once(tmp_path: Path)
     await c.store.close()
 
 
-async def test_a_refusal_raises_and_records_nothing(tmp_path: Path) -> None:
-    c = core(tmp_path, Hook())
+class Keeper:
+    """Lets every container through first and keeps it (as the gpu hook keeps the GPUs it let
+    through) until told to forget it."""
+
+    name = "keeper"
+    priority = 0
+    stages = frozenset({Stage.PRE_CREATE_CONTAINER})
+
+    def __init__(self) -> None:
+        self.forgotten: list[tuple[str, str]] = []
+
+    async def handle(self, ctx: HookContext) -> Edit | None:
+        return None
+
+    def forget(self, pod_uid: str, container: str) -> None:
+        self.forgotten.append((pod_uid, container))
+
+
+async def test_a_refusal_raises_records_nothing_and_what_was_kept_is_forgotten(tmp_path: Path) -> None:
+    keeper = Keeper()
+    factories = {"h": lambda options, node: Hook(), "keeper": lambda options, node: keeper}
+    c = Lifecycle(build_chain(HooksConfig(), NodeConfig(), factories=factories), Store(tmp_path))
     with pytest.raises(HookError) as refused:
         await c.create_container(POD, ContainerInfo(name="bad"), deadline=None)
     assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
     assert "pod ml/train container bad: not this one" in refused.value.reason
     assert c.store.containers == {}
+    assert keeper.forgotten == [("u-1", "bad")]
 
 
 async def test_stored_containers_are_shown_to_later_stages_and_post_hooks(tmp_path: Path) -> None:
