@@ -5,13 +5,17 @@
  * return codes and struct layouts, so the real pynvml loads it and calls it exactly as it calls the
  * driver's library. The GPUs, their NVLinks and the PCIe topology come from a JSON file named by
  * CRIHOOK_FAKE_NVML_CONFIG, read by nvmlInit*; see crihook/simnode/fakenvml.py for the schema.
+ * Without the variable, `topology.json` beside the library itself is read: a program that only
+ * gets the library's directory (a node pod mounting the driver's directory) sees the same node.
  *
  * Beyond NVML, two control functions for tests: fakeNvmlCallCount() (how many NVML calls were made,
  * to prove a cache made none) and fakeNvmlReload() (re-read the file while initialised, to change a
  * GPU's health under a running reporter). The process queries re-read the file themselves when it
  * changed, so another process (the demo, a test driving a daemon) can start and end GPU processes.
  */
+#define _GNU_SOURCE
 #include <ctype.h>
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -402,10 +406,25 @@ static int load_gpu(struct gpu *g, unsigned int index, const jv *o) {
     return 0;
 }
 
+/* The topology file: CRIHOOK_FAKE_NVML_CONFIG, else topology.json in this library's directory;
+ * NULL when neither can be named. */
+static const char *config_path(void) {
+    static char beside[4096];
+    const char *path = getenv("CRIHOOK_FAKE_NVML_CONFIG");
+    if (path && *path) return path;
+    Dl_info info;
+    if (!dladdr((void *)config_path, &info) || !info.dli_fname) return NULL;
+    const char *slash = strrchr(info.dli_fname, '/');
+    int dir = slash ? (int)(slash - info.dli_fname) : 1;
+    const char *base = slash ? info.dli_fname : ".";
+    if (snprintf(beside, sizeof beside, "%.*s/topology.json", dir, base) >= (int)sizeof beside) return NULL;
+    return beside;
+}
+
 /* Returns an NVML code: what nvmlInit answers. Call with `lock` held. */
 static int load_config(void) {
-    const char *path = getenv("CRIHOOK_FAKE_NVML_CONFIG");
-    if (!path || !*path) return load_error("CRIHOOK_FAKE_NVML_CONFIG", "not set");
+    const char *path = config_path();
+    if (!path) return load_error("CRIHOOK_FAKE_NVML_CONFIG", "not set and the library's directory unknown");
     FILE *f = fopen(path, "rb");
     if (!f) return load_error(path, "can not be opened");
     struct stat st;
@@ -720,7 +739,7 @@ nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(void *device1, void *device2, u
 /* Re-read the file when it changed since it was loaded: processes come and go under a running
  * daemon. Returns what load_config does (a file it refuses leaves no GPUs). Call with `lock` held. */
 static int reload_if_changed(void) {
-    const char *path = getenv("CRIHOOK_FAKE_NVML_CONFIG");
+    const char *path = config_path();
     struct stat st;
     if (!path || stat(path, &st) != 0) return NVML_SUCCESS;
     if (st.st_mtim.tv_sec == loaded_mtime.tv_sec && st.st_mtim.tv_nsec == loaded_mtime.tv_nsec &&
