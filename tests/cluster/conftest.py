@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.cluster import MODES, Cluster, missing_requirements, running_cluster
-from tests.support.clusterchart import import_images, install, user_values
+from tests.support.clusterchart import import_images, install, user_values, wait_node_plugin
 
 
 @pytest.fixture(scope="session", params=MODES)
@@ -27,4 +27,5 @@ def installed(cluster: Cluster) -> Cluster:
     """The cluster with both images imported and `helm install` of charts/crihook done (--wait)."""
     import_images(cluster)
     install(cluster, user_values(cluster))
+    wait_node_plugin(cluster)
     return cluster

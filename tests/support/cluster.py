@@ -793,6 +793,21 @@ class Cluster:
                 with contextlib.suppress(OSError):
                     made.rmdir()
 
+    def _ours(self, entry: str) -> bool:
+        """Whether a host entry that appeared during the run can be this cluster's, not another
+        cluster's running at the same time (the suites of two checkouts may share a machine)."""
+        path = Path(entry.split("=")[0])
+        if path.parent == Path("/var/lib/cni/results"):
+            return path.name.startswith((f"{self.network.name}-", "cni-loopback-")) and not self._others_run()
+        if path.parent == Path("/var/log/containers"):
+            return not path.is_symlink() or Path(os.readlink(path)).is_relative_to(self.base)
+        if path.parent == Path("/var/run/netns"):
+            return not self._others_run()
+        return True
+
+    def _others_run(self) -> bool:
+        return any(p != self.base for p in Path(tempfile.gettempdir()).glob("crihook-cluster-*"))
+
     def leftovers(self) -> list[str]:
         """What of this cluster is still on the host: processes, mounts, cgroups, the bridge,
         network namespaces its pods had, its directory."""
@@ -808,7 +823,7 @@ class Cluster:
             found.append(f"bridge {self.network.bridge}")
         if self.base.exists():
             found.append(f"directory {self.base}")
-        found += sorted(host_entries() - self._host_before)
+        found += sorted(e for e in host_entries() - self._host_before if self._ours(e))
         found += [f"iptables chain {c}" for c in sorted(iptables_chains() - self._chains_before)]
         return found
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from crihook.base.oci import LayerFile, layer_tar, oci_archive
 from crihook.simnode.containerd import _cached
-from tests.support.cluster import ROOT, Cluster, ClusterError
+from tests.support.cluster import ROOT, Cluster, ClusterError, eventually
 from tests.support.helm import CHART, helm
 
 NAMESPACE = "crihook"
@@ -136,6 +136,27 @@ def install(cluster: Cluster, values: dict[str, Any]) -> None:
     )  # fmt: skip
 
 
+def wait_node_plugin(cluster: Cluster, timeout: float = 60.0) -> None:
+    """In NRI mode, until the node pod's plugin has registered with containerd and synchronized.
+    The node pods have no readiness probe: `helm install --wait` returns once they run, and a GPU
+    container created before the plugin registered gets no GPUs."""
+    if cluster.mode != "nri":
+        return
+    core = cluster.core()
+
+    def synchronized() -> bool:
+        pods = core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/component=node").items
+        logs = [core.read_namespaced_pod_log(p.metadata.name, NAMESPACE, container="nri") for p in pods]
+        return bool(logs) and all("synchronized with the runtime" in log for log in logs)
+
+    if not eventually(synchronized, True, timeout):
+        said = []
+        for pod in core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/component=node").items:
+            log = core.read_namespaced_pod_log(pod.metadata.name, NAMESPACE, container="nri", tail_lines=20)
+            said.append(f"{pod.metadata.name}: {pod.status.container_statuses}\n{log}")
+        raise ClusterError(f"crihook's NRI plugin did not synchronize within {timeout}s:\n" + "\n".join(said))
+
+
 def uninstall(cluster: Cluster) -> None:
     run_helm(cluster, "uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout=120s")
 
@@ -152,9 +173,12 @@ def extender_values(cluster: Cluster) -> dict[str, Any]:
     """The user's values for extender mode: their own kube-scheduler (the cluster's) reads the
     extender stanza from the chart's ConfigMap, with the CA copied to `caFile` on its host."""
     values = user_values(cluster)
+    files = cluster.base / "extender"
     values["kubeScheduler"] = {
         "mode": "extender",
-        "caFile": str(cluster.base / "extender" / "ca.crt"),
+        "caFile": str(files / "ca.crt"),
+        "certFile": str(files / "client.crt"),
+        "keyFile": str(files / "client.key"),
         "kubeconfig": str(cluster.base / "scheduler.kubeconfig"),
     }
     return values
@@ -162,16 +186,17 @@ def extender_values(cluster: Cluster) -> dict[str, Any]:
 
 def use_extender(cluster: Cluster) -> None:
     """Switch the release to extender mode and restart the cluster's kube-scheduler with the stanza,
-    as docs/helm.md tells a user to."""
+    its CA and its client certificate copied from the chart's Secret, as docs/helm.md tells a user to."""
     values = extender_values(cluster)
     upgrade(cluster, values)
     core = cluster.core()
     stanza = core.read_namespaced_config_map(f"{RELEASE}-kube-scheduler", NAMESPACE).data["config.yaml"]
-    secret = core.read_namespaced_secret(f"{RELEASE}-scheduler-tls", NAMESPACE).data["ca.crt"]
-    ca = Path(values["kubeScheduler"]["caFile"])
-    ca.parent.mkdir(exist_ok=True)
-    ca.write_bytes(base64.b64decode(secret))
-    config = ca.parent / "config.yaml"
+    secret = core.read_namespaced_secret(f"{RELEASE}-scheduler-tls", NAMESPACE).data
+    files = values["kubeScheduler"]
+    for key, path in (("ca.crt", files["caFile"]), ("client.crt", files["certFile"]), ("client.key", files["keyFile"])):
+        Path(path).parent.mkdir(exist_ok=True)
+        Path(path).write_bytes(base64.b64decode(secret[key]))
+    config = Path(files["caFile"]).parent / "config.yaml"
     config.write_text(stanza)
     cluster.start_scheduler(config)
 
