@@ -10,7 +10,7 @@ gave them. No I/O here: dra/driver.py fetches, writes and answers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,9 +93,10 @@ def results(claim: Mapping[str, Any], uid: str, node: str, what: str) -> list[Ma
     return [r for r in found if r.get("driver") == dra.DRIVER and r.get("pool") == pool]
 
 
-def resolve(claim: Mapping[str, Any], uid: str, node: str, gpus: GpuLookup) -> Prepared:
-    """The claim's devices on this node, with their shares; no spec yet (`with_spec`). Raises
-    ClaimError."""
+def resolve(claim: Mapping[str, Any], uid: str, node: str, gpus: GpuLookup, taken: Collection[int] = ()) -> Prepared:
+    """The claim's devices on this node, with their shares; no spec yet (`with_spec`). `taken`: the
+    minors crihook's allocator gave pods of this node (kube-scheduler may have allocated one before
+    the slices left it out). Raises ClaimError."""
     meta = claim.get("metadata") or {}
     namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
     what = f"{namespace}/{name}"
@@ -109,6 +110,11 @@ def resolve(claim: Mapping[str, Any], uid: str, node: str, gpus: GpuLookup) -> P
         g = gpus.by_minor(minor)
         if g is None:
             raise ClaimError(f"{where}.device {device}: no GPU minor {minor} on this node")
+        if minor in taken:
+            raise ClaimError(
+                f"{where}.device {device}: GPU minor {minor} is a pod's on this node through crihook's scheduler"
+                " (device-allocated annotation); the claim must be allocated again"
+            )
         consumed = r.get("consumedCapacity") or {}
         memory = _share(consumed.get(dra.CAPACITY_MEMORY, g.memory_total), f"{where}.consumedCapacity.memory")
         cores = _share(consumed.get(dra.CAPACITY_CORES, dra.FULL_CORES), f"{where}.consumedCapacity.cores")

@@ -25,7 +25,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,13 +102,17 @@ class Driver:
         exists: Callable[[str], bool] = os.path.exists,
         fetch_pod: Fetch | None = None,
         number: Callable[[str], DeviceNode | None] | None = None,
+        taken: Callable[[], Collection[int]] = frozenset,
     ) -> None:
         """`fetch`: a claim by namespace and name; `fetch_pod`: a pod (None: claims are numbered
-        alone); `number`: a device node's type and numbers by its path (None: read from the file)."""
+        alone); `number`: a device node's type and numbers by its path (None: read from the file);
+        `taken`: the minors crihook's allocator gave out, as the slice publisher last saw them (a
+        claim allocated one of them is refused)."""
         self.node = node
         self.gpus = gpus
         self.fetch = fetch
         self.fetch_pod = fetch_pod
+        self.taken = taken
         self.paths = paths
         self.hami = hami or HamiCore()
         self.exists = exists
@@ -185,7 +189,7 @@ class Driver:
         """On a worker thread: the claim read from the API server and resolved, or its error."""
         try:
             doc = self.fetch(c.namespace, c.name)
-            return cl.resolve(doc, c.uid, self.node, self.gpus), doc
+            return cl.resolve(doc, c.uid, self.node, self.gpus, self.taken()), doc
         except cl.ClaimError as e:
             return self._failed(c, str(e))
 

@@ -77,8 +77,13 @@ class Publisher:
         self._table: partitions.PartitionTable | None = None
         self._said: tuple[tuple[str, str], ...] = ()
         self._sent: dict[str, tuple[Any, Any]] = {}  # slice name -> (resourceVersion written, comparable spec sent)
+        self.taken: frozenset[int] = frozenset()  # minors crihook's allocator gave out, at the last round
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def given_out(self) -> frozenset[int]:
+        """The minors crihook's allocator gave pods of this node, as the last round saw them."""
+        return self.taken
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="dra-publisher", daemon=True)
@@ -124,6 +129,7 @@ class Publisher:
             self._core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node}", **self._opts())
         )
         taken, problems = slices.taken_minors(pods.get("items") or [])
+        self.taken = taken
         for p in problems:
             log.warning("allocation annotation unreadable", extra={"problem": p})
         pool = slices.build(self.node, self._node_uid, gpus, self._table, taken, self.features, 0)

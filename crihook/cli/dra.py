@@ -61,17 +61,26 @@ def run(args: argparse.Namespace) -> int:
     nvml = Nvml(conf.node.nvml_library, conf.node.sys_root)
     index = GpuIndex(nvml)
     paths = Paths(Path(args.kubelet_root), Path(args.state_dir), Path(args.cdi_dir), conf.node.dev_root.rstrip("/"))
-    driver = Driver(node, index, api_fetch(api_client), paths, gpu.hami_core, fetch_pod=api_fetch(api_client, "pod"))
-    try:
-        driver.start()
-    except StateError as e:
-        print(f"crihook dra: {e}", file=sys.stderr)
-        return 1
     publisher = None
     if not args.no_publish:
         chosen = {"consumable_capacity": SWITCH[args.consumable_capacity], "device_taints": SWITCH[args.device_taints]}
         force = {k: v for k, v in chosen.items() if v is not None}
         publisher = Publisher(node, api_client, nvml, index, table, None, args.interval, force)
+    driver = Driver(
+        node,
+        index,
+        api_fetch(api_client),
+        paths,
+        gpu.hami_core,
+        fetch_pod=api_fetch(api_client, "pod"),
+        taken=publisher.given_out if publisher is not None else frozenset,
+    )
+    try:
+        driver.start()
+    except StateError as e:
+        print(f"crihook dra: {e}", file=sys.stderr)
+        return 1
+    if publisher is not None:
         publisher.start()
     try:
         asyncio.run(_serve(Plugin(driver)))

@@ -373,3 +373,16 @@ def test_a_path_that_is_no_device_node_has_no_numbers(root: Path) -> None:
     assert drv.device_number(str(root / "plain")) is None
     assert drv.device_number(str(root / "missing")) is None
     assert drv.device_number("/dev/null") is not None
+
+
+async def test_a_gpu_crihooks_allocator_gave_out_is_refused_to_a_claim(root: Path) -> None:
+    """kube-scheduler may allocate a GPU in the moments before the slices leave it out."""
+    paths = drv.Paths(kubelet_root=root / "k", state_dir=root / "s", cdi_dir=root / "c", dev_root=str(root))
+    with FakeKube() as kube:
+        made = kube.create("resourceclaims", claim("late", [result("gpu-3")]), namespace="default")
+        driver = drv.Driver(NODE, Inventory(BOX), drv.api_fetch(kube.api_client()), paths, taken=lambda: {3})
+        driver.start()
+        uid = made["metadata"]["uid"]
+        (answer,) = (await driver.prepare([drv.Claim("default", uid, "late")])).values()
+    assert isinstance(answer, str) and "GPU minor 3 is a pod's on this node through crihook's scheduler" in answer
+    assert not paths.spec_file(uid).exists() and uid not in driver.state.claims
