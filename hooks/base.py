@@ -350,6 +350,15 @@ class NeedsStore(Protocol):
 
 
 @runtime_checkable
+class NamesHostPaths(Protocol):
+    """A hook whose own configuration names host paths it mounts (the gpu hook: HAMi-core's library,
+    preload file, cache and lock directories). The operator wrote them in crihook's config, so the
+    chain's allowlist takes them as it takes hooks.allowed_host_paths: a shared GPU works as shipped."""
+
+    def host_paths(self) -> tuple[str, ...]: ...
+
+
+@runtime_checkable
 class PreparesPods(Protocol):
     """A hook with per-pod work it can do before the pod's first CreateContainer (the gpu and rdma
     hooks: parsing the allocation annotation). The chain calls it once the pod's sandbox has started,

@@ -234,6 +234,13 @@ class GpuHook:
         self._reads = _Facts(self, cached=False)
         self._recalls = _Facts(self, cached=True)
 
+    def host_paths(self) -> tuple[str, ...]:
+        """Patterns of what `[hooks.gpu.hami_core]` names (NamesHostPaths): what hami_mounts hands out."""
+        paths = self.opts.hami_core
+        return (paths.library, paths.preload_file, f"{paths.cache_root}/*") + (
+            (paths.lock_dir,) if paths.lock_dir else ()
+        )
+
     def close(self) -> None:
         """The memo's inotify descriptor goes with the hook (a reload builds a new one)."""
         if self.memo is not None:

@@ -41,10 +41,10 @@ class GpuFacts(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class HamiCore:
-    """The `[hooks.gpu.hami_core]` table: host paths for HAMi-core isolation; the operator lists them
-    in hooks.allowed_host_paths. crihook makes the cache and lock directories itself (hooks/gpu.py),
-    so by default they are under its state directory, the one place the shipped unit and the chart
-    let it write on the host."""
+    """The `[hooks.gpu.hami_core]` table: host paths for HAMi-core isolation, allowed as configured
+    (GpuHook.host_paths) beside hooks.allowed_host_paths. crihook makes the cache and lock
+    directories itself (hooks/gpu.py), so by default they are under its state directory, the one
+    place the shipped unit and the chart let it write on the host."""
 
     library: str = field(default="/usr/local/vgpu/libvgpu.so", metadata={"check": absolute_path})
     """the HAMi-core library"""

@@ -10,7 +10,7 @@ from importlib.metadata import entry_points
 
 from crihook.base.config import ConfigError, HooksConfig, NodeConfig
 from crihook.hooks.allowlist import Allowlist
-from crihook.hooks.base import Factory, Recalls, options_type
+from crihook.hooks.base import Factory, NamesHostPaths, Recalls, options_type
 from crihook.hooks.chain import HookChain, Registered
 
 ENTRY_POINT_GROUP = "crihook.hooks"
@@ -49,4 +49,5 @@ def build_chain(
     explicit = {n: i for i, n in enumerate(hooks_cfg.order)}
     regs.sort(key=lambda r: (explicit.get(r.hook.name, len(explicit)), r.hook.priority, r.hook.name))
     patterns = [p.replace("{dev_root}", node.dev_root.rstrip("/") or "/") for p in hooks_cfg.allowed_host_paths]
+    patterns += [p for r in regs if isinstance(r.hook, NamesHostPaths) for p in r.hook.host_paths()]
     return HookChain(regs, Allowlist(patterns))
