@@ -22,8 +22,17 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-POLICIES = ("default", "fgd", "bestfit", "dotprod", "random")
-LABELS = {"default": "default (ours)", "fgd": "FGD", "bestfit": "BestFit", "dotprod": "DotProd", "random": "Random"}
+POLICIES = ("default", "fgd", "bestfit", "dotprod", "random", "dra-crihook", "dra-hami", "dra-nvidia")
+LABELS = {
+    "default": "default (ours)",
+    "fgd": "FGD",
+    "bestfit": "BestFit",
+    "dotprod": "DotProd",
+    "random": "Random",
+    "dra-crihook": "DRA, crihook's driver",
+    "dra-hami": "DRA, HAMi's",
+    "dra-nvidia": "DRA, NVIDIA's",
+}
 WORKLOADS = (
     "default",
     "gpushare20",
@@ -195,6 +204,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("results", type=Path, nargs="+")
     ap.add_argument("--out", type=Path, default=Path("docs"))
+    ap.add_argument("--no-plots", action="store_true", help="print the tables only")
     args = ap.parse_args()
     res = load(args.results)
     print(table(res))
@@ -202,8 +212,9 @@ def main() -> None:
     print(timing(res))
     print()
     print(seeds(res))
-    args.out.mkdir(parents=True, exist_ok=True)
-    plots(res, args.out)
+    if not args.no_plots:
+        args.out.mkdir(parents=True, exist_ok=True)
+        plots(res, args.out)
 
 
 if __name__ == "__main__":
