@@ -218,18 +218,21 @@ class UsageCollector:
         memory: dict[tuple[str, ...], float] = {}
         claims: dict[tuple[str, ...], float] = {}
         others: dict[tuple[str, ...], float] = {}
+        # the gpu label is the physical GPU's NVML index, as dcgm-exporter's (a MIG device's is its GPU's)
+        index = {g.uuid: str(g.index) if g.index >= 0 else "" for g in collection.read.gpus}
         for u in collection.rows:
             o = u.owner
+            gpu = index.get(u.gpu, "")
             if o.kind != usage.CONTAINER:
-                other = (u.device, o.kind)
+                other = (gpu, u.device, o.kind)
                 others[other] = others.get(other, 0) + u.used_memory
                 continue
-            key = (o.namespace, o.pod, o.container, u.device)
+            key = (o.namespace, o.pod, o.container, gpu, u.device)
             used[key] = used.get(key, 0) + u.used_memory
             if u.sm_util is not None:
-                sm[key] = u.sm_util
+                sm[key] = u.sm_util / 100
             if u.granted_core is not None:
-                core[key] = u.granted_core
+                core[key] = u.granted_core / 100
             if u.granted_memory is not None:
                 memory[key] = u.granted_memory
             if u.claim:

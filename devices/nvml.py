@@ -467,7 +467,7 @@ def _gpu_processes(index: int, since: Mapping[str, int]) -> tuple[GpuState, list
                 pid = int(p.pid)
                 procs.append(GpuProcess(pid, uuid, device, int(p.usedGpuMemory or 0), sm.get(pid)))
     memory = pynvml.nvmlDeviceGetMemoryInfo(handle)  # after the lists: its total includes what they hold
-    return GpuState(uuid, minor, int(memory.total), int(memory.used)), procs, newest
+    return GpuState(uuid, minor, int(memory.total), int(memory.used), index), procs, newest
 
 
 class GpuIndex:

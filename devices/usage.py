@@ -60,6 +60,7 @@ class GpuState:
     minor: int
     memory_total: int  # bytes
     memory_used: int  # bytes, all processes and the driver's own
+    index: int = -1  # NVML's (PCI order), as dcgm-exporter's gpu label; -1: not known (a state file)
 
 
 @dataclass(frozen=True, slots=True)

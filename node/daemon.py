@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Any, Protocol
 from crihook.base import config as cfgmod
 from crihook.base import metrics
 from crihook.base.config import ConfigError
+from crihook.base.kubeauth import KubeAuthorizer
 from crihook.devices.collector import UsageCollector, start_usage
 from crihook.devices.nvml import GpuIndex
 from crihook.hooks.base import NeedsStore, OwnsGpus
@@ -242,8 +244,20 @@ async def serve_metrics(cfg: cfgmod.Config) -> Any:
     listen = cfg.proxy.metrics_listen
     if not listen:
         return None
+    # every series names its node, so no two nodes' series collide whoever scrapes them
+    metrics.REGISTRY.const_labels = {"node": cfg.node.name or socket.gethostname()}
+    authorize = None
+    if cfg.proxy.metrics_auth_kubeconfig:
+        from crihook.devices.reporter import api_client_from
+
+        try:
+            authorize = KubeAuthorizer(api_client_from(cfg.proxy.metrics_auth_kubeconfig)).check
+        except Exception as e:  # no token mounted, an unreadable kubeconfig
+            raise ConfigError(
+                cfg.source, f"no API client for metrics authorization: {e}", "proxy", "metrics_auth_kubeconfig"
+            ) from None
     try:
-        return await metrics.serve(listen)
+        return await metrics.serve(listen, authorize=authorize)
     except ValueError as e:
         raise ConfigError(cfg.source, str(e), "proxy", "metrics_listen") from None
     except OSError as e:

@@ -86,6 +86,9 @@ class ProxyConfig:
     drain_seconds: float = 10.0
     log_level: str = "info"
     metrics_listen: str = "127.0.0.1:9317"  # empty disables
+    # empty: metrics on loopback only; "in-cluster" or a kubeconfig: any address, each scrape's bearer
+    # token checked by TokenReview and SubjectAccessReview (get /metrics) with that identity
+    metrics_auth_kubeconfig: str = ""
     clear_orphan_tasks: bool = True  # containerd only: see proxy/orphans.py
     runtime_namespace: str = "k8s.io"  # containerd's namespace for CRI's containers
 

@@ -18,10 +18,11 @@ import logging
 import math
 import re
 from bisect import bisect_left
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import pairwise
 
 from crihook import __version__
+from crihook.base.kubeauth import Verdict
 
 log = logging.getLogger("crihook.metrics")
 
@@ -58,10 +59,12 @@ def escape_help(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n")
 
 
-def _label_text(names: Sequence[str], values: Sequence[str]) -> str:
+def _label_text(names: Sequence[str], values: Sequence[str], const: str = "") -> str:
+    """`{a="1",b="2"}`, with `const` (the registry's own labels, already rendered) first."""
     if not names:
-        return ""
-    return "{" + ",".join(f'{n}="{escape_label_value(v)}"' for n, v in zip(names, values, strict=True)) + "}"
+        return "{" + const + "}" if const else ""
+    pairs = ",".join(f'{n}="{escape_label_value(v)}"' for n, v in zip(names, values, strict=True))
+    return "{" + (const + "," if const else "") + pairs + "}"
 
 
 class Registry:
@@ -69,6 +72,9 @@ class Registry:
 
     def __init__(self) -> None:
         self._metrics: dict[str, _Metric] = {}
+        # labels on every series this registry renders, e.g. {"node": ...} on a node daemon's, so two
+        # nodes' series never collide whoever scrapes them; set once, before the first scrape
+        self.const_labels: dict[str, str] = {}
 
     def register(self, metric: _Metric) -> None:
         if metric.name in self._metrics:
@@ -81,10 +87,11 @@ class Registry:
     def render(self) -> bytes:
         """The text exposition format 0.0.4 of every registered metric."""
         lines: list[str] = []
+        const = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in self.const_labels.items())
         for metric in self:
             lines.append(f"# HELP {metric.name} {escape_help(metric.help)}")
             lines.append(f"# TYPE {metric.name} {metric.kind}")
-            lines.extend(metric.samples())
+            lines.extend(metric.samples(const))
         return ("\n".join(lines) + "\n").encode()
 
 
@@ -117,7 +124,7 @@ class _Metric:
                 # str() at scrape time could render two different keys as one series.
                 raise TypeError(f"metric {self.name}: label values must be str, got {value!r}")
 
-    def samples(self) -> Iterator[str]:
+    def samples(self, const: str = "") -> Iterator[str]:
         raise NotImplementedError
 
 
@@ -142,9 +149,9 @@ class _Scalar(_Metric):
         """The current value of one series (0 when never touched)."""
         return self._values.get(labels, 0)
 
-    def samples(self) -> Iterator[str]:
+    def samples(self, const: str = "") -> Iterator[str]:
         for labels, value in sorted(self._values.copy().items()):
-            yield f"{self.name}{_label_text(self.labels, labels)} {format_value(value)}"
+            yield f"{self.name}{_label_text(self.labels, labels, const)} {format_value(value)}"
 
 
 class Counter(_Scalar):
@@ -220,14 +227,14 @@ class Histogram(_Metric):
         series = self._series.get(labels)
         return int(sum(series[:-1])) if series else 0
 
-    def samples(self) -> Iterator[str]:
+    def samples(self, const: str = "") -> Iterator[str]:
         for labels, series in sorted((k, list(v)) for k, v in self._series.copy().items()):
             cumulative = 0.0
             for le, n in zip(self._le, series[:-1], strict=True):
                 cumulative += n
-                lt = _label_text((*self.labels, "le"), (*labels, le))
+                lt = _label_text((*self.labels, "le"), (*labels, le), const)
                 yield f"{self.name}_bucket{lt} {format_value(int(cumulative))}"
-            lt = _label_text(self.labels, labels)
+            lt = _label_text(self.labels, labels, const)
             yield f"{self.name}_sum{lt} {format_value(series[-1])}"
             yield f"{self.name}_count{lt} {format_value(int(cumulative))}"
 
@@ -266,23 +273,47 @@ def _response(status: str, body: bytes, content_type: str, head_only: bool = Fal
     return head if head_only else head + body
 
 
-def _answer(request_line: bytes, registry: Registry) -> bytes:
-    parts = request_line.decode("latin-1").split()
+Authorize = Callable[[str], Verdict]  # bearer token -> verdict; blocking (run on a thread)
+_REFUSED = {401: "401 Unauthorized", 403: "403 Forbidden", 503: "503 Service Unavailable"}
+
+
+def _bearer(head: bytes) -> str:
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"authorization":
+            scheme, _, token = value.strip().partition(b" ")
+            if scheme.lower() == b"bearer":
+                return token.strip().decode("latin-1")
+    return ""
+
+
+async def _answer(head: bytes, registry: Registry, authorize: Authorize | None) -> bytes:
+    parts = head.split(b"\r\n", 1)[0].decode("latin-1").split()
     if len(parts) != 3 or not parts[2].startswith("HTTP/"):
         return _response("400 Bad Request", b"bad request\n", "text/plain")
     method, target, _ = parts
-    if target.split("?", 1)[0] != "/metrics":
-        return _response("404 Not Found", b"not found: crihook serves /metrics only\n", "text/plain")
+    path = target.split("?", 1)[0]
+    if path not in ("/metrics", "/healthz"):
+        return _response("404 Not Found", b"not found: crihook serves /metrics and /healthz\n", "text/plain")
     if method not in ("GET", "HEAD"):
         return _response("405 Method Not Allowed", b"use GET\n", "text/plain")
+    if path == "/healthz":  # kubelet's probes, which carry no token; it says nothing about the node
+        return _response("200 OK", b"ok\n", "text/plain", head_only=method == "HEAD")
+    if authorize is not None:
+        verdict = await asyncio.to_thread(authorize, _bearer(head))
+        if verdict.code != 200:
+            log.info("metrics scrape refused", extra={"code": verdict.code, "why": verdict.why})
+            return _response(_REFUSED.get(verdict.code, "403 Forbidden"), f"{verdict.why}\n".encode(), "text/plain")
     return _response("200 OK", registry.render(), CONTENT_TYPE, head_only=method == "HEAD")
 
 
-async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, registry: Registry) -> None:
+async def _handle(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, registry: Registry, authorize: Authorize | None
+) -> None:
     try:
         async with asyncio.timeout(REQUEST_TIMEOUT):
             head = await reader.readuntil(b"\r\n\r\n")
-        reply = _answer(head.split(b"\r\n", 1)[0], registry)
+        reply = await _answer(head, registry, authorize)
     except asyncio.LimitOverrunError:
         reply = _response("431 Request Header Fields Too Large", b"request too large\n", "text/plain")
     except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
@@ -297,16 +328,26 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, re
         writer.close()
 
 
-async def serve(listen: str, *, allow_remote: bool = False, registry: Registry = REGISTRY) -> asyncio.Server:
-    """Serve `registry` at http://<listen>/metrics. Metrics name pods and namespaces, so a
-    non-loopback address is refused unless `allow_remote` says the operator wants that."""
+async def serve(
+    listen: str, *, allow_remote: bool = False, registry: Registry = REGISTRY, authorize: Authorize | None = None
+) -> asyncio.Server:
+    """Serve `registry` at http://<listen>/metrics, and /healthz. Metrics name pods and namespaces, so
+    a non-loopback address is refused unless each scrape is authorized (`authorize`, the caller's
+    bearer token: crihook.base.kubeauth) or `allow_remote` says the operator wants that. "::" listens
+    on both families."""
     host, port = parse_listen(listen)
-    if not allow_remote and not is_loopback(host):
-        raise ValueError(f"metrics listen address {listen!r} is not a loopback address; refusing to expose it")
+    if not allow_remote and authorize is None and not is_loopback(host):
+        raise ValueError(
+            f"metrics listen address {listen!r} is not a loopback address; refusing to expose it without "
+            "authorization ([proxy] metrics_auth_kubeconfig)"
+        )
+    # "::" is every address of both families: asyncio binds "::" IPv6-only, and None to each family's
+    # any-address (only IPv4's on a kernel without IPv6)
+    bind: str | None = None if host == "::" else host
     server = await asyncio.start_server(
-        lambda r, w: _handle(r, w, registry), host, port, limit=REQUEST_LIMIT, reuse_address=True
+        lambda r, w: _handle(r, w, registry, authorize), bind, port, limit=REQUEST_LIMIT, reuse_address=True
     )
-    log.info("metrics endpoint listening", extra={"listen": listen})
+    log.info("metrics endpoint listening", extra={"listen": listen, "authorized": authorize is not None})
     return server
 
 
@@ -406,21 +447,25 @@ SCHEDULER_TLS_RELOADS = Counter(
 
 # GPU usage (devices/collector.py): one series per container and device at most, rewritten whole
 # every collection, so containers that went away leave no series behind
-_USAGE_LABELS = ("namespace", "pod", "container", "gpu")
+# gpu and UUID as dcgm-exporter names them, so its series join ours: gpu is the GPU's NVML index,
+# UUID the device's (the GPU's own, or a MIG device's)
+_USAGE_LABELS = ("namespace", "pod", "container", "gpu", "UUID")
 USAGE_MEMORY = Gauge(
     "crihook_gpu_memory_used_bytes",
-    "GPU memory held by a container's processes (NVML), by device: gpu is the UUID of the GPU or MIG device.",
+    "GPU memory held by a container's processes (NVML), by device: gpu is the GPU's NVML index, UUID the "
+    "GPU's or MIG device's UUID.",
     _USAGE_LABELS,
 )
 USAGE_SM = Gauge(
-    "crihook_gpu_sm_utilization_percent",
-    "SM utilisation of a container's processes on a GPU, mean of the driver's samples since the previous "
-    "collection, summed over the processes (at most 100); absent where the driver keeps none (MIG).",
+    "crihook_gpu_sm_utilization_ratio",
+    "SM utilisation of a container's processes on a GPU (0 to 1), mean of the driver's samples since the "
+    "previous collection, summed over the processes (at most 1); absent where the driver keeps none (MIG).",
     _USAGE_LABELS,
 )
 GRANT_CORE = Gauge(
-    "crihook_gpu_granted_core_percent",
-    "Share of a GPU's SMs the scheduler granted the container (koordinator.sh/gpu-core; 100 for a whole GPU).",
+    "crihook_gpu_granted_core_ratio",
+    "Share of a GPU's SMs the scheduler granted the container (0 to 1: koordinator.sh/gpu-core / 100; 1 for a "
+    "whole GPU).",
     _USAGE_LABELS,
 )
 GRANT_MEMORY = Gauge(
@@ -438,7 +483,7 @@ USAGE_OTHERS = Gauge(
     "crihook_gpu_unattributed_memory_used_bytes",
     "GPU memory held by processes of no known container, by device and owner: host (no container), "
     "unknown_container (a container crihook's store does not hold), exited (gone before its cgroup was read).",
-    ("gpu", "owner"),
+    ("gpu", "UUID", "owner"),
 )
 OVER_GRANT = Counter(
     "crihook_gpu_memory_over_grant_total",

@@ -338,3 +338,74 @@ def test_the_docs_list_exactly_the_series_exposed_with_their_types() -> None:
     page = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
     rows = dict(re.findall(r"^\| `(crihook_\w+)` \| (\w+) \|", page, re.M))
     assert rows == {m.name: m.kind for m in metrics.REGISTRY}
+
+
+def test_registry_labels_go_on_every_series() -> None:
+    """A node daemon's registry carries node="<name>" on every series, histograms' buckets included,
+    so two nodes' series never collide in Prometheus."""
+    reg = Registry()
+    Counter("c_total", "c", registry=reg).inc()
+    Gauge("g_bytes", "g", ("pod",), registry=reg).set(1, "a")
+    metrics.Histogram("h_seconds", "h", buckets=(1.0,), registry=reg).observe(0.5)
+    reg.const_labels = {"node": "gpu-1"}
+    parsed = strict_parse(reg.render().decode())
+    samples = [s for family in parsed.values() for s in family["samples"]]
+    assert samples and all(labels.get("node") == "gpu-1" for _, labels, _ in samples)
+    assert ("g_bytes", {"node": "gpu-1", "pod": "a"}, 1) in samples
+
+
+async def test_healthz_needs_no_token_and_metrics_need_an_allowed_one() -> None:
+    """Off loopback the endpoint serves only with an authorizer; a scrape without a bearer token, with
+    an unknown one, or with one not allowed is refused; kubelet's probe of /healthz needs none."""
+    from crihook.base.kubeauth import Verdict
+
+    reg = Registry()
+    Counter("s_total", "s", registry=reg).inc()
+    seen: list[str] = []
+
+    def authorize(token: str) -> Verdict:
+        seen.append(token)
+        return {"good": Verdict(200, "prometheus"), "other": Verdict(403, "no")}.get(token, Verdict(401, "who"))
+
+    server = await metrics.serve("0.0.0.0:0", registry=reg, authorize=authorize)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        get = b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
+        assert (await _request(port, get + b"\r\n")).startswith(b"HTTP/1.1 401")
+        assert (await _request(port, get + b"Authorization: Bearer bad\r\n\r\n")).startswith(b"HTTP/1.1 401")
+        assert (await _request(port, get + b"Authorization: Bearer other\r\n\r\n")).startswith(b"HTTP/1.1 403")
+        reply = await _request(port, get + b"authorization: bearer good\r\n\r\n")
+        assert reply.startswith(b"HTTP/1.1 200") and b"s_total 1" in reply
+        assert (await _request(port, b"GET /healthz HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 200")
+        assert seen == ["", "bad", "other", "good"]
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def test_kube_authorizer_asks_token_and_access_reviews_and_caches() -> None:
+    from crihook.base.kubeauth import KubeAuthorizer
+    from tests.support.fakekube import FakeKube
+
+    with FakeKube() as kube:
+        kube.tokens = {
+            "prom": {"username": "system:serviceaccount:monitoring:prometheus", "groups": ["system:serviceaccounts"]},
+            "pod": {"username": "system:serviceaccount:team:app", "groups": []},
+        }
+        kube.allowed = {("system:serviceaccount:monitoring:prometheus", "/metrics", "get")}
+        clock = [0.0]
+        auth = KubeAuthorizer(kube.api_client(), clock=lambda: clock[0])
+        assert auth.check("prom").code == 200
+        assert auth.check("pod").code == 403
+        assert auth.check("forged").code == 401
+        assert auth.check("").code == 401
+        calls = len(kube.requests)
+        for _ in range(5):
+            assert auth.check("prom").code == 200  # cached: no call
+        assert len(kube.requests) == calls
+        kube.allowed.clear()
+        clock[0] += 61
+        assert auth.check("prom").code == 403  # asked again after a minute
+        kube.fail_next(5, 500)
+        clock[0] += 61
+        assert auth.check("prom").code == 503  # the API server failing: this scrape fails

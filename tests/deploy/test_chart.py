@@ -437,8 +437,8 @@ def test_node_pods_mount_exactly_what_they_need() -> None:
     assert config["node"]["runtime_endpoint"] == "unix:///run/containerd/containerd.sock"
     # the token reaches the reporter alone; crihook's own hooks skip these pods
     assert spec["automountServiceAccountToken"] is False
-    token = [c for c in containers.values() for m in c["volumeMounts"] if m["name"] == "kube-api"]
-    assert token == [containers["report"]]
+    token = [c["name"] for c in containers.values() for m in c["volumeMounts"] if m["name"] == "kube-api"]
+    assert token == ["nri", "report"]  # the metrics' callers checked; the reporter's writes
     (ds,) = helm.of_kind(helm.rendered("defaults"), "DaemonSet")
     assert ds["spec"]["template"]["metadata"]["labels"]["runtimeproxy.koordinator.sh/skip-hookserver"] == "true"
     assert "nodeSelector" not in spec
@@ -737,3 +737,45 @@ def test_installs_as_a_subchart_of_an_umbrella_chart(tmp_path: Path) -> None:
     assert scheduler["spec"]["replicas"] == 3
     problems = [f"{w}: {p}" for w, d in docs if (p := helm.api_problem(d, NEWEST))]
     assert not problems, "\n".join(problems)
+
+
+def test_node_metrics_served_to_prometheus_with_each_scrape_checked() -> None:
+    """The nri container serves its metrics on the chart's port with the token check on, probes
+    /healthz there, and may ask the two reviews; a PodMonitor scrapes that port with a token of a
+    reader allowed get /metrics, keeping crihook's own pod labels."""
+    spec, containers, config = node_pod("service-monitor")
+    parsed = crihook_config.parse(config, "config.toml")
+    assert parsed.proxy.metrics_listen == "[::]:9317" and parsed.proxy.metrics_auth_kubeconfig == "in-cluster"
+    nri = containers["nri"]
+    assert {p["name"]: p["containerPort"] for p in nri["ports"]} == {"metrics": 9317}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert nri[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}, probe
+    docs = helm.rendered("service-monitor")
+    bindings = {b["metadata"]["name"]: b for b in helm.of_kind(docs, "ClusterRoleBinding")}
+    delegator = bindings["crihook-node-auth-delegator"]
+    assert delegator["roleRef"]["name"] == "system:auth-delegator"
+    assert delegator["subjects"][0]["name"] == spec["serviceAccountName"]
+    (monitor,) = helm.of_kind(docs, "PodMonitor")
+    (ds,) = helm.of_kind(docs, "DaemonSet")
+    assert monitor["spec"]["selector"]["matchLabels"] == ds["spec"]["selector"]["matchLabels"]
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics" and endpoint["honorLabels"] is True
+    secret_name = endpoint["authorization"]["credentials"]["name"]
+    (secret,) = [s for s in helm.of_kind(docs, "Secret") if s["metadata"]["name"] == secret_name]
+    reader = secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+    assert secret["type"] == "kubernetes.io/service-account-token"
+    (role,) = [r for r in helm.of_kind(docs, "ClusterRole") if r["metadata"]["name"].endswith("-metrics-reader")]
+    assert role["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    assert {"kind": "ServiceAccount", "name": reader, "namespace": "crihook"} in bindings[reader]["subjects"]
+    assert bindings[reader]["roleRef"]["name"] == role["metadata"]["name"]
+    annotations = ds["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == "9317" and annotations["prometheus.io/path"] == "/metrics"
+
+
+def test_node_metrics_on_loopback_only_when_the_port_is_zero() -> None:
+    _, containers, config = node_pod("node-metrics-loopback")
+    assert "proxy" not in config
+    assert crihook_config.parse(config, "config.toml").proxy.metrics_listen.startswith("127.0.0.1:")
+    assert "ports" not in containers["nri"] and "livenessProbe" not in containers["nri"]
+    assert [m for m in containers["nri"]["volumeMounts"] if m["name"] == "kube-api"] == []
+    assert not helm.of_kind(helm.rendered("node-metrics-loopback"), "PodMonitor")

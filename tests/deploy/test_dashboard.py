@@ -14,8 +14,8 @@ import pytest
 from crihook.base import metrics
 
 DASHBOARDS = sorted((Path(__file__).resolve().parents[2] / "deploy" / "grafana").glob("*.json"))
-# what Prometheus adds to every scraped series
-TARGET_LABELS = {"instance", "job"}
+# what Prometheus adds to every scraped series, and the node daemons' registry label (node)
+TARGET_LABELS = {"instance", "job", "node"}
 _HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 _METRIC = re.compile(r"\b(crihook_[a-zA-Z0-9_]+)\b(\{[^}]*\})?")
 _MATCHER = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)")
@@ -88,3 +88,22 @@ def test_the_checker_catches_a_wrong_name() -> None:
     assert "crihook_gpu_memory_used_bytes" in names and "crihook_gpu_usage_collection_cpu_seconds_sum" in names
     wrong = _METRIC.findall('sum by (pod) (crihook_gpu_memory_use_bytes{pod="x"})')
     assert wrong and wrong[0][0] not in names
+
+
+def test_node_namespace_pod_variables_and_an_allocated_versus_used_view() -> None:
+    """The GPU usage dashboard filters by node (crihook's own label), namespace and pod, and shows
+    per pod what the scheduler allocated beside what the processes use."""
+    doc = json.loads((DASHBOARDS[0].parent / "crihook-gpu-usage.json").read_text())
+    variables = {v["name"]: v for v in doc["templating"]["list"]}
+    assert {"node", "namespace", "pod"} <= set(variables)
+    assert "node)" in variables["node"]["definition"]
+    per_pod = [
+        p
+        for p in doc["panels"]
+        if any('pod=~"$pod"' in t["expr"] and "by (namespace, pod)" in t["expr"] for t in p["targets"])
+    ]
+    pairs = {
+        tuple(sorted(m for t in p["targets"] for m in _METRIC.findall(t["expr"]) for m in [m[0]])) for p in per_pod
+    }
+    assert ("crihook_gpu_granted_memory_bytes", "crihook_gpu_memory_used_bytes") in pairs
+    assert ("crihook_gpu_granted_core_ratio", "crihook_gpu_sm_utilization_ratio") in pairs

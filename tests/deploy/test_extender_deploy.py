@@ -54,7 +54,14 @@ POD_SPEC = {
     "required": ["containers"],
     "properties": {"containers": {"type": "array", "minItems": 1, "items": CONTAINER}},
 }
-RULE = {
+# a rule on resources, or on non-resource URLs (reading /metrics, nothing else)
+NON_RESOURCE_RULE = {
+    "type": "object",
+    "required": ["nonResourceURLs", "verbs"],
+    "additionalProperties": False,
+    "properties": {"nonResourceURLs": {"const": ["/metrics"]}, "verbs": {"const": ["get"]}},
+}
+RESOURCE_RULE = {
     "type": "object",
     "required": ["apiGroups", "resources", "verbs"],
     "properties": {
@@ -66,6 +73,7 @@ RULE = {
         },
     },
 }
+RULE = {"oneOf": [RESOURCE_RULE, NON_RESOURCE_RULE]}
 WEBHOOK = {
     "type": "object",
     "required": ["name", "admissionReviewVersions", "sideEffects", "clientConfig", "rules"],

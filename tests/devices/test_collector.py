@@ -88,9 +88,14 @@ def sim(fake_nvml, tmp_path: Path):
     nvml.close()
 
 
-def series(metric: metrics.Gauge, pod: str, gpu: str) -> float | None:
-    key = ("team", pod, "main", gpu)
-    return dict(metric._values).get(key)
+def series(metric: metrics.Gauge, pod: str, uuid: str) -> float | None:
+    """The value of the container's series on the device with this UUID (whatever its gpu index)."""
+    found = [v for k, v in dict(metric._values).items() if k[:3] == ("team", pod, "main") and k[4] == uuid]
+    return found[0] if found else None
+
+
+def others(uuid: str, owner: str) -> float:
+    return sum(v for k, v in dict(metrics.USAGE_OTHERS._values).items() if k[1:] == (uuid, owner))
 
 
 def test_collection_attributes_and_publishes(sim, caplog: pytest.LogCaptureFixture) -> None:
@@ -101,17 +106,20 @@ def test_collection_attributes_and_publishes(sim, caplog: pytest.LogCaptureFixtu
         collection = collector.collect_once()
     assert not collection.read.reason and len(collection.read.gpus) == 8
     assert series(metrics.USAGE_MEMORY, "train", g0) == 30 * GiB
-    assert series(metrics.USAGE_SM, "train", g0) == 90
-    assert series(metrics.GRANT_CORE, "train", g0) == 100
+    assert series(metrics.USAGE_SM, "train", g0) == 0.9
+    # labelled as dcgm-exporter labels: gpu the NVML index, UUID the device's
+    assert ("team", "train", "main", "0", g0) in dict(metrics.USAGE_MEMORY._values)
+    assert ("team", "share", "main", "1", g1) in dict(metrics.GRANT_CORE._values)
+    assert series(metrics.GRANT_CORE, "train", g0) == 1
     assert series(metrics.GRANT_MEMORY, "train", g0) == fake.doc["gpus"][0]["memory_total"]
     assert series(metrics.USAGE_MEMORY, "share", g1) == 5 * GiB
-    assert series(metrics.GRANT_CORE, "share", g1) == 25
+    assert series(metrics.GRANT_CORE, "share", g1) == 0.25
     assert series(metrics.GRANT_MEMORY, "share", g1) == 4 * GiB
     # granted, running nothing: used is 0, not absent, so used/granted is a query
     assert series(metrics.USAGE_MEMORY, "gone", g0) == 0
     assert series(metrics.USAGE_SM, "gone", g0) is None
-    assert metrics.USAGE_OTHERS.value(g1, usage.HOST) == GiB
-    assert metrics.USAGE_OTHERS.value(g1, usage.EXITED) == 2 * GiB
+    assert others(g1, usage.HOST) == GiB
+    assert others(g1, usage.EXITED) == 2 * GiB
     # above its grant: counted and told once, naming pod, container, GPU, used and granted
     assert metrics.OVER_GRANT.value("team") == before + 1
     (told,) = [r for r in caplog.records if r.getMessage() == "container above its GPU memory grant"]
@@ -138,7 +146,7 @@ def test_a_container_removed_between_collections_leaves_no_series(sim) -> None:
     fake, collector, store, _, _ = sim
     g0 = fake.doc["gpus"][0]["uuid"]
     collector.collect_once()
-    assert series(metrics.GRANT_CORE, "gone", g0) == 100
+    assert series(metrics.GRANT_CORE, "gone", g0) == 1
     del store.containers[CIDS["gone"]]
     del store.pods["pod-gone"]
     store.containers[CIDS["train"]].state = "exited"
@@ -147,7 +155,7 @@ def test_a_container_removed_between_collections_leaves_no_series(sim) -> None:
     assert series(metrics.USAGE_MEMORY, "gone", g0) is None
     # an exited container's processes, should NVML still list them, are an unknown container's
     assert series(metrics.USAGE_MEMORY, "train", g0) is None
-    assert metrics.USAGE_OTHERS.value(g0, usage.UNKNOWN) == 30 * GiB
+    assert others(g0, usage.UNKNOWN) == 30 * GiB
 
 
 def test_processes_that_end_and_start_between_collections(sim) -> None:
@@ -158,7 +166,7 @@ def test_processes_that_end_and_start_between_collections(sim) -> None:
     procfile(23, cgroup(CIDS["share"], "b"))
     collector.collect_once()
     assert series(metrics.USAGE_MEMORY, "share", g1) == GiB
-    assert metrics.USAGE_OTHERS.value(g1, usage.EXITED) == 0
+    assert others(g1, usage.EXITED) == 0
     assert series(metrics.USAGE_SM, "share", g1) is None  # no samples for it
 
 
@@ -175,6 +183,7 @@ def test_mig_devices_and_a_lost_gpu(sim) -> None:
     assert len(collection.read.gpus) == 7
     assert series(metrics.USAGE_MEMORY, "train", "MIG-3b") == 3 * GiB
     assert series(metrics.USAGE_SM, "train", "MIG-3b") is None  # the driver samples none on MIG
+    assert ("team", "train", "main", "3", "MIG-3b") in dict(metrics.USAGE_MEMORY._values)  # its GPU's index
     (row,) = [r for r in collection.rows if r.device == "MIG-3b"]
     assert row.gpu == gpus[3]["uuid"] and row.granted_memory is None
 
@@ -190,7 +199,7 @@ def test_a_bad_annotation_costs_only_that_containers_grant(sim, caplog: pytest.L
     assert len(bad) == 1 and bad[0].pod == "team/train" and DEVICE_ALLOCATED in bad[0].error  # type: ignore[attr-defined]
     assert series(metrics.USAGE_MEMORY, "train", g0) == 30 * GiB
     assert series(metrics.GRANT_CORE, "train", g0) is None
-    assert series(metrics.GRANT_CORE, "gone", g0) == 100
+    assert series(metrics.GRANT_CORE, "gone", g0) == 1
     del store.containers[CIDS["train"]]
     collector.collect_once()
     assert not collector._bad  # what it remembers of a container goes with the container
@@ -271,7 +280,7 @@ def test_gpus_that_came_through_a_dra_claim_are_shown_against_the_claim(sim, cap
     assert [(u.gpu, u.claim, u.used_memory, u.granted_core) for u in rows] == [
         (gpu["uuid"], "team/dra-gpus", 6 * GiB, None)
     ]
-    assert dict(metrics.GRANT_CLAIM._values) == {("team", "dra", "main", gpu["uuid"], "team/dra-gpus"): 1}
+    assert dict(metrics.GRANT_CLAIM._values) == {("team", "dra", "main", "2", gpu["uuid"], "team/dra-gpus"): 1}
     written = usage.decode(json.loads((tmp / usage.STATE_FILE).read_text()))
     assert [u.claim for u in written.rows if u.owner.container_id == cid] == ["team/dra-gpus"]
     # an unreadable checkpoint: the claims are left out, said once, the rest goes on

@@ -220,8 +220,12 @@ def test_gpu_usage_is_collected_in_nri_mode(gpu_node: GpuNode, cri: Cri) -> None
     assert (row["namespace"], row["pod"], row["container"], row["container_id"]) == ("ml", "trainer", "cuda", cid)
     assert (row["used_memory"], row["sm_util"], row["granted_core"]) == (3 << 30, 55.0, 100)
     assert row["gpus"] == [str(gpu["minor"])] and row["pids"] == [pid]
-    labels = (("container", "cuda"), ("gpu", gpu["uuid"]), ("namespace", "ml"), ("pod", "trainer"))
+    # dcgm-exporter's labels (gpu: the NVML index; UUID), and the node's name on every series
+    assert all(dict(labels).get("node") for _, labels in samples)
+    samples = {(name, tuple(kv for kv in labels if kv[0] != "node")): v for (name, labels), v in samples.items()}
+    index = str(node.doc["gpus"].index(gpu))
+    labels = (("UUID", gpu["uuid"]), ("container", "cuda"), ("gpu", index), ("namespace", "ml"), ("pod", "trainer"))
     assert samples[("crihook_gpu_memory_used_bytes", labels)] == 3 << 30
-    assert samples[("crihook_gpu_sm_utilization_percent", labels)] == 55
-    assert samples[("crihook_gpu_granted_core_percent", labels)] == 100
+    assert samples[("crihook_gpu_sm_utilization_ratio", labels)] == 0.55
+    assert samples[("crihook_gpu_granted_core_ratio", labels)] == 1
     assert samples[("crihook_gpu_granted_memory_bytes", labels)] == gpu["memory_total"]

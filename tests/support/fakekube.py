@@ -4,6 +4,7 @@ It serves exactly what crihook uses, the way the API server does it on the wire:
 - core/v1 `nodes` (+ `/status`) and `pods` (+ `/status`, `/binding`; `namespaces/{ns}/bindings` too),
 - the cluster-scoped custom resource `devices.scheduling.koordinator.sh/v1alpha1` (+ `/status`);
 - `coordination.k8s.io/v1` `leases` (leader election);
+- TokenReview and SubjectAccessReview (POST only), answered from `tokens` and `allowed`;
 - `/version` (the `version` field);
 - `resource.k8s.io/v1` `resourceslices`, `resourceclaims` (+ `/status`) and
   `resourceclaimtemplates`, or none (`FakeKube(dra=False)`: a cluster that does not serve DRA
@@ -445,6 +446,10 @@ class FakeKube:
     requests: list[Request] = field(default_factory=list)
     tls: ssl.SSLContext | None = None  # serve HTTPS with this server context
     no_status: frozenset[str] = frozenset()  # plurals without a status subresource
+    # TokenReview and SubjectAccessReview: bearer token -> the user it names ({"username", "groups"}),
+    # and the (username, non-resource path, verb) the authorizer allows
+    tokens: dict[str, JSON] = field(default_factory=dict)
+    allowed: set[tuple[str, str, str]] = field(default_factory=set)
     dra: bool = True  # serve resource.k8s.io/v1 (a cluster before 1.34 does not)
     version: tuple[str, str] = ("1", "36")  # what /version answers: major, minor
 
@@ -766,6 +771,19 @@ class FakeKube:
             self._record(res, "MODIFIED", new, cur)
             return _clone(new)
 
+    def _review(self, path: str, body: Any) -> JSON:
+        """A TokenReview or SubjectAccessReview answered from `tokens` and `allowed`."""
+        spec = (body or {}).get("spec") or {}
+        out = {**body, "status": {}}
+        if path == _REVIEWS[0]:
+            user = self.tokens.get(spec.get("token", ""))
+            out["status"] = {"authenticated": True, "user": user} if user else {"authenticated": False}
+        else:
+            attrs = spec.get("nonResourceAttributes") or {}
+            ok = (spec.get("user", ""), attrs.get("path", ""), attrs.get("verb", "")) in self.allowed
+            out["status"] = {"allowed": ok}
+        return out
+
     def _check_pod_update(self, cur: JSON, new: JSON, name: str) -> None:
         """Pod spec is immutable apart from a few fields; spec.nodeName only changes through binding."""
         old_spec, new_spec = cur.get("spec", {}), new.get("spec", {})
@@ -1007,6 +1025,8 @@ def _matcher(labels: str, fields: str) -> Callable[[JSON], bool]:
 
 # --- HTTP ---------------------------------------------------------------------------------------
 
+_REVIEWS = ("/apis/authentication.k8s.io/v1/tokenreviews", "/apis/authorization.k8s.io/v1/subjectaccessreviews")
+
 _CORE = re.compile(
     r"^/api/v1(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)"
     r"(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$"
@@ -1106,6 +1126,9 @@ class _Handler(BaseHTTPRequestHandler):
         if path in ("/version", "/version/") and method == "GET":
             major, minor = fake.version
             self._send_json(200, {"major": major, "minor": minor, "gitVersion": f"v{major}.{minor}.0"})
+            return
+        if method == "POST" and path in _REVIEWS:
+            self._send_json(201, fake._review(path, body))
             return
         m = _CORE.match(path) or _GROUP.match(path)
         if m is None:

@@ -35,6 +35,7 @@ NEWEST = kubernetes_validate.latest_version()
 # the oldest the chart admits: Chart.yaml's kubeVersion, ">=X.Y.Z-0"
 OLDEST = yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"].removeprefix(">=").split("-")[0]
 SERVICE_MONITOR = "monitoring.coreos.com/v1/ServiceMonitor"
+POD_MONITOR = "monitoring.coreos.com/v1/PodMonitor"
 
 # the CA of the given-certificate combination: a throwaway self-signed one, its key not kept
 GIVEN_CA = """-----BEGIN CERTIFICATE-----
@@ -88,7 +89,12 @@ COMBOS: dict[str, Combo] = {
     "network-policy": Combo({"networkPolicy": {"enabled": True}}),
     "no-node": Combo({"node": {"enabled": False}}),
     "dra": Combo({"dra": {"enabled": True, "extendedResourceName": "nvidia.com/gpu", "consumableCapacity": "on"}}),
-    "node-without-reporter": Combo({"node": {"reporter": {"enabled": False}, "driverRoot": "", "runtimeSocket": ""}}),
+    "node-without-reporter": Combo(
+        {
+            "node": {"reporter": {"enabled": False}, "driverRoot": "", "runtimeSocket": ""},
+            "metrics": {"node": {"port": 0}},
+        }
+    ),
     "node-gpu-operator": Combo(
         {
             "node": {
@@ -99,11 +105,12 @@ COMBOS: dict[str, Combo] = {
             }
         }
     ),
-    "service-monitor": Combo(api_versions=(SERVICE_MONITOR,)),
+    "service-monitor": Combo(api_versions=(SERVICE_MONITOR, POD_MONITOR)),
+    "node-metrics-loopback": Combo({"metrics": {"node": {"port": 0}}}, api_versions=(POD_MONITOR,)),
     "kube-system": Combo(namespace="kube-system", values={"webhooks": {"excludeNamespaces": ["monitoring"]}}),
     "other-release-name": Combo(release="gpu", values={"scheduler": {"replicas": 3}}),
     # Helm's longest release name (53), with every object the chart can make
-    "long-release-name": Combo(release="a" * 53, api_versions=(SERVICE_MONITOR,)),
+    "long-release-name": Combo(release="a" * 53, api_versions=(SERVICE_MONITOR, POD_MONITOR)),
     "everything-set": Combo(
         {
             "imagePullSecrets": [{"name": "regcred"}],
@@ -271,6 +278,39 @@ CRD_KINDS: dict[tuple[str, str], dict[str, Any]] = {
                                     {
                                         "serverName": _STR,
                                         "ca": _strict({"secret": _strict({"name": _STR, "key": _STR}, ("key",))}),
+                                    }
+                                ),
+                            }
+                        ),
+                    },
+                },
+                ("selector",),
+            ),
+        },
+        ("metadata", "spec"),
+    ),
+    # the fields of prometheus-operator's PodMonitor CRD the chart writes (monitoring.coreos.com_podmonitors.yaml)
+    ("monitoring.coreos.com/v1", "PodMonitor"): _strict(
+        {
+            "apiVersion": _STR,
+            "kind": _STR,
+            "metadata": _META,
+            "spec": _strict(
+                {
+                    "selector": {"type": "object"},
+                    "podMetricsEndpoints": {
+                        "type": "array",
+                        "items": _strict(
+                            {
+                                "port": _STR,
+                                "scheme": {"enum": ["http", "https"]},
+                                "path": _STR,
+                                "interval": {"type": "string", "pattern": _PROMETHEUS_DURATION},
+                                "honorLabels": {"type": "boolean"},
+                                "authorization": _strict(
+                                    {
+                                        "type": _STR,
+                                        "credentials": _strict({"name": _STR, "key": _STR}, ("key",)),
                                     }
                                 ),
                             }
