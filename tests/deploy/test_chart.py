@@ -55,6 +55,11 @@ def test_lint_strict(name: str) -> None:
         {"scheduler": {"replicas": "two"}},  # the wrong type
         {"nodes": {"enabled": False}},  # a misspelt top-level key
         {"node": {"nri": {"pluginIndex": "7"}}},  # NRI wants two digits
+        {"node": {"nri": {"pluginIndex": 100}}},  # or a number that fits in two
+        {"webhooks": {"failurePolicy": "Ignore"}},  # the validating webhook's policy is not a value
+        {"webhooks": {"mutating": {"failurePolicy": "Never"}}},
+        {"node": {"updateStrategy": {"type": "Recreate"}}},  # a Deployment's, not a DaemonSet's
+        {"metrics": {"node": {"port": 70000}}},
     ],
     ids=json.dumps,
 )
