@@ -555,6 +555,25 @@ def test_notes_say_how_to_check_the_install() -> None:
         assert what in notes, what
 
 
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"kubeScheduler": {"mode": "extender"}},
+        {"kubeScheduler": {"mode": "extender"}, "tls": {"mode": "secret", "secret": {"name": "corp-tls"}}},
+        {"kubeScheduler": {"mode": "extender"}, "tls": {"mode": "certManager"}},
+    ],
+    ids=json.dumps,
+)
+def test_notes_name_the_files_your_kube_scheduler_needs(values: dict[str, Any]) -> None:
+    """In extender mode the notes say where the CA and kube-scheduler's client certificate are (and
+    render without a client Secret where none is needed)."""
+    out = helm.run(
+        "install", "crihook", str(CHART), "--dry-run=client", "--namespace", "crihook", *helm.values_args(values)
+    ).stdout
+    notes = out.split("NOTES:", 1)[1]
+    assert "ca.crt" in notes and "client certificate" in notes and "/etc/kubernetes/crihook/client.key" in notes
+
+
 def test_network_policy_lets_kube_scheduler_reach_the_scheduler() -> None:
     """Off by default; on, it selects the scheduler's pods and lets the second kube-scheduler's pods
     and the configured peers reach the port the scheduler serves on."""

@@ -142,6 +142,28 @@ def test_a_standby_answers_webhooks_on_kept_connections_and_sends_extender_calls
         server.server_close()
 
 
+def test_the_any_address_serves_both_families() -> None:
+    """`--listen [::]:PORT` (the chart's): IPv4 clients reach it as mapped addresses, IPv6 ones
+    directly, so one default fits IPv4, IPv6 and dual-stack clusters."""
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 in this Python")
+    server = srv.make_server(app(), "::", 0, None, workers=2)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    port = server.server_address[1]
+    try:
+        for host in ("127.0.0.1", "::1"):
+            try:
+                s = socket.create_connection((host, port), timeout=5)
+            except OSError as e:  # a host without IPv6 on loopback
+                assert host == "::1", e
+                continue
+            assert exchange(s, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n") == (200, b"ok\n"), host
+            s.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_expect_100_continue(plain: srv.Server) -> None:
     s = dial(plain)
     body = review("uid-7")
