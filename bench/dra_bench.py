@@ -3,7 +3,7 @@
     .venv/bin/python bench/dra_bench.py [--claims 300] [--per-call 1] [--concurrency 1]
 
 Kubelet's part is a real grpcio client on the plugin's unix socket; the driver is `crihook dra`'s
-(crihook.dra.driver) with its checkpoint on the local disk (fsynced) and its CDI specs in /dev/shm
+(crihook.dra.driver) with its checkpoint on the local disk and its CDI specs in /dev/shm
 when there is one (the runtime's /var/run/cdi is a tmpfs), the claims read through the real
 kubernetes client from the fake API server on loopback, in a process of its own, the GPUs those of
 the 8-GPU NVSwitch box of the fake NVML library. Each claim is new (the API server is asked, a spec

@@ -129,7 +129,7 @@ class Driver:
         for path in sorted(self.paths.cdi_dir.glob(f"{SPEC_PREFIX}*.json")):
             uid = path.name[len(SPEC_PREFIX) : -len(".json")]
             if uid not in self.state.claims:
-                remove(path, durable=False)
+                remove(path)
                 log.info("CDI spec of no prepared claim removed", extra={"file": str(path)})
         log.info("prepared claims read", extra={"claims": len(self.state.claims), "dir": str(self.paths.checkpoint)})
 
@@ -259,7 +259,7 @@ class Driver:
             except OSError as e:
                 raise cl.ClaimError(f"HAMi-core directory {d} can not be made ({e.strerror or e})") from None
         doc = cl.numbered(spec, self.number)
-        write_atomic(self.paths.spec_file(uid), json.dumps(doc, indent=1).encode(), 0o644, durable=False)
+        write_atomic(self.paths.spec_file(uid), json.dumps(doc, indent=1).encode(), 0o644)
 
     async def _unprepare(self, c: Claim) -> str:
         if c.uid not in self.state.claims:
@@ -271,7 +271,7 @@ class Driver:
 
     def _drop(self, uid: str) -> None:
         self.state.drop(uid)
-        remove(self.paths.spec_file(uid), durable=False)
+        remove(self.paths.spec_file(uid))
 
     def _write_spec(self, p: cl.Prepared) -> None:
         """A prepared claim's spec again, from the checkpoint's facts (its group's, those still
@@ -392,28 +392,43 @@ class Plugin:
         self._servers.clear()
 
 
-def api_fetch(api_client: Any, kind: str = "claim") -> Fetch:
-    """A Fetch through the kubernetes client: a ResourceClaim (ResourceV1Api) or, with kind "pod",
-    a Pod; the object as JSON. Raises ClaimError."""
-    from kubernetes.client import CoreV1Api, ResourceV1Api
-    from kubernetes.client.exceptions import ApiException
+# where each kind is read (resource.k8s.io/v1 ResourceClaim, core/v1 Pod)
+_PATHS = {
+    "claim": "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}",
+    "pod": "/api/v1/namespaces/{namespace}/pods/{name}",
+}
 
-    get: Callable[..., Any] = (
-        CoreV1Api(api_client).read_namespaced_pod
-        if kind == "pod"
-        else ResourceV1Api(api_client).read_namespaced_resource_claim
-    )
+
+def api_fetch(api_client: Any, kind: str = "claim") -> Fetch:
+    """A Fetch through the kubernetes client's ApiClient (its configuration, credentials and
+    connection pool): a ResourceClaim or, with kind "pod", a Pod; the object as JSON. Raises
+    ClaimError. The request is built with the client's `param_serialize` and sent with `call_api`,
+    the two steps of its generated read methods without their per-call argument validation, which
+    cost more CPU than the rest of a prepare (0.94 against 0.35 ms a read, measured against the fake
+    API server)."""
+    path = _PATHS[kind]
 
     def read(namespace: str, name: str) -> Mapping[str, Any]:
+        request = api_client.param_serialize(
+            method="GET",
+            resource_path=path,
+            path_params={"namespace": namespace, "name": name},
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
         try:
-            response: Any = get(name, namespace, _preload_content=False, _request_timeout=FETCH_TIMEOUT)
-        except ApiException as e:
-            if e.status == 404:
-                raise cl.ClaimError(f"{kind} {namespace}/{name} not found") from None
-            raise cl.ClaimError(f"{kind} {namespace}/{name}: API server answered {e.status} {e.reason}") from None
+            response: Any = api_client.call_api(*request, _request_timeout=FETCH_TIMEOUT)
+            response.read()
         except Exception as e:  # unreachable API server: kubelet asks again
             raise cl.ClaimError(f"{kind} {namespace}/{name}: API server not reachable ({e})") from None
-        doc: Mapping[str, Any] = json.loads(response.data)
+        if response.status == 404:
+            raise cl.ClaimError(f"{kind} {namespace}/{name} not found")
+        if not 200 <= response.status < 300:
+            raise cl.ClaimError(f"{kind} {namespace}/{name}: API server answered {response.status} {response.reason}")
+        try:
+            doc: Mapping[str, Any] = json.loads(response.data)
+        except ValueError as e:
+            raise cl.ClaimError(f"{kind} {namespace}/{name}: the API server's answer is not JSON ({e})") from None
         return doc
 
     return read
