@@ -45,6 +45,11 @@ class Claim:
     namespace: str
     pod_uids: frozenset[str]
     cdi_devices: tuple[str, ...]  # qualified CDI names, every driver's
+    requests: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (CDI name, the requests of its device)
+
+    def requests_of(self, cdi_device: str) -> tuple[str, ...]:
+        """The claim's requests a CDI device of it serves."""
+        return next((names for n, names in self.requests if n == cdi_device), ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,12 +116,17 @@ def parse_claims(data: bytes) -> Claims:
         pods = c.get("PodUIDs")
         pod_uids = pods.keys() if isinstance(pods, dict) else _list(pods, f"{where}.PodUIDs")
         cdi: list[str] = []
+        requests: list[tuple[str, tuple[str, ...]]] = []
         for driver, state in _obj(c.get("DriverState"), f"{where}.DriverState").items():
             for j, dev in enumerate(_list(_obj(state, f"{where}.DriverState[{driver!r}]").get("Devices"), where)):
-                ids = _obj(dev, f"{where}.DriverState[{driver!r}].Devices[{j}]").get("CDIDeviceIDs")
-                cdi.extend(
-                    _str(n, f"{where}.DriverState[{driver!r}].Devices[{j}].CDIDeviceIDs") for n in _list(ids, where)
+                at = f"{where}.DriverState[{driver!r}].Devices[{j}]"
+                device = _obj(dev, at)
+                names = tuple(
+                    _str(r, f"{at}.RequestNames") for r in _list(device.get("RequestNames"), f"{at}.RequestNames")
                 )
+                ids = [_str(n, f"{at}.CDIDeviceIDs") for n in _list(device.get("CDIDeviceIDs"), where)]
+                cdi.extend(ids)
+                requests += [(n, names) for n in ids]
         out.append(
             Claim(
                 uid=_str(c.get("ClaimUID"), f"{where}.ClaimUID"),
@@ -124,6 +134,7 @@ def parse_claims(data: bytes) -> Claims:
                 namespace=_str(c.get("Namespace"), f"{where}.Namespace"),
                 pod_uids=frozenset(_str(u, f"{where}.PodUIDs") for u in pod_uids),
                 cdi_devices=tuple(cdi),
+                requests=tuple(requests),
             )
         )
     return Claims(tuple(out))

@@ -12,8 +12,8 @@ one that ended before its cgroup was read has exited: none of them is dropped.
 A GPU can also come through a DRA claim: kubelet's DRA checkpoint names the claims each pod holds
 and the CDI devices prepared for them (devices/draclaims.py). A device named `<claim UID>-gpu-<minor>`
 (crihook's driver, and NVIDIA's) is that GPU; the use of it is shown against the claim, by
-namespace/name. The claim's share is its allocation's, which the node does not record: no core or
-memory figure is shown for it.
+namespace/name and the request the device serves. The claim's share is its allocation's, which the
+node does not record: no core or memory figure is shown for it.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class Grant:
     gpu: str  # UUID
     core: int  # percent of the GPU's SMs
     memory: int  # bytes; 0 when not known
-    claim: str = ""  # namespace/name of the DRA claim that brought the GPU; "" for the scheduler's grant
+    claim: str = ""  # namespace/name[/request] of the DRA claim that brought the GPU; "" for the scheduler's
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,14 +215,15 @@ def claim_minor(claim_uid: str, cdi_device: str) -> int | None:
 
 
 def claim_grants(claims: Iterable[Claim], gpus: Mapping[int, tuple[str, int]]) -> tuple[Grant, ...]:
-    """The GPUs of this node a pod's DRA claims brought, each named after its claim; `gpus`: minor
-    -> (UUID, memory in bytes)."""
+    """The GPUs of this node a pod's DRA claims brought, each named after its claim and the
+    request it serves (`namespace/name/request`); `gpus`: minor -> (UUID, memory in bytes)."""
     out = []
     for c in claims:
         for device in c.cdi_devices:
             minor = claim_minor(c.uid, device)
             if minor is not None and minor in gpus:
-                out.append(Grant(gpus[minor][0], 0, 0, f"{c.namespace}/{c.name}"))
+                name = "/".join((c.namespace, c.name, ",".join(c.requests_of(device)))).rstrip("/")
+                out.append(Grant(gpus[minor][0], 0, 0, name))
     return tuple(dict.fromkeys(out))
 
 

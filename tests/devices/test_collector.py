@@ -278,11 +278,11 @@ def test_gpus_that_came_through_a_dra_claim_are_shown_against_the_claim(sim, cap
     collector.claims = ClaimsReader(str(checkpoint))
     rows = [u for u in collector.collect_once().rows if u.owner.container_id == cid]
     assert [(u.gpu, u.claim, u.used_memory, u.granted_core) for u in rows] == [
-        (gpu["uuid"], "team/dra-gpus", 6 * GiB, None)
+        (gpu["uuid"], "team/dra-gpus/gpus", 6 * GiB, None)
     ]
-    assert dict(metrics.GRANT_CLAIM._values) == {("team", "dra", "main", "2", gpu["uuid"], "team/dra-gpus"): 1}
+    assert dict(metrics.GRANT_CLAIM._values) == {("team", "dra", "main", "2", gpu["uuid"], "team/dra-gpus/gpus"): 1}
     written = usage.decode(json.loads((tmp / usage.STATE_FILE).read_text()))
-    assert [u.claim for u in written.rows if u.owner.container_id == cid] == ["team/dra-gpus"]
+    assert [u.claim for u in written.rows if u.owner.container_id == cid] == ["team/dra-gpus/gpus"]
     # an unreadable checkpoint: the claims are left out, said once, the rest goes on
     checkpoint.write_text("{")
     with caplog.at_level(logging.WARNING, logger="crihook.usage"):

@@ -75,3 +75,14 @@ def test_reader(tmp_path: Path) -> None:
     path.write_bytes(b"[]x")
     with pytest.raises(ClaimsError):
         reader.read()
+
+
+def test_the_requests_each_device_serves() -> None:
+    doc = claim("c1", [POD], d=[["a.com/b=c1-gpu-0"], ["a.com/b=c1-gpu-1"]])
+    for i, dev in enumerate(doc["DriverState"]["d"]["Devices"]):  # type: ignore[index]
+        dev["RequestNames"] = [f"r{i}"]
+    (got,) = parse_claims(checkpoint(doc)).claims
+    assert got.requests_of("a.com/b=c1-gpu-1") == ("r1",) and got.requests_of("x") == ()
+    doc["DriverState"]["d"]["Devices"][0]["RequestNames"] = "r0"  # type: ignore[index]
+    with pytest.raises(ClaimsError, match="RequestNames"):
+        parse_claims(checkpoint(doc))

@@ -384,3 +384,11 @@ def test_the_gpus_a_pods_dra_claims_brought_are_named_after_the_claim() -> None:
     doc["rows"][0]["claim"] = 3
     with pytest.raises(usage.StateError):
         usage.decode(doc)
+
+
+def test_a_claim_grant_names_the_request_its_device_serves() -> None:
+    from crihook.devices.draclaims import Claim
+
+    dev = "gpu.crihook.io/claim=c-1-gpu-0"
+    c = Claim("c-1", "pair", "ml", frozenset({"p"}), (dev,), ((dev, ("main", "side")),))
+    assert usage.claim_grants([c], {0: (GPU0, GiB)}) == (Grant(GPU0, 0, 0, "ml/pair/main,side"),)
