@@ -15,9 +15,10 @@ Three drivers, as they publish GPUs:
 kube-scheduler picks the node and the allocator the devices in it. For NVIDIA's and HAMi's drivers
 the node is kube-scheduler's default choice (NodeResourcesFit's LeastAllocated plus
 NodeResourcesBalancedAllocation over CPU and memory, pkg/scheduler/framework/plugins/noderesources:
-integer scores, ties to the first node in the run's random node order); with crihook's driver the
-extender scores nodes with crihook's default policy. Either way the devices inside the node are the
-allocator's first solution: first fit in published order.
+integer scores, ties to the first node in the run's random node order); with crihook's driver
+crihook's default policy scores the nodes, as the extender does for annotation pods (it does not
+score DRA pods yet). Either way the devices inside the node are the allocator's first solution:
+first fit in published order.
 
 Filter stays the allocator's array check (DeviceShare): for these claims a node has a solution
 exactly when enough GPUs have the room (the `any` fallback makes the constraints never refuse a
