@@ -5,35 +5,23 @@ own kube-scheduler with crihook as its extender (extender mode)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kubernetes.client import AppsV1Api
 
-from tests.support.cluster import Cluster, ClusterError, eventually
+from tests.support.cluster import Cluster
 from tests.support.clusterchart import use_extender, use_second_scheduler
-from tests.support.containerd import BUSYBOX_IMAGE
+from tests.support.clusterpods import reported, reporter
 
 pytestmark = pytest.mark.cluster
 
 ALLOCATED = "scheduling.koordinator.sh/device-allocated"
-# what each GPU container prints at start, then it sleeps
-REPORT = (
-    'echo "visible=$NVIDIA_VISIBLE_DEVICES"; echo "dev=$(ls /dev | grep "^nvidia[0-9]" | tr "\\n" " ")"; sleep 3600'
-)
 
 
-def gpu_deployment(name: str, resources: dict[str, Any]) -> dict[str, Any]:
+def gpu_deployment(name: str, resources: dict[str, str]) -> dict[str, Any]:
     labels = {"app": name}
-    container = {
-        "name": "cuda",
-        "image": BUSYBOX_IMAGE,
-        "imagePullPolicy": "Never",
-        "command": ["sh", "-c", REPORT],
-        "resources": {"limits": resources},
-    }
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -43,7 +31,7 @@ def gpu_deployment(name: str, resources: dict[str, Any]) -> dict[str, Any]:
             "selector": {"matchLabels": labels},
             "template": {
                 "metadata": {"labels": labels},
-                "spec": {"terminationGracePeriodSeconds": 1, "containers": [container]},
+                "spec": {"terminationGracePeriodSeconds": 1, "containers": [reporter(resources)]},
             },
         },
     }
@@ -61,27 +49,11 @@ def deployments(installed: Cluster) -> Iterator[list[str]]:
         installed.wait_pods_gone("default", f"app={name}")
 
 
-def run_deployment(cluster: Cluster, made: list[str], name: str, resources: dict[str, Any]) -> Any:
+def run_deployment(cluster: Cluster, made: list[str], name: str, resources: dict[str, str]) -> Any:
     """Create it, wait for its pod to run; the pod."""
     AppsV1Api(cluster.api()).create_namespaced_deployment("default", gpu_deployment(name, resources))
     made.append(name)
     return cluster.wait_selected_pod_running("default", f"app={name}")
-
-
-def seen_by_container(cluster: Cluster, pod: Any) -> tuple[list[str], list[int]]:
-    """The GPU UUIDs in the container's NVIDIA_VISIBLE_DEVICES and the minors of its /dev/nvidiaN."""
-
-    def log() -> str:
-        return str(cluster.core().read_namespaced_pod_log(pod.metadata.name, "default"))
-
-    text = eventually(log, None, compare=lambda got, _: "dev=" in got)
-    visible = re.search(r"^visible=(.*)$", text, re.M)
-    dev = re.search(r"^dev=(.*)$", text, re.M)
-    if visible is None or dev is None:
-        raise ClusterError(f"the container did not report: {text!r}")
-    uuids = [u for u in visible.group(1).split(",") if u]
-    minors = sorted(int(d.removeprefix("nvidia")) for d in dev.group(1).split())
-    return uuids, minors
 
 
 def nvlinked(cluster: Cluster, a: str, b: str) -> bool:
@@ -94,7 +66,8 @@ def nvlinked(cluster: Cluster, a: str, b: str) -> bool:
 def check_an_nvlink_pair(cluster: Cluster, pod: Any) -> None:
     assert cluster.sim is not None
     assert ALLOCATED in (pod.metadata.annotations or {})
-    uuids, minors = seen_by_container(cluster, pod)
+    visible, minors = reported(cluster, pod.metadata.name)
+    uuids = visible.split(",")
     assert len(uuids) == 2 and len(set(uuids)) == 2
     minor_of = {g["uuid"]: g["minor"] for g in cluster.sim.doc["gpus"]}
     assert minors == sorted(minor_of[u] for u in uuids)

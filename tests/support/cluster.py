@@ -354,6 +354,7 @@ class Cluster:
     crihook: Crihook | None = None
     sim: SimNode | None = None
     started_in: float = 0.0
+    kubelet_port: int = field(default_factory=free_port)
     _api: ApiClient | None = field(default=None, repr=False)
     _host_before: set[str] = field(default_factory=set, repr=False)
     _chains_before: set[str] = field(default_factory=set, repr=False)
@@ -414,6 +415,7 @@ class Cluster:
         self._host_before = host_entries()
         self._chains_before = iptables_chains()
         self.network.create()
+        self._share(self.base)
         self._make_pki()
         self._kubeconfigs()
         self._make_sim_node()
@@ -514,6 +516,21 @@ class Cluster:
             ],
         )  # fmt: skip
 
+    def restart_kubelet(self, timeout: float = 60.0) -> None:
+        """Stop kubelet (SIGTERM, by pid) and start it again with the same flags; returns once the
+        node is Ready again."""
+        kubelet = self.components["kubelet"]
+        kubelet.stop()
+        kubelet.start()
+        # the node stays Ready in the API until its status expires: wait for kubelet's own server
+        wait_for("kubelet serving again", self._kubelet_serves, timeout, [kubelet])
+        wait_for("the node Ready after kubelet's restart", self._node_ready, timeout, [kubelet])
+
+    def restart_containerd(self) -> None:
+        """Stop containerd (SIGTERM) and start it again; containers keep running in their shims."""
+        assert self.containerd is not None
+        self.containerd.restart()
+
     def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Component:
         component = Component(name, argv, self.base / "logs" / f"{name}.log", dict(env or {}))
         component.log.parent.mkdir(exist_ok=True)
@@ -551,22 +568,32 @@ class Cluster:
             kubeconfig(path, self.server, pki.ca, pki.cert(name), pki.key(name))
         shutil.copy(self.kubeconfig, self.base / "reporter.kubeconfig")
 
-    def _make_sim_node(self) -> None:
-        """The simulated GPU node, its driver directory holding the fake libnvidia-ml.so.1 beside
-        the topology file it reads, the device nodes (mknod) and the sysfs tree."""
-        self.sim = make_sim_node(self.base / "driver", TOPOLOGY, char_devices=True)
-        shutil.copy(fakenvml.build(), self.sim.root / "libnvidia-ml.so.1")
-        # kubelet's root dir is a shared mount on a real node (systemd makes / shared): pod volumes
-        # mounted under it must reach pods mounting it with HostToContainer propagation, and
-        # containerd refuses that propagation from a private mount. These hosts' / is private.
-        root = str(self.kubelet_root)
-        for command in (["mount", "--bind", root, root], ["mount", "--make-rshared", root]):
+    @property
+    def nvml_library(self) -> Path:
+        """The fake libnvidia-ml.so.1 where a driver installed under the simulated node's root has it."""
+        assert self.sim is not None
+        return self.sim.root / "usr" / "lib" / "x86_64-linux-gnu" / "libnvidia-ml.so.1"
+
+    def _share(self, path: Path) -> None:
+        """Make `path` a shared mount point, as everything is on a real node (systemd makes /
+        shared): containerd refuses HostToContainer propagation, which the chart asks for the
+        kubelet, driver and runtime directories, from a private mount. These hosts' / is private."""
+        for command in (["mount", "--bind", str(path), str(path)], ["mount", "--make-rshared", str(path)]):
             subprocess.run(command, check=True, capture_output=True)
+
+    def _make_sim_node(self) -> None:
+        """The simulated GPU node: the driver's root holding the fake libnvidia-ml.so.1 beside the
+        topology file it reads, the device nodes (mknod) and the sysfs tree."""
+        self.sim = make_sim_node(self.base / "driver", TOPOLOGY, char_devices=True)
+        self.nvml_library.parent.mkdir(parents=True)
+        shutil.copy(fakenvml.build(), self.nvml_library)
+        shutil.copy(self.sim.config, self.nvml_library.parent / "topology.json")  # what the library reads
 
     def _start_runtime(self) -> None:
         """containerd 2.x with NRI on, CNI bin dir and config of the cluster; in proxy mode `crihook
         serve` in front of it."""
         self.containerd = Containerd.create(cgroup_root=self.cgroup_root, runtime=runtime("2"), nri=True)
+        self._share(self.containerd.base)
         cni = self.containerd.base / "cni"
         (cni / "net.d").mkdir(parents=True)
         (cni / "bin").symlink_to(CNI_BIN)
@@ -576,7 +603,7 @@ class Cluster:
         self.containerd.import_images()
         if self.mode == "proxy":
             assert self.sim is not None
-            config = self.sim.proxy_config(self.sim.root / "libnvidia-ml.so.1", NODE_NAME)
+            config = self.sim.proxy_config(self.nvml_library, NODE_NAME)
             config += f'\n[reporter]\nkubeconfig = "{self.base / "reporter.kubeconfig"}"\ninterval_seconds = 5.0\n'
             self.crihook = Crihook(self.base / "crihook", self.containerd.address, config)
             self.crihook.write_config()
@@ -590,7 +617,7 @@ class Cluster:
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
             "address": self.network.node_ip,
-            "port": free_port(),
+            "port": self.kubelet_port,
             "readOnlyPort": 0,
             "healthzPort": 0,
             "authentication": {
@@ -656,6 +683,11 @@ class Cluster:
         except ApiException:
             return False
         return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+
+    def _kubelet_serves(self) -> bool:
+        with socket.socket() as s:
+            s.settimeout(1)
+            return s.connect_ex((self.network.node_ip, self.kubelet_port)) == 0
 
     def _default_account(self) -> bool:
         """Pods can be made in `default` once the controller manager made its ServiceAccount."""

@@ -7,11 +7,11 @@ holding the suite's own kube binary (tests/kube) and the C libraries it links, n
 chart expects it.
 
 Values: only what a user of such a node sets (docs/helm.md): one replica of each scheduler (one
-node), where containerd's NRI and CRI sockets and kubelet's root dir are, the driver's root
-(`node.driverRoot`, here the simulated node's directory: its fake libnvidia-ml.so.1 beside its
-topology, named by `[node] nvml_library` since it is not in a distribution's library directory),
-and a state dir. The simulated node's device nodes and sysfs are in that directory too, so its
-`[node]` dev_root and sys_root point there (`node.config`); a real node has them at /dev and /sys.
+node), where containerd's NRI and CRI sockets, its CDI spec dir and kubelet's root dir are, the
+driver's root (`node.driverRoot`, here the simulated node's directory: its fake libnvidia-ml.so.1
+in usr/lib/x86_64-linux-gnu, as Debian's driver packages put it, beside its topology), and a state
+dir. The simulated node's device nodes and sysfs are in that directory too, so its `[node]` dev_root
+and sys_root point there (`node.config`); a real node has them at /dev and /sys.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ import json
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
 from crihook.base.oci import LayerFile, layer_tar, oci_archive
-from crihook.simnode.containerd import _cached
+from crihook.simnode.containerd import _cached, busybox_archive
 from tests.support.cluster import ROOT, Cluster, ClusterError, eventually
 from tests.support.helm import CHART, helm
 
@@ -101,17 +102,12 @@ def user_values(cluster: Cluster) -> dict[str, Any]:
     assert cluster.containerd is not None and cluster.sim is not None
     values["node"] = {
         "nri": {"socket": str(cluster.containerd.nri_socket)},
+        "runtimeSocket": str(cluster.containerd.socket),
+        "cdiSpecDirs": [str(cluster.containerd.cdi_spec_dir)],
         "kubeletRootDir": str(cluster.kubelet_root),
         "driverRoot": str(cluster.sim.root),
-        "runtimeSocket": str(cluster.containerd.socket),
         "stateDir": str(cluster.base / "crihook-state"),
-        "config": {
-            "node": {
-                "nvml_library": f"{DRIVER_MOUNT}/libnvidia-ml.so.1",
-                "dev_root": f"{DRIVER_MOUNT}/dev",
-                "sys_root": f"{DRIVER_MOUNT}/sys",
-            }
-        },
+        "config": {"node": {"dev_root": f"{DRIVER_MOUNT}/dev", "sys_root": f"{DRIVER_MOUNT}/sys"}},
     }
     return values
 
@@ -205,3 +201,30 @@ def use_second_scheduler(cluster: Cluster) -> None:
     """Back to the chart's default (deployment mode) and the stock kube-scheduler."""
     upgrade(cluster, user_values(cluster))
     cluster.start_scheduler()
+
+
+def kubectl(cluster: Cluster, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    """kubectl v1.37 (tests/helm.sh keeps it beside helm) as the cluster's admin; not checked."""
+    binary = Path(helm()).parent / "kubectl"
+    cmd = [str(binary), f"--kubeconfig={cluster.kubeconfig}", *args]
+    return subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=60)
+
+
+CUDA_ALL_IMAGE = "localhost/crihook/cuda-all:test"
+
+
+def cuda_all_archive() -> Path:
+    """The busybox test image as a CUDA base image ships: NVIDIA_VISIBLE_DEVICES=all in its config."""
+    busybox = busybox_archive()
+
+    def build() -> bytes:
+        with tarfile.open(busybox) as tar:
+            blobs = [m for m in tar.getmembers() if m.name.startswith("blobs/") and m.isfile()]
+            biggest = max(blobs, key=lambda m: m.size)  # the layer: the manifest and config are small
+            extracted = tar.extractfile(biggest)
+            assert extracted is not None
+            layer = extracted.read()
+        env = ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"]
+        return oci_archive(CUDA_ALL_IMAGE, layer, {"Env": env, "Cmd": ["sh"]})
+
+    return _cached("cuda-all", [busybox.read_bytes()], build)
