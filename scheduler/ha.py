@@ -3,8 +3,9 @@
 The replica holding the Lease (scheduler/leader.py) serves: each time it becomes leader it starts
 a term with a fresh allocator and cluster cache, listed from the API server, and answers /readyz
 ready only once those lists are in. Then it labels its own pod (`LEADER_LABEL`) and takes the label
-off any other: the Service selects on it, so kube-scheduler and the API server's webhook calls go
-to the leader alone while every replica that serves is Ready. (Readiness tied to leadership left
+off any other: the leader's Service selects on it, so kube-scheduler's calls go to the leader alone
+while every replica that serves is Ready; the webhooks, which keep no state, have a Service of their
+own selecting every Ready replica. (Readiness tied to leadership left
 one Ready pod, and a PodDisruptionBudget that can never let the leader's node drain.) The others'
 verbs refuse (filter and bind answer an Error, kube-scheduler retries the pod). A leader that loses
 the Lease ends its term, takes its label off and forgets its reservations; if it leads again it
@@ -34,7 +35,7 @@ from crihook.scheduler.plugin import DeviceShare
 log = logging.getLogger("crihook.scheduler")
 
 DEFAULT_LEASE = "crihook-scheduler"
-LEADER_LABEL = "scheduler.crihook.io/leader"  # on the leader's pod; deploy/scheduler/service.yaml selects it
+LEADER_LABEL = "scheduler.crihook.io/leader"  # on the leader's pod; the leader's Service selects it
 LABEL_TIMEOUT = 5.0  # seconds for each label call: a term's end, SIGTERM's among them, waits on it
 LABEL_RETRY = 1.0  # seconds before a leader tries again to label its pod
 
