@@ -75,15 +75,19 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("containerd", chosen, indirect=True, scope="session", ids=lambda n: f"containerd{n}")
 
 
+@pytest.hookimpl(trylast=True)  # after pytest has grouped the tests by their session fixtures' params
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Any test using the `containerd` fixture counts as marked `containerd` (so `-m "not containerd"`
-    deselects it); marked tests are skipped, with the reason, where containerd can not run."""
+    deselects it); marked tests are skipped, with the reason, where containerd can not run. The
+    cluster tests go last, still grouped by node mode: a session's cluster runs until the session
+    ends, crihook's node pods listening on the host's ports, and nothing else may run beside it."""
     reason = missing_requirements()
     for item in items:
         if "containerd" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.containerd)
         if reason is not None and item.get_closest_marker("containerd") is not None:
             item.add_marker(pytest.mark.skip(reason=reason))
+    items.sort(key=lambda item: item.get_closest_marker("cluster") is not None)
 
 
 @pytest.fixture(scope="session")
