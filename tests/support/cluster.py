@@ -355,6 +355,7 @@ class Cluster:
     sim: SimNode | None = None
     started_in: float = 0.0
     kubelet_port: int = field(default_factory=free_port)
+    node_metrics_port: int = field(default_factory=free_port)  # the chart's metrics.node.port
     _api: ApiClient | None = field(default=None, repr=False)
     _host_before: set[str] = field(default_factory=set, repr=False)
     _chains_before: set[str] = field(default_factory=set, repr=False)

@@ -95,6 +95,9 @@ def user_values(cluster: Cluster) -> dict[str, Any]:
     values: dict[str, Any] = {
         "scheduler": {"replicas": 1},
         "kubeScheduler": {"deployment": {"replicas": 1}},
+        # the node pods use the host's network: a port of this cluster's own, as the clusters of two
+        # checkouts on one machine are two nodes sharing one host
+        "metrics": {"node": {"port": cluster.node_metrics_port}},
     }
     if cluster.mode == "proxy":  # the node runs `crihook serve` itself (install.sh): no node pods
         values["node"] = {"enabled": False}

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from tests.support.cluster import Cluster, ClusterError, eventually
 from tests.support.containerd import BUSYBOX_IMAGE
 
@@ -38,7 +40,10 @@ def reported(cluster: Cluster, name: str, namespace: str = "default") -> tuple[s
     /dev/nvidiaN."""
 
     def log() -> str:
-        return str(cluster.core().read_namespaced_pod_log(name, namespace))
+        try:
+            return str(cluster.core().read_namespaced_pod_log(name, namespace))
+        except ApiException:  # a kubelet just restarted answers 404 until it knows its pods again
+            return ""
 
     text = eventually(log, None, compare=lambda got, _: "dev=" in got)
     visible = re.search(r"^visible=(.*)$", text, re.M)
