@@ -512,15 +512,8 @@ class Containerd:
 
     def stop(self, kill: bool = False, timeout: float = 30.0) -> None:
         """Stop the daemon by its pid: SIGTERM, or SIGKILL to play a crash. Containers keep running."""
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None:
+            end_process(self.process, kill, timeout)
         self.process = None
 
     def restart(self, kill: bool = False) -> None:
@@ -591,6 +584,18 @@ class Containerd:
         for pid in shim_pids(str(self.socket)):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def end_process(process: subprocess.Popen[bytes], kill: bool, timeout: float) -> None:
+    """A process this module started, ended by its pid: SIGTERM (SIGKILL to play a crash), then
+    SIGKILL if it is still there after `timeout` seconds."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def shim_pids(containerd_socket: str) -> list[int]:

@@ -27,7 +27,6 @@ import ipaddress
 import json
 import os
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -49,6 +48,7 @@ from crihook.simnode import fakenvml
 from crihook.simnode.containerd import (
     Containerd,
     cgroup_hierarchies,
+    end_process,
     mounts_below,
     remove_cgroup_tree,
     runtime,
@@ -292,15 +292,8 @@ class Component:
 
     def stop(self, kill: bool = False, timeout: float = 20.0) -> None:
         """SIGTERM (SIGKILL to play a crash) by pid, then wait; SIGKILL if it does not end in time."""
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None:
+            end_process(self.process, kill, timeout)
         self.process = None
 
     def tail(self, lines: int = 30) -> str:
