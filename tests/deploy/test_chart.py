@@ -434,6 +434,11 @@ def test_node_pods_mount_exactly_what_they_need() -> None:
     crihook_config.parse(config, "config.toml")
     assert config["hooks"]["gpu"]["kubelet_pods_dir"] == "/var/lib/kubelet/pods"
     assert config["hooks"]["gpu"]["cdi_spec_dirs"] == ["/etc/cdi", "/var/run/cdi"]
+    # HAMi-core's directories, which crihook makes, are below the state dir the pods may write
+    assert config["hooks"]["gpu"]["hami_core"] == {
+        "cache_root": "/var/lib/crihook/hami-core/containers",
+        "lock_dir": "/var/lib/crihook/hami-core/lock",
+    }
     libraries = config["node"]["nvml_library"].split(":")
     assert "/run/crihook/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1" in libraries  # Debian, Ubuntu
     assert "/run/crihook/driver/usr/lib64/libnvidia-ml.so.1" in libraries  # RHEL
