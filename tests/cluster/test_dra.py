@@ -1,0 +1,256 @@
+"""crihook's DRA driver gpu.crihook.io on the one-node cluster, in NRI mode with the chart's DRA
+DaemonSet (`dra.enabled`): kube-scheduler allocates from the driver's ResourceSlices, kubelet prepares
+the claims through `crihook dra`, containerd applies the claims' CDI specs and crihook's NRI plugin
+keeps what they bring. The container sees exactly the claimed GPUs; two claims share one GPU by
+capacity with HAMi-core's limits; `matchAttribute` on the NVLink partition attribute gives an NVLink
+pair; a deleted pod's claim is unprepared and its CDI spec removed; a claim's GPU is never given to a
+pod of crihook's own allocator and the reverse.
+
+The simulated node is NVLink's hybrid cube mesh, which has no built-in partition table: the values
+give the driver one of NVLink-linked pairs, as an operator of such a node would. Proxy mode runs no
+node pods, so no DRA DaemonSet either: these tests run in NRI mode."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes.client import ResourceV1Api
+from kubernetes.client.exceptions import ApiException
+
+from crihook.base import dra
+from tests.support.cluster import NODE_NAME, Cluster, ClusterError, eventually
+from tests.support.clusterchart import DRIVER_MOUNT, upgrade, user_values
+from tests.support.containerd import BUSYBOX_IMAGE
+
+pytestmark = pytest.mark.cluster
+
+NS = "default"
+ALLOCATED = "scheduling.koordinator.sh/device-allocated"
+REPORT = (
+    'echo "visible=$NVIDIA_VISIBLE_DEVICES"; echo "sm=$CUDA_DEVICE_SM_LIMIT";'
+    ' echo "mem=$CUDA_DEVICE_MEMORY_LIMIT_0"; echo "dev=$(ls /dev | grep "^nvidia[0-9]" | tr "\\n" " ")"; sleep 3600'
+)
+
+
+def nvlink_pairs(cluster: Cluster) -> list[list[int]]:
+    """The node's GPUs in NVLink-linked pairs, by minor (each pair linked directly)."""
+    assert cluster.sim is not None
+    gpus = cluster.sim.doc["gpus"]
+    minor_of = {g["pci_bus_id"].lower(): g["minor"] for g in gpus}
+    links = {g["minor"]: {minor_of[n["remote"].lower()] for n in g.get("nvlinks", [])} for g in gpus}
+    pairs, paired = [], set()
+    for minor in sorted(links):
+        partner = next((m for m in sorted(links[minor]) if m not in paired and m != minor), None)
+        if minor not in paired and partner is not None:
+            pairs.append([minor, partner])
+            paired |= {minor, partner}
+    return pairs
+
+
+def dra_values(cluster: Cluster) -> dict[str, Any]:
+    """The user's values with the DRA driver on; the runtime's CDI dir is containerd's own."""
+    assert cluster.containerd is not None and cluster.sim is not None
+    pairs = nvlink_pairs(cluster)
+    table = {
+        "1": [{"minors": [m]} for p in pairs for m in p],  # a table names every size pods may ask for
+        "2": [{"minors": p, "gpuLinkType": "NVLink"} for p in pairs],
+    }
+    (cluster.sim.root / "partitions.json").write_text(json.dumps(table))
+    values = user_values(cluster)
+    cdi = str(cluster.containerd.cdi_spec_dir)
+    values["node"]["cdiSpecDirs"] = [cdi]
+    values["node"]["config"]["reporter"] = {"partition_table": f"{DRIVER_MOUNT}/partitions.json"}
+    hami = cluster.sim.hami  # the simulated node's stand-in for HAMi-core's library
+    values["node"]["config"]["hooks"] = {
+        "gpu": {"hami_core": {"library": f"{hami}/libvgpu.so", "preload_file": f"{hami}/ld.so.preload"}}
+    }
+    values["dra"] = {"enabled": True, "cdiDir": cdi}
+    return values
+
+
+def slice_devices(cluster: Cluster) -> dict[str, dict[str, Any]]:
+    """The devices of the driver's slices on the node, by name."""
+    found = ResourceV1Api(cluster.api()).list_resource_slice(field_selector=f"spec.nodeName={NODE_NAME}")
+    return {
+        d.name: cluster.api().sanitize_for_serialization(d)
+        for s in found.items
+        if s.spec.driver == dra.DRIVER
+        for d in s.spec.devices or []
+    }
+
+
+@pytest.fixture(scope="module")
+def dra_cluster(installed: Cluster) -> Iterator[Cluster]:
+    if installed.mode != "nri":
+        pytest.skip("proxy mode runs no node pods, so no DRA DaemonSet")
+    upgrade(installed, dra_values(installed))
+    installed.wait_selected_pod_running("crihook", "app.kubernetes.io/component=dra")
+    got = eventually(lambda: len(slice_devices(installed)), 8, timeout=90)
+    if got != 8:
+        raise ClusterError(f"{got} devices in gpu.crihook.io's slices, not 8\n{installed.logs()}")
+    yield installed
+    upgrade(installed, user_values(installed))
+
+
+@pytest.fixture
+def made(dra_cluster: Cluster) -> Iterator[list[tuple[str, str]]]:
+    """(kind, name) of what a test makes in `default`; deleted after it, pods first."""
+    things: list[tuple[str, str]] = []
+    yield things
+    resource = ResourceV1Api(dra_cluster.api())
+    for kind, name in things:
+        if kind == "pod":
+            dra_cluster.delete_pod(NS, name)
+    for kind, name in things:
+        if kind == "claim":
+            try:
+                resource.delete_namespaced_resource_claim(name, NS)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+
+
+def claim(name: str, request: dict[str, Any], constraints: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    devices: dict[str, Any] = {"requests": [{"name": "gpu", "exactly": {"deviceClassName": dra.DRIVER, **request}}]}
+    if constraints:
+        devices["constraints"] = constraints
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"devices": devices},
+    }
+
+
+def pod(name: str, claim_name: str | None = None, gpus: int = 0) -> dict[str, Any]:
+    """A pod that reports its GPUs: holding the claim, or asking crihook for `gpus` whole GPUs."""
+    container: dict[str, Any] = {
+        "name": "main",
+        "image": BUSYBOX_IMAGE,
+        "imagePullPolicy": "Never",
+        "command": ["sh", "-c", REPORT],
+    }
+    spec: dict[str, Any] = {"terminationGracePeriodSeconds": 1, "containers": [container]}
+    if claim_name is not None:
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim_name}]
+        container["resources"] = {"claims": [{"name": "gpu"}]}
+    if gpus:
+        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def run(cluster: Cluster, made: list[tuple[str, str]], p: dict[str, Any], c: dict[str, Any] | None = None) -> Any:
+    """Create the claim (if any) and the pod, wait for the pod to run; the pod."""
+    if c is not None:
+        ResourceV1Api(cluster.api()).create_namespaced_resource_claim(NS, c)
+        made.append(("claim", c["metadata"]["name"]))
+    cluster.create_pod(NS, p)
+    made.append(("pod", p["metadata"]["name"]))
+    return cluster.wait_pod_running(NS, p["metadata"]["name"], timeout=120)
+
+
+def reported(cluster: Cluster, name: str) -> dict[str, str]:
+    """What the container printed at start: visible, sm, mem, dev."""
+    text = eventually(
+        lambda: str(cluster.core().read_namespaced_pod_log(name, NS)), None, compare=lambda got, _: "dev=" in got
+    )
+    return dict(re.findall(r"^(\w+)=(.*)$", text, re.M))
+
+
+def allocated(cluster: Cluster, name: str) -> list[dict[str, Any]]:
+    """The claim's allocation results."""
+    doc = ResourceV1Api(cluster.api()).read_namespaced_resource_claim(name, NS)
+    results = cluster.api().sanitize_for_serialization(doc)["status"]["allocation"]["devices"]["results"]
+    return list(results)
+
+
+def uuid_of(cluster: Cluster, device: str) -> str:
+    assert cluster.sim is not None
+    minor = dra.device_minor(device)
+    return str(next(g["uuid"] for g in cluster.sim.doc["gpus"] if g["minor"] == minor))
+
+
+def seen(report: dict[str, str]) -> tuple[list[str], list[int]]:
+    uuids = [u for u in report["visible"].split(",") if u]
+    minors = sorted(int(d.removeprefix("nvidia")) for d in report["dev"].split())
+    return uuids, minors
+
+
+def minors_of(uuids: list[str], cluster: Cluster) -> list[int]:
+    assert cluster.sim is not None
+    by_uuid = {g["uuid"]: g["minor"] for g in cluster.sim.doc["gpus"]}
+    return sorted(by_uuid[u] for u in uuids)
+
+
+def spec_file(cluster: Cluster, uid: str) -> Path:
+    assert cluster.containerd is not None
+    return Path(cluster.containerd.cdi_spec_dir) / f"{dra.CDI_VENDOR}-{dra.CDI_CLASS}_{uid}.json"
+
+
+def test_a_claim_gets_exactly_its_gpu_and_its_spec_goes_with_the_pod(
+    dra_cluster: Cluster, made: list[tuple[str, str]]
+) -> None:
+    run(dra_cluster, made, pod("dra-one", "one-gpu"), claim("one-gpu", {}))
+    (result,) = allocated(dra_cluster, "one-gpu")
+    assert (result["driver"], result["pool"]) == (dra.DRIVER, dra.pool_name(NODE_NAME))
+    uuids, minors = seen(reported(dra_cluster, "dra-one"))
+    assert uuids == [uuid_of(dra_cluster, result["device"])]
+    assert minors == [dra.device_minor(result["device"])]
+    uid = str(ResourceV1Api(dra_cluster.api()).read_namespaced_resource_claim("one-gpu", NS).metadata.uid)
+    assert spec_file(dra_cluster, uid).is_file()
+    dra_cluster.delete_pod(NS, "dra-one")
+    assert eventually(lambda: spec_file(dra_cluster, uid).exists(), False) is False
+
+
+def test_two_claims_share_one_gpu_by_capacity_with_their_limits(
+    dra_cluster: Cluster, made: list[tuple[str, str]]
+) -> None:
+    target = uuid_of(dra_cluster, "gpu-3")
+    select = {"selectors": [{"cel": {"expression": f'device.attributes["{dra.DRIVER}"].uuid == "{target}"'}}]}
+    half = {**select, "capacity": {"requests": {"cores": "50", "memory": "8Gi"}}}
+    for name in ("half-a", "half-b"):
+        run(dra_cluster, made, pod(name, name), claim(name, half))
+    for name in ("half-a", "half-b"):
+        (result,) = allocated(dra_cluster, name)
+        assert result["device"] == "gpu-3" and result["consumedCapacity"]["cores"] == "50"
+        report = reported(dra_cluster, name)
+        assert seen(report) == ([target], [3])
+        assert (report["sm"], report["mem"]) == ("50", "8192m")
+
+
+def test_an_nvlink_pair_through_match_attribute(dra_cluster: Cluster, made: list[tuple[str, str]]) -> None:
+    attribute = f"{dra.DRIVER}/nvlinkPartition2"
+    run(dra_cluster, made, pod("dra-pair", "pair"), claim("pair", {"count": 2}, [{"matchAttribute": attribute}]))
+    devices = sorted(dra.device_minor(r["device"]) or 0 for r in allocated(dra_cluster, "pair"))
+    assert devices in [sorted(p) for p in nvlink_pairs(dra_cluster)]
+    uuids, minors = seen(reported(dra_cluster, "dra-pair"))
+    assert minors == devices and minors_of(uuids, dra_cluster) == devices
+
+
+def test_a_claims_gpus_are_never_given_to_an_allocator_pod(dra_cluster: Cluster, made: list[tuple[str, str]]) -> None:
+    run(dra_cluster, made, pod("dra-seven", "seven"), claim("seven", {"count": 7}))
+    held = {dra.device_minor(r["device"]) for r in allocated(dra_cluster, "seven")}
+    left = ({g["minor"] for g in dra_cluster.sim.doc["gpus"]} if dra_cluster.sim else set()) - held
+    assert len(left) == 1
+    running = run(dra_cluster, made, pod("allocator-one", gpus=1))
+    assert ALLOCATED in (running.metadata.annotations or {})
+    uuids, minors = seen(reported(dra_cluster, "allocator-one"))
+    assert minors == sorted(left) and minors_of(uuids, dra_cluster) == sorted(left)
+
+
+def test_an_allocator_pods_gpus_leave_the_slices(dra_cluster: Cluster, made: list[tuple[str, str]]) -> None:
+    run(dra_cluster, made, pod("allocator-two", gpus=2))
+    _, minors = seen(reported(dra_cluster, "allocator-two"))
+    taken = {dra.device_name(m) for m in minors}
+    names = eventually(lambda: set(slice_devices(dra_cluster)), None, compare=lambda got, _: not got & taken)
+    assert not names & taken and len(names) == 6
+    run(dra_cluster, made, pod("dra-six", "six"), claim("six", {"count": 6}))
+    assert {r["device"] for r in allocated(dra_cluster, "six")} == names
+    # and the Device object still lists every GPU: the claim's are counted as taken by crihook's scheduler
+    device = dra_cluster.device(NODE_NAME) or {}
+    assert len([d for d in device["spec"]["devices"] if d["type"] == "gpu"]) == 8
