@@ -63,7 +63,6 @@ def dra_values(cluster: Cluster) -> dict[str, Any]:
     (cluster.sim.root / "partitions.json").write_text(json.dumps(table))
     values = user_values(cluster)
     cdi = str(cluster.containerd.cdi_spec_dir)
-    values["node"]["cdiSpecDirs"] = [cdi]
     values["node"]["config"]["reporter"] = {"partition_table": f"{DRIVER_MOUNT}/partitions.json"}
     hami = cluster.sim.hami  # the simulated node's stand-in for HAMi-core's library
     values["node"]["config"]["hooks"] = {

@@ -3,7 +3,9 @@ replica answering, pods that ask for no GPU are still created (the webhooks neve
 GPU pod is refused, not admitted unconverted; a `/bind` from a caller without kube-scheduler's client
 certificate is refused and binds nothing; the chart installs as a subchart of an umbrella chart
 that sets Helm's `global` values; the node DaemonSet runs on a node labelled only the way
-NVIDIA's device plugin charts find GPU nodes (node feature discovery's PCI vendor label)."""
+NVIDIA's device plugin charts find GPU nodes (node feature discovery's PCI vendor label); the node
+pods' metrics are scraped on the chart's port with a token of its metrics-reader role, every series
+labelled with the node, and refused without one."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes.client import AppsV1Api
+from kubernetes.client import AppsV1Api, RbacAuthorizationV1Api
 from kubernetes.client.exceptions import ApiException
 
 from tests.support.cluster import NODE_NAME, Cluster, ClusterError, eventually
@@ -189,3 +191,52 @@ def test_the_chart_installs_as_a_subchart_of_an_umbrella_chart(installed: Cluste
     finally:
         run_helm(cluster, "uninstall", "umbrella", "--namespace", namespace, "--wait", "--timeout=120s")
         cluster.core().delete_namespace(namespace)
+
+
+@pytest.fixture
+def scraper(installed: Cluster) -> Iterator[str]:
+    """A bearer token of a service account bound to the chart's metrics-reader ClusterRole, as the
+    PodMonitor's scrape uses."""
+    if installed.mode != "nri":
+        pytest.skip("proxy mode runs no node pods")
+    core, rbac = installed.core(), RbacAuthorizationV1Api(installed.api())
+    core.create_namespaced_service_account(NS, {"metadata": {"name": "scraper"}})
+    binding = {
+        "metadata": {"name": "crihook-test-scraper"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": f"{RELEASE}-metrics-reader",
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": "scraper", "namespace": NS}],
+    }
+    rbac.create_cluster_role_binding(binding)
+    try:
+        token = core.create_namespaced_service_account_token("scraper", NS, {"spec": {"expirationSeconds": 600}})
+        yield str(token.status.token)
+    finally:
+        rbac.delete_cluster_role_binding("crihook-test-scraper")
+        core.delete_namespaced_service_account("scraper", NS)
+
+
+def scrape(url: str, token: str | None) -> tuple[int, str]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as reply:
+            return int(reply.status), reply.read().decode()
+    except urllib.error.HTTPError as e:
+        return int(e.code), ""
+    except OSError as e:
+        return 0, repr(e)
+
+
+def test_node_metrics_are_scraped_through_the_charts_port_with_a_node_label(installed: Cluster, scraper: str) -> None:
+    cluster = installed
+    pod = cluster.wait_selected_pod_running(NAMESPACE, "app.kubernetes.io/component=node")
+    (port,) = [p.container_port for c in pod.spec.containers for p in c.ports or [] if p.name == "metrics"]
+    url = f"http://{pod.status.pod_ip}:{port}/metrics"  # the node pods use the host's network
+    status, text = eventually(lambda: scrape(url, scraper), None, compare=lambda got, _: got[0] == 200)
+    assert status == 200, text
+    series = [line for line in text.splitlines() if line.startswith("crihook_")]
+    assert series and all(f'node="{NODE_NAME}"' in line for line in series)
+    assert scrape(url, None)[0] == 401
