@@ -22,6 +22,9 @@ def add_node_arguments(p: argparse.ArgumentParser) -> None:
         help="the runtime's CRI socket (unix:///...); [node] runtime_endpoint",
     )
     p.add_argument("--state-dir", dest="state_dir", help="where the store lives")
+    p.add_argument(
+        "--node-name", dest="node_name", help="this node's Kubernetes name (the metrics' node label); [node] name"
+    )
     p.add_argument("--log-level", dest="log_level", choices=logmod.LEVELS)
 
 
@@ -41,7 +44,7 @@ def overrides(args: argparse.Namespace) -> Overrides:
     proxy = ("listen", "image_endpoint", "state_dir", "log_level")
     return {
         "proxy": {k: getattr(args, k, None) for k in proxy},
-        "node": {"runtime_endpoint": args.runtime_endpoint},
+        "node": {"runtime_endpoint": args.runtime_endpoint, "name": args.node_name},
     }
 
 

@@ -502,7 +502,8 @@ def test_nri_container_runs_crihook_nri() -> None:
 
 def test_nri_container_flags_are_the_documented_ones() -> None:
     """`crihook nri`'s flags as the design fixes them (--config, --nri-socket, --plugin-name,
-    --plugin-index, --state-dir), with the socket in the directory mounted from the host."""
+    --plugin-index, --state-dir), with the socket in the directory mounted from the host, and the
+    Kubernetes node's name (the metrics' node label; the host name may differ from it)."""
     _, containers, _ = node_pod()
     args = dict(a.split("=", 1) for a in containers["nri"]["args"][1:])
     assert args == {
@@ -511,7 +512,10 @@ def test_nri_container_flags_are_the_documented_ones() -> None:
         "--plugin-name": "crihook",
         "--plugin-index": "10",
         "--state-dir": "/var/lib/crihook",
+        "--node-name": "$(NODE_NAME)",
     }
+    env = {e["name"]: e for e in containers["nri"]["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     mounts = {m["mountPath"] for m in containers["nri"]["volumeMounts"]}
     assert str(Path(args["--nri-socket"]).parent) in mounts and args["--state-dir"] in mounts
 
