@@ -90,6 +90,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: item.get_closest_marker("cluster") is not None)
 
 
+@pytest.fixture(autouse=True)
+def metrics_labels() -> Iterator[None]:
+    """The process-wide metrics registry's labels as each test found them: a node daemon run in the
+    test's process labels every series with its node, and the next test's scrape must not see it."""
+    from crihook.base import metrics
+
+    before = dict(metrics.REGISTRY.const_labels)
+    yield
+    metrics.REGISTRY.const_labels = before
+
+
 @pytest.fixture(scope="session")
 def containerd(request: pytest.FixtureRequest) -> Iterator[Containerd]:
     """One real containerd per release for the whole session (one runs at a time: pytest groups the
