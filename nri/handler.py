@@ -620,6 +620,8 @@ class HookHandler:
         never judged (made while it was away, and not in a Synchronize list yet) is judged now from
         the spec NRI hands over. A check that can not decide in time lets it start and goes on."""
         cid = msg.id
+        if cid in self._cleared and cid not in self._barred and not self.lifecycle.wants(Stage.PRE_START_CONTAINER):
+            return  # judged at its CreateContainer and no start hook: nothing to decode
         pod, container = nri_pod_view(msg_pod), nri_container_view(msg)
         ctx = HookContext(Stage.PRE_START_CONTAINER, pod, container, self._deadline())
         if cid not in self._cleared and cid not in self._barred:
