@@ -3,6 +3,7 @@
 #
 #   sudo ./install.sh                 install (or upgrade) and put crihook between kubelet and containerd
 #   sudo ./install.sh --mode nri      install (or upgrade) crihook as containerd's NRI plugin instead
+#   sudo ./install.sh --dra           also install (or upgrade) crihook's DRA driver, `crihook dra`
 #   sudo ./install.sh --uninstall     restore the node as it was before the first install
 #   ./install.sh --root DIR           stage into DIR without touching this machine's services
 #
@@ -11,7 +12,8 @@
 # commented config at /etc/crihook/config.toml; starts crihook. In proxy mode (the default) it then
 # adds a kubelet drop-in that points kubelet's runtime endpoint at crihook's socket (images keep
 # going straight to containerd) and restarts kubelet; in NRI mode kubelet is left alone and
-# containerd's NRI socket must be there. Every file it creates or replaces is written down in
+# containerd's NRI socket must be there. With --dra (or once installed with it) the DRA driver's unit
+# is installed and started beside the node daemon's. Every file it creates or replaces is written down in
 # <prefix>/install.record (replaced files are copied to <prefix>/backup first), which is what
 # --uninstall undoes.
 set -euo pipefail
@@ -28,11 +30,13 @@ DEFAULT_CONTAINERD_SOCKET=/run/containerd/containerd.sock
 CONTAINERD_SOCKET=$DEFAULT_CONTAINERD_SOCKET
 SKIP_KUBELET=0
 UNINSTALL=0
+DRA=0
 MODE=proxy
 NRI_SOCKET=/var/run/nri/nri.sock
 
 UNIT=/etc/systemd/system/crihook.service
 NRI_UNIT=/etc/systemd/system/crihook-nri.service
+DRA_UNIT=/etc/systemd/system/crihook-dra.service
 CONFIG=/etc/crihook/config.toml
 STATE_DIR=/var/lib/crihook
 DROPIN_DIR=/etc/systemd/system/kubelet.service.d
@@ -43,12 +47,14 @@ UNIT_DIRS=(/lib/systemd/system /usr/lib/systemd/system /run/systemd/system /etc/
 
 usage() {
     cat <<EOF
-usage: $PROG [--mode proxy|nri] [--uninstall] [--root DIR] [--prefix DIR] [--source PATH|SPEC]
+usage: $PROG [--mode proxy|nri] [--dra] [--uninstall] [--root DIR] [--prefix DIR] [--source PATH|SPEC]
              [--pip-args ARGS] [--python PYTHON] [--containerd-socket PATH] [--nri-socket PATH]
              [--skip-kubelet]
 
   --mode proxy|nri       proxy (default): crihook between kubelet and containerd, kubelet re-pointed;
                          nri: crihook as containerd's NRI plugin, kubelet untouched (containerd 1.7+)
+  --dra                  also run crihook's DRA driver (crihook-dra.service, Kubernetes 1.34+); it
+                         needs [reporter] kubeconfig in $CONFIG. Kept on upgrades once installed
 
   --uninstall            undo what earlier runs did: remove crihook, restore replaced files
   --root DIR             install into the staging root DIR; start and restart nothing
@@ -72,6 +78,7 @@ die() {
 while (($#)); do
     case $1 in
         --uninstall) UNINSTALL=1 ;;
+        --dra) DRA=1 ;;
         --skip-kubelet) SKIP_KUBELET=1 ;;
         --root | --prefix | --source | --pip-args | --python | --containerd-socket | --mode | --nri-socket)
             (($# >= 2)) || die "$1 needs a value"
@@ -144,6 +151,8 @@ check_install() {
         [[ -f $HERE/pyproject.toml ]] || die "no crihook source next to $PROG; name a wheel or directory with --source"
         SOURCE=$HERE
     fi
+    recorded "$DRA_UNIT" && DRA=1
+    ((DRA)) && check_dra
     if [[ $MODE == nri ]]; then
         check_nri
     elif ((!SKIP_KUBELET)) && [[ -z $(kubelet_units) ]]; then
@@ -171,6 +180,27 @@ check_nri() {
   to /etc/containerd/config.toml and restart containerd; on 2.x remove the line that disables it
   (plugins.'io.containerd.nri.v1.nri'); containerd 1.6 has no NRI: use --mode proxy. A socket
   elsewhere (the config's socket_path) is named with --nri-socket"
+}
+
+# The DRA driver reads claims and writes ResourceSlices with [reporter] kubeconfig (the node daemon's
+# device reporter uses it too); without it the driver would only exit and be restarted, so ask first.
+check_dra() {
+    local kubeconfig
+    kubeconfig=$("$PYTHON" - "$(r "$CONFIG")" <<'PY'
+import sys
+import tomllib
+try:
+    with open(sys.argv[1], "rb") as f:
+        print(tomllib.load(f).get("reporter", {}).get("kubeconfig", ""))
+except (OSError, tomllib.TOMLDecodeError):
+    pass
+PY
+    )
+    [[ -n $kubeconfig ]] || die "--dra: crihook dra reads ResourceClaims and writes this node's ResourceSlices with [reporter] kubeconfig, which $CONFIG does not set. Write that file with
+    [reporter]
+    kubeconfig = \"/etc/crihook/kubeconfig\"
+  (credentials allowed what docs/dra.md lists, in a file outside /home and /root, which the unit hides)
+  and run $PROG again: it keeps an existing $CONFIG"
 }
 
 # -- the install record ----------------------------------------------------------------------------
@@ -338,6 +368,10 @@ install_files() {
     sed -e "s|/opt/crihook/|$PREFIX/|g" -e "s|--nri-socket /var/run/nri/nri.sock|--nri-socket $NRI_SOCKET|" \
         -e "s|^\(ExecStart=.*\)$|\1$runtime|" "$HERE/systemd/${unit##*/}" >"$WORK/unit"
     install_file "$WORK/unit" "$unit" 0644 || true
+    if ((DRA)); then
+        sed -e "s|/opt/crihook/|$PREFIX/|g" "$HERE/systemd/${DRA_UNIT##*/}" >"$WORK/dra-unit"
+        install_file "$WORK/dra-unit" "$DRA_UNIT" 0644 || true
+    fi
     if [[ -e $(r "$CONFIG") ]]; then
         say "keeping the existing $CONFIG"
     else
@@ -350,6 +384,7 @@ install_files() {
     fi
     make_dir "$WANTS_DIR"
     systemctl_ enable "${unit##*/}"
+    if ((DRA)); then systemctl_ enable "${DRA_UNIT##*/}"; fi
 }
 
 install_kubelet_dropin() {
@@ -385,6 +420,12 @@ do_install() {
         # Type=notify: this returns once crihook serves (proxy) or is registered with containerd (nri).
         systemctl_ restart "$unit" ||
             die "crihook did not start; see journalctl -u ${unit%.service} -n 50 and crihook doctor (kubelet was left as it was)"
+        if ((DRA)); then
+            say "starting crihook's DRA driver"
+            # Type=notify: this returns once kubelet's plugin sockets serve.
+            systemctl_ restart "${DRA_UNIT##*/}" ||
+                die "crihook dra did not start; see journalctl -u crihook-dra -n 50"
+        fi
     fi
     if [[ $MODE == nri ]]; then
         say "NRI mode: kubelet is left as it is; containerd calls crihook at $NRI_SOCKET"
@@ -416,11 +457,11 @@ do_uninstall() {
                 systemctl_ restart kubelet.service
             fi
         fi
-        for unit in crihook.service crihook-nri.service; do
+        for unit in crihook-dra.service crihook.service crihook-nri.service; do
             systemctl_ stop "$unit" 2>/dev/null || true
         done
     fi
-    for unit in crihook.service crihook-nri.service; do
+    for unit in crihook-dra.service crihook.service crihook-nri.service; do
         systemctl_ disable "$unit" 2>/dev/null || true
     done
     # Newest first, so files go before the directories that hold them.

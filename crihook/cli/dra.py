@@ -20,6 +20,7 @@ from crihook.dra.driver import Driver, Paths, Plugin, api_fetch
 from crihook.dra.publisher import Publisher
 from crihook.dra.state import StateError
 from crihook.hooks.gpu_edit import GpuOptions
+from crihook.node import systemd
 
 log = logging.getLogger("crihook.dra")
 SWITCH = {"on": True, "off": False, "auto": None}
@@ -98,5 +99,12 @@ async def _serve(plugin: Plugin) -> None:
         loop.add_signal_handler(sig, stop.set)
     await plugin.start()
     log.info("DRA driver serving", extra={"node": plugin.driver.node})
+    # systemd (crihook-dra.service, Type=notify): started once both sockets serve; the watchdog's
+    # pings come from this loop, so a stalled loop gets the driver restarted
+    systemd.notify("READY=1")
+    interval = systemd.watchdog_interval()
+    pings = asyncio.create_task(systemd.watchdog(interval)) if interval else None
     await stop.wait()
+    if pings is not None:
+        pings.cancel()
     await plugin.stop()

@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 INSTALL = REPO / "install.sh"
 UNIT = REPO / "systemd" / "crihook.service"
 NRI_UNIT = REPO / "systemd" / "crihook-nri.service"
+DRA_UNIT = REPO / "systemd" / "crihook-dra.service"
 TEMPLATE = REPO / "systemd" / "config.toml"
 # the folders pyproject.toml's package-dir installs, read from it so a new package is never left out
 PACKAGE_DIRS = tuple(
@@ -100,7 +101,7 @@ def make_node(root: Path, *, kubeadm: bool = True, nri: bool = False) -> Path:
         (units / "kubelet.service.d").mkdir()
         (units / "kubelet.service.d/10-kubeadm.conf").write_text(KUBEADM_DROPIN)
     (root / "usr/bin").mkdir(parents=True)
-    for tool in ("kubelet", "kill"):
+    for tool in ("kubelet", "kill", "mkdir"):
         (root / "usr/bin" / tool).write_text("#!/bin/sh\n")
         (root / "usr/bin" / tool).chmod(0o755)
     (root / "bin").symlink_to("usr/bin")
@@ -294,6 +295,47 @@ def test_a_containerd_socket_elsewhere_is_given_to_crihook(tmp_path: Path, wheel
     verify_units(root, name)
 
 
+# -- the DRA driver --------------------------------------------------------------------------------
+
+KUBECONFIG_SET = '[reporter]\nkubeconfig = "/etc/crihook/kubeconfig"\n'
+
+
+@pytest.mark.parametrize("mode", ["proxy", "nri"])
+def test_the_dra_driver_beside_either_mode_kept_on_upgrade_and_uninstalled(
+    tmp_path: Path, wheel: Path, mode: str
+) -> None:
+    root = make_node(tmp_path / "root", nri=mode == "nri")
+    (root / "etc/crihook").mkdir(parents=True)
+    (root / "etc/crihook/config.toml").write_text(KUBECONFIG_SET)
+    before = snapshot(root)
+    prefix = ["--prefix", "/srv/crihook"] if mode == "nri" else []
+    install(root, wheel, "--mode", mode, "--dra", *prefix)
+
+    etc = root / "etc/systemd/system"
+    unit = (etc / "crihook-dra.service").read_text()
+    if prefix:
+        assert unit == DRA_UNIT.read_text().replace("/opt/crihook/", "/srv/crihook/")
+        assert "ExecStart=/srv/crihook/venv/bin/crihook dra --config /etc/crihook/config.toml" in unit
+    else:
+        assert unit == DRA_UNIT.read_text()
+    assert os.readlink(etc / "multi-user.target.wants/crihook-dra.service") == "/etc/systemd/system/crihook-dra.service"
+    verify_units(root, "crihook-dra.service")
+    installed = snapshot(root, skip=("opt/crihook/venv", "srv/crihook/venv"))
+    install(root, wheel, "--mode", mode, *prefix)  # an upgrade without --dra keeps the driver
+    assert snapshot(root, skip=("opt/crihook/venv", "srv/crihook/venv")) == installed
+
+    install(root, wheel, "--uninstall", *prefix)
+    assert snapshot(root) == before
+
+
+def test_the_dra_driver_is_refused_without_a_kubeconfig(tmp_path: Path) -> None:
+    """The driver would only exit and be restarted: the installer says what to set, before changing anything."""
+    root = make_node(tmp_path / "root")
+    err = refuse("--root", str(root), "--dra")
+    assert "[reporter] kubeconfig, which /etc/crihook/config.toml does not set" in err
+    assert not (root / "opt").exists() and not (root / "etc/crihook").exists()
+
+
 def test_nri_mode_refuses_without_the_nri_socket_and_says_how_to_turn_it_on(tmp_path: Path) -> None:
     root = make_node(tmp_path / "root")
     err = refuse("--root", str(root), "--mode", "nri")
@@ -410,7 +452,7 @@ def test_nri_unit_shape() -> None:
     assert "RuntimeDirectory" not in service  # no socket of its own
 
 
-@pytest.mark.parametrize("path", [UNIT, NRI_UNIT], ids=["proxy", "nri"])
+@pytest.mark.parametrize("path", [UNIT, NRI_UNIT, DRA_UNIT], ids=["proxy", "nri", "dra"])
 def test_unit_leaves_devices_reachable(path: Path) -> None:
     """NVML opens /dev/nvidia*: anything that installs a device allow-list would break it."""
     service = unit_sections(path)["Service"]
