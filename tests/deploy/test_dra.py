@@ -116,6 +116,14 @@ def test_the_chart_renders_dra_for_every_release_with_it(version: str) -> None:
     assert not problems, "\n".join(problems)
 
 
+def test_only_the_class_where_the_nodes_run_the_driver_from_install_sh() -> None:
+    """node.enabled=false: the nodes run `crihook dra` from crihook-dra.service, with credentials of
+    their own; claims still need the DeviceClass."""
+    docs = helm.rendered("dra-no-node")
+    assert [c["metadata"]["name"] for c in helm.of_kind(docs, "DeviceClass")] == [dra.DEVICE_CLASS]
+    assert not [name for name, d in docs if d["metadata"]["name"].endswith("-dra")]
+
+
 def test_nothing_of_dra_for_a_cluster_without_it_or_by_default() -> None:
     assert not helm.of_kind(helm.rendered("dra", helm.OLDEST), "DeviceClass")
     assert not helm.of_kind(helm.rendered("defaults"), "DeviceClass")

@@ -89,6 +89,8 @@ COMBOS: dict[str, Combo] = {
     "network-policy": Combo({"networkPolicy": {"enabled": True}}),
     "no-node": Combo({"node": {"enabled": False}}),
     "dra": Combo({"dra": {"enabled": True, "extendedResourceName": "nvidia.com/gpu", "consumableCapacity": "on"}}),
+    # nodes that run `crihook serve` and `crihook dra` from install.sh: the DeviceClass only
+    "dra-no-node": Combo({"node": {"enabled": False}, "dra": {"enabled": True}}),
     "node-without-reporter": Combo(
         {
             "node": {"reporter": {"enabled": False}, "driverRoot": "", "runtimeSocket": ""},
