@@ -75,7 +75,6 @@ EVENTS = event_mask(
     api.REMOVE_POD_SANDBOX,
     api.CREATE_CONTAINER,
     api.START_CONTAINER,
-    api.POST_START_CONTAINER,
     api.STOP_CONTAINER,
     api.REMOVE_CONTAINER,
 )
@@ -202,6 +201,8 @@ class HookHandler:
     _removed_pods: set[str] = field(default_factory=set)
     # container id -> the records of its PreStartContainer hooks, kept until PostStartContainer
     _starting: dict[str, list[HookRecord]] = field(default_factory=dict)
+    # PostStartContainer subscribed (a hook runs at a start stage): else a start is recorded at StartContainer
+    _post_start: bool = False
 
     # -- registration --------------------------------------------------------------------------
 
@@ -216,6 +217,12 @@ class HookHandler:
         events = EVENTS
         if self.lifecycle.wants(Stage.PRE_UPDATE_CONTAINER_RESOURCES):  # else each update's trip saved
             events |= event_mask(api.UPDATE_CONTAINER)
+        # the runtime waits for PostStartContainer within StartContainer: a trip on every pod start
+        self._post_start = self.lifecycle.wants(Stage.PRE_START_CONTAINER) or self.lifecycle.wants(
+            Stage.POST_START_CONTAINER
+        )
+        if self._post_start:
+            events |= event_mask(api.POST_START_CONTAINER)
         if self.runtime.device_rules:  # NRI v0.10+ knows the event and asks validators
             events |= event_mask(api.VALIDATE_CONTAINER_ADJUSTMENT)
         return events
@@ -618,10 +625,12 @@ class HookHandler:
     async def _starts(self, msg_pod: api.PodSandbox, msg: api.Container) -> None:
         """StartContainer: a container found reaching an ungranted GPU does not start; one crihook
         never judged (made while it was away, and not in a Synchronize list yet) is judged now from
-        the spec NRI hands over. A check that can not decide in time lets it start and goes on."""
+        the spec NRI hands over. A check that can not decide in time lets it start and goes on.
+        Without PostStartContainer subscribed the start is recorded here, once it is let through."""
         cid = msg.id
         if cid in self._cleared and cid not in self._barred and not self.lifecycle.wants(Stage.PRE_START_CONTAINER):
-            return  # judged at its CreateContainer and no start hook: nothing to decode
+            self._started(cid, [])  # judged at its CreateContainer and no start hook: nothing to decode
+            return
         pod, container = nri_pod_view(msg_pod), nri_container_view(msg)
         ctx = HookContext(Stage.PRE_START_CONTAINER, pod, container, self._deadline())
         if cid not in self._cleared and cid not in self._barred:
@@ -635,9 +644,17 @@ class HookHandler:
                 self._spawn(self._judge_later(pod, msg, 1, RETRY_FIRST))
         if cid in self._barred:
             self._refuse(ctx, [], grpc.StatusCode.FAILED_PRECONDITION, self._barred[cid])
+        records: list[HookRecord] = []
         if self.lifecycle.wants(Stage.PRE_START_CONTAINER):
-            decided = await self._in_time(ctx, self.lifecycle.start_container(cid, ctx.deadline))
-            self._starting[cid] = decided.records
+            records = (await self._in_time(ctx, self.lifecycle.start_container(cid, ctx.deadline))).records
+        self._started(cid, records)
+
+    def _started(self, cid: str, records: list[HookRecord]) -> None:
+        """The start let through: recorded at PostStartContainer when subscribed, else now."""
+        if self._post_start:
+            self._starting[cid] = records
+        else:
+            self.lifecycle.container_started(cid, records)
 
     async def _pod_started(self, pod: PodInfo) -> None:
         """RunPodSandbox: NRI takes no answer but an error, so a hook may refuse the pod, not change it."""

@@ -207,6 +207,35 @@ async def test_without_update_hooks_updates_are_not_subscribed(tmp_path: Path) -
     assert (await h.update_container(update_request(1024))).update == []
 
 
+async def test_without_start_hooks_post_start_is_not_subscribed_and_start_records_the_state(tmp_path: Path) -> None:
+    h = HookHandler(Lifecycle(build_chain(HooksConfig(), NodeConfig()), Store(tmp_path)))
+    events = await h.configure(api.ConfigureRequest(runtime_name="containerd", runtime_version="2.1.9"))
+    assert not events & event_mask(api.POST_START_CONTAINER)
+    assert events & event_mask(api.START_CONTAINER)
+    await h.synchronize([], [])
+    await h.state_change(api.StateChangeEvent(event=api.RUN_POD_SANDBOX, pod=POD))
+    await h.create_container(api.CreateContainerRequest(pod=POD, container=container()))
+    store = h.lifecycle.store
+    assert store.containers["c-1"].state == "created"
+    await event(h, api.START_CONTAINER)
+    assert store.containers["c-1"].state == "running"
+    assert "c-1" not in h._starting
+    await h.close()
+
+
+async def test_with_a_start_hook_post_start_is_subscribed_and_records_the_state(tmp_path: Path) -> None:
+    h = await handler(tmp_path, Recorder())
+    events = await h.configure(api.ConfigureRequest(runtime_name="containerd", runtime_version="2.1.9"))
+    assert events & event_mask(api.POST_START_CONTAINER)
+    await h.state_change(api.StateChangeEvent(event=api.RUN_POD_SANDBOX, pod=POD))
+    await h.create_container(api.CreateContainerRequest(pod=POD, container=container()))
+    await event(h, api.START_CONTAINER)
+    assert h.lifecycle.store.containers["c-1"].state == "created"  # started only once PostStartContainer says so
+    await event(h, api.POST_START_CONTAINER)
+    assert h.lifecycle.store.containers["c-1"].state == "running"
+    await h.close()
+
+
 # -- containers made without the hooks: judged by the gpu hook's decision -------------------------
 
 
