@@ -110,15 +110,23 @@ class SimNode:
         return int(next(g["memory_total"] for g in self.doc["gpus"] if g["minor"] == minor))
 
     def proxy_config(
-        self, nvml_library: Path, node_name: str = "", proc_root: Path | None = None, kubelet_in_proc: bool = True
+        self,
+        nvml_library: Path,
+        node_name: str = "",
+        proc_root: Path | None = None,
+        kubelet_in_proc: bool = True,
+        cdi_spec_dirs: Sequence[Path] = (),
     ) -> str:
         """crihook's [node] and [hooks] configuration for this node (TOML). Without a `proc_root`
-        whose kubelet names its --root-dir (`kubelet_in_proc`), the pods dir is configured."""
+        whose kubelet names its --root-dir (`kubelet_in_proc`), the pods dir is configured; with
+        `cdi_spec_dirs`, the runtime's CDI dirs where they are not the default ones."""
         name = f'name = "{node_name}"\n' if node_name else ""
         proc = f'proc_root = "{proc_root}"\n' if proc_root else ""
         pods = f'kubelet_pods_dir = "{self.kubelet}/pods"  # no kubelet to tell its root dir'
         if proc_root and kubelet_in_proc:
             pods = ""
+        if cdi_spec_dirs:
+            pods += f"\ncdi_spec_dirs = {json.dumps([str(d) for d in cdi_spec_dirs])}"
         return f"""
 [node]
 {name}{proc}dev_root = "{self.dev_root}"

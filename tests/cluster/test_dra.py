@@ -1,19 +1,22 @@
-"""crihook's DRA driver gpu.crihook.io on the one-node cluster, in NRI mode with the chart's DRA
-DaemonSet (`dra.enabled`): kube-scheduler allocates from the driver's ResourceSlices, kubelet prepares
-the claims through `crihook dra`, containerd applies the claims' CDI specs and crihook's NRI plugin
-keeps what they bring. The container sees exactly the claimed GPUs; two claims share one GPU by
+"""crihook's DRA driver gpu.crihook.io on the one-node cluster, in either mode: in NRI mode the chart's
+DRA DaemonSet (`dra.enabled`) runs `crihook dra`; in proxy mode the node runs it beside `crihook
+serve` as crihook-dra.service does (its command, on the node daemon's configuration file, state
+directory and credentials) and the chart renders only the DeviceClass (`node.enabled=false`).
+kube-scheduler allocates from the driver's ResourceSlices, kubelet prepares the claims through
+`crihook dra`, containerd applies the claims' CDI specs and crihook's node daemon keeps what they
+bring. The container sees exactly the claimed GPUs; two claims share one GPU by
 capacity with HAMi-core's limits; `matchAttribute` on the NVLink partition attribute gives an NVLink
 pair; a deleted pod's claim is unprepared and its CDI spec removed; a claim's GPU is never given to a
 pod of crihook's own allocator and the reverse.
 
 The simulated node is NVLink's hybrid cube mesh, which has no built-in partition table: the values
-give the driver one of NVLink-linked pairs, as an operator of such a node would. Proxy mode runs no
-node pods, so no DRA DaemonSet either: these tests run in NRI mode."""
+give the driver one of NVLink-linked pairs, as an operator of such a node would."""
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +26,7 @@ from kubernetes.client import ResourceV1Api
 from kubernetes.client.exceptions import ApiException
 
 from crihook.base import dra
-from tests.support.cluster import NODE_NAME, Cluster, ClusterError, eventually
+from tests.support.cluster import NODE_NAME, Cluster, ClusterError, Component, eventually
 from tests.support.clusterchart import DRIVER_MOUNT, upgrade, user_values
 from tests.support.containerd import BUSYBOX_IMAGE
 
@@ -52,16 +55,28 @@ def nvlink_pairs(cluster: Cluster) -> list[list[int]]:
     return pairs
 
 
-def dra_values(cluster: Cluster) -> dict[str, Any]:
-    """The user's values with the DRA driver on; the runtime's CDI dir is containerd's own."""
-    assert cluster.containerd is not None and cluster.sim is not None
+def write_partition_table(cluster: Cluster) -> Path:
+    """The node's NVLink pairs as a partition table, in the driver's root (which the chart mounts)."""
+    assert cluster.sim is not None
     pairs = nvlink_pairs(cluster)
     table = {
         "1": [{"minors": [m]} for p in pairs for m in p],  # a table names every size pods may ask for
         "2": [{"minors": p, "gpuLinkType": "NVLink"} for p in pairs],
     }
-    (cluster.sim.root / "partitions.json").write_text(json.dumps(table))
+    path = cluster.sim.root / "partitions.json"
+    path.write_text(json.dumps(table))
+    return path
+
+
+def dra_values(cluster: Cluster) -> dict[str, Any]:
+    """The user's values with the DRA driver on; the runtime's CDI dir is containerd's own. In proxy
+    mode (no node pods) the chart makes the DeviceClass only."""
+    assert cluster.containerd is not None and cluster.sim is not None
+    write_partition_table(cluster)
     values = user_values(cluster)
+    if cluster.mode == "proxy":
+        values["dra"] = {"enabled": True}
+        return values
     cdi = str(cluster.containerd.cdi_spec_dir)
     values["node"]["config"]["reporter"] = {"partition_table": f"{DRIVER_MOUNT}/partitions.json"}
     hami = cluster.sim.hami  # the simulated node's stand-in for HAMi-core's library
@@ -83,17 +98,43 @@ def slice_devices(cluster: Cluster) -> dict[str, dict[str, Any]]:
     }
 
 
+def node_driver(cluster: Cluster) -> Component:
+    """`crihook dra` on the node, as crihook-dra.service runs it beside `crihook serve`: the node
+    daemon's configuration file (its node, NVML, HAMi-core paths and [reporter] kubeconfig) with the
+    partition table added, its state directory, kubelet's root and containerd's CDI dir."""
+    assert cluster.crihook is not None and cluster.containerd is not None
+    config = cluster.crihook.config_path.read_text()
+    assert config.count("\n[reporter]\n") == 1, config
+    table = f'[reporter]\npartition_table = "{write_partition_table(cluster)}"\n'
+    path = cluster.base / "crihook-dra.toml"
+    path.write_text(config.replace("[reporter]\n", table))
+    argv = [sys.executable, "-m", "crihook.cli", "dra", "--config", str(path)]
+    argv += ["--kubelet-root", str(cluster.kubelet_root), "--state-dir", str(cluster.crihook.state_dir)]
+    argv += ["--cdi-dir", str(cluster.containerd.cdi_spec_dir)]
+    driver = Component("crihook-dra", argv, cluster.base / "logs" / "crihook-dra.log")
+    driver.start()
+    cluster.components[driver.name] = driver  # its log goes with the cluster's
+    return driver
+
+
 @pytest.fixture(scope="module")
 def dra_cluster(installed: Cluster) -> Iterator[Cluster]:
-    if installed.mode != "nri":
-        pytest.skip("proxy mode runs no node pods, so no DRA DaemonSet")
     upgrade(installed, dra_values(installed))
-    installed.wait_selected_pod_running("crihook", "app.kubernetes.io/component=dra")
-    got = eventually(lambda: len(slice_devices(installed)), 8, timeout=90)
-    if got != 8:
-        raise ClusterError(f"{got} devices in gpu.crihook.io's slices, not 8\n{installed.logs()}")
-    yield installed
-    upgrade(installed, user_values(installed))
+    driver = None
+    if installed.mode == "proxy":
+        driver = node_driver(installed)
+    else:
+        installed.wait_selected_pod_running("crihook", "app.kubernetes.io/component=dra")
+    try:
+        got = eventually(lambda: len(slice_devices(installed)), 8, timeout=90)
+        if got != 8:
+            raise ClusterError(f"{got} devices in gpu.crihook.io's slices, not 8\n{installed.logs()}")
+        yield installed
+    finally:
+        if driver is not None:
+            driver.stop()
+            installed.components.pop(driver.name)
+        upgrade(installed, user_values(installed))
 
 
 @pytest.fixture

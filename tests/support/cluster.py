@@ -597,7 +597,8 @@ class Cluster:
         self.containerd.import_images()
         if self.mode == "proxy":
             assert self.sim is not None
-            config = self.sim.proxy_config(self.nvml_library, NODE_NAME)
+            # the runtime's CDI dir, where DRA drivers write the claims' specs (tests/cluster/test_dra.py)
+            config = self.sim.proxy_config(self.nvml_library, NODE_NAME, cdi_spec_dirs=[self.containerd.cdi_spec_dir])
             config += f'\n[reporter]\nkubeconfig = "{self.base / "reporter.kubeconfig"}"\ninterval_seconds = 5.0\n'
             self.crihook = Crihook(self.base / "crihook", self.containerd.address, config)
             self.crihook.write_config()
