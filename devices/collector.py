@@ -7,7 +7,8 @@ modes: the front door hands it the store once it is rebuilt (containers adopted 
 and starts it. It reads the store without a lock: it copies the container table in one step and
 reads each record's fields, which the daemon replaces or sets whole. It only reports: a container
 above its memory grant is counted and logged, never stopped. The GPUs a pod's DRA claims brought come
-from kubelet's DRA checkpoint, read again only when it changed.
+from kubelet's DRA checkpoint, read again only when it changed, and their shares from crihook dra's
+checkpoint in the same state dir.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from typing import Protocol
 from crihook.base import metrics
 from crihook.base.config import Config
 from crihook.base.errors import InputError
-from crihook.devices import kubelet, usage
+from crihook.devices import drashares, kubelet, usage
 from crihook.devices.draclaims import STATE_FILE as CLAIMS_FILE
 from crihook.devices.draclaims import Claims, ClaimsError, ClaimsReader
+from crihook.devices.drashares import ClaimShare, SharesReader, SharesUnreadable
 from crihook.devices.nvml import Nvml, ProcessRead
 
 log = logging.getLogger("crihook.usage")
@@ -117,10 +119,12 @@ class UsageCollector:
         proc_root: str = "/proc",
         state_dir: str = "",
         claims: ClaimsReader | None = None,
+        shares: SharesReader | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.nvml = nvml
         self.claims = claims  # kubelet's DRA checkpoint; None: no DRA
+        self.shares = shares  # crihook dra's checkpoint: the claims' shares; None: not shown
         self.store = store
         self.interval = interval
         self.proc_root = proc_root
@@ -131,6 +135,7 @@ class UsageCollector:
         self._memo = _GrantMemo()
         self._bad: dict[str, str] = {}  # container id -> why its grant is unreadable, once logged
         self._claims_bad = ""  # why the DRA checkpoint is unreadable, once logged
+        self._shares_bad = ""  # why claims' shares are unreadable, once logged
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -143,6 +148,7 @@ class UsageCollector:
             self._memo = _GrantMemo(by_minor)
         pods = self.store.pods
         held = self._claims()
+        shares = self._shares(held)
         found: dict[str, usage.KnownContainer] = {}
         memo: dict[str, tuple[Mapping[str, str], tuple[usage.Grant, ...]]] = {}
         for cid, c in list(self.store.containers.items()):
@@ -155,7 +161,7 @@ class UsageCollector:
             else:
                 grants = self._grants(cid, pod, c.name)
             memo[cid] = (pod.annotations, grants)
-            claimed = usage.claim_grants(held.for_pod(pod.uid), self._memo.gpus) if held.claims else ()
+            claimed = usage.claim_grants(held.for_pod(pod.uid), self._memo.gpus, shares) if held.claims else ()
             found[cid] = usage.KnownContainer(cid, pod.namespace, pod.name, c.name, grants + claimed)
         self._memo.by_container = memo
         if self._bad:  # containers gone since their grant was found unreadable
@@ -175,6 +181,21 @@ class UsageCollector:
             return Claims()
         self._claims_bad = ""
         return got
+
+    def _shares(self, held: Claims) -> Mapping[str, Mapping[int, ClaimShare]]:
+        """The held claims' shares that crihook's driver recorded; a file that can not be read leaves
+        its claim without one (said once per reason)."""
+        if self.shares is None or not held.claims:
+            return {}
+        try:
+            found = self.shares.read(c.uid for c in held.claims)
+        except SharesUnreadable as e:
+            if self._shares_bad != str(e):
+                log.warning("DRA claim shares unreadable", extra={"error": str(e)})
+                self._shares_bad = str(e)
+            return e.found
+        self._shares_bad = ""
+        return found
 
     def _grants(self, cid: str, pod: PodView, container: str) -> tuple[usage.Grant, ...]:
         try:
@@ -299,6 +320,7 @@ def start_usage(cfg: Config, store: StoreView, state_dir: str) -> UsageCollector
         proc_root=cfg.node.proc_root,
         state_dir=state_dir,
         claims=claims,
+        shares=SharesReader(os.path.join(state_dir, drashares.DIR)),
     )
     collector.start()
     return collector

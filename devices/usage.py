@@ -12,8 +12,9 @@ one that ended before its cgroup was read has exited: none of them is dropped.
 A GPU can also come through a DRA claim: kubelet's DRA checkpoint names the claims each pod holds
 and the CDI devices prepared for them (devices/draclaims.py). A device named `<claim UID>-gpu-<minor>`
 (crihook's driver, and NVIDIA's) is that GPU; the use of it is shown against the claim, by
-namespace/name and the request the device serves. The claim's share is its allocation's, which the
-node does not record: no core or memory figure is shown for it.
+namespace/name and the request the device serves. The claim's share (its allocation's
+`consumedCapacity`, or the whole GPU) is its grant where crihook's driver recorded it in its
+checkpoint (devices/drashares.py); another driver's claim has no core or memory figure.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 from crihook.base import allocation as alloc
 from crihook.base import dra
 from crihook.devices.draclaims import Claim
+from crihook.devices.drashares import ClaimShare
 
 CONTAINER = "container"
 HOST = "host"  # a process in no container
@@ -68,9 +70,14 @@ class Grant:
     """What the scheduler gave one container on one GPU."""
 
     gpu: str  # UUID
-    core: int  # percent of the GPU's SMs
+    core: int  # percent of the GPU's SMs; 0 for a claim whose share is not known here
     memory: int  # bytes; 0 when not known
     claim: str = ""  # namespace/name[/request] of the DRA claim that brought the GPU; "" for the scheduler's
+
+    @property
+    def sized(self) -> bool:
+        """The grant's core and memory are known: the scheduler's always, a claim's from its share."""
+        return not self.claim or self.core > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +112,7 @@ class Usage:
     used_memory: int = 0
     sm_util: float | None = None
     pids: tuple[int, ...] = ()
-    granted_core: int | None = None  # None: no grant on this GPU (or a claim's, of unknown size)
+    granted_core: int | None = None  # None: no grant on this GPU (or a claim's share not known here)
     granted_memory: int | None = None
     claim: str = ""  # namespace/name of the DRA claim the GPU came through
 
@@ -214,16 +221,24 @@ def claim_minor(claim_uid: str, cdi_device: str) -> int | None:
     return dra.device_minor(name[len(prefix) :]) if claim_uid and name.startswith(prefix) else None
 
 
-def claim_grants(claims: Iterable[Claim], gpus: Mapping[int, tuple[str, int]]) -> tuple[Grant, ...]:
+def claim_grants(
+    claims: Iterable[Claim],
+    gpus: Mapping[int, tuple[str, int]],
+    shares: Mapping[str, Mapping[int, ClaimShare]] | None = None,
+) -> tuple[Grant, ...]:
     """The GPUs of this node a pod's DRA claims brought, each named after its claim and the
-    request it serves (`namespace/name/request`); `gpus`: minor -> (UUID, memory in bytes)."""
+    request it serves (`namespace/name/request`), with the claim's share of it where `shares` (claim
+    UID -> minor -> share) has it; `gpus`: minor -> (UUID, memory in bytes)."""
     out = []
     for c in claims:
+        held = (shares or {}).get(c.uid, {})
         for device in c.cdi_devices:
             minor = claim_minor(c.uid, device)
             if minor is not None and minor in gpus:
                 name = "/".join((c.namespace, c.name, ",".join(c.requests_of(device)))).rstrip("/")
-                out.append(Grant(gpus[minor][0], 0, 0, name))
+                share = held.get(minor)
+                core, memory = (share.cores, share.memory) if share is not None else (0, 0)
+                out.append(Grant(gpus[minor][0], core, memory, name))
     return tuple(dict.fromkeys(out))
 
 
@@ -318,8 +333,8 @@ def _usage(owner: Owner, gpu: str, device: str, row: _Row, grant: Grant | None) 
         row.used,
         row.sm,
         tuple(sorted(row.pids)),
-        grant.core if grant and not grant.claim else None,
-        grant.memory if grant and not grant.claim else None,
+        grant.core if grant and grant.sized else None,
+        grant.memory if grant and grant.sized else None,
         grant.claim if grant else "",
     )
 

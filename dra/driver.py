@@ -33,6 +33,7 @@ from typing import Any
 import grpc
 
 from crihook.base import dra
+from crihook.devices import drashares
 from crihook.dra import claims as cl
 from crihook.dra.state import State, remove, write_atomic
 from crihook.hooks.gpu import node_number
@@ -76,7 +77,7 @@ class Paths:
 
     @property
     def checkpoint(self) -> Path:
-        return self.state_dir / "dra"
+        return self.state_dir / drashares.DIR
 
     def spec_file(self, claim_uid: str) -> Path:
         return self.cdi_dir / f"{SPEC_PREFIX}{claim_uid}.json"

@@ -4,7 +4,8 @@ by its name) and knows which CDI specs are its own to remove.
 
 One small JSON file per claim (`<state dir>/dra/<claim UID>.json`), so a prepare or unprepare costs
 the same whatever the node holds: written atomically (temporary file, rename) with a checksum over its
-body; a file cut short or edited is set aside with a warning and its claim prepared again at
+body, in the envelope of devices/drashares.py, which the node daemon reads the claims' shares with. A
+file cut short or edited is set aside with a warning and its claim prepared again at
 kubelet's next call. The claim's CDI spec is written before its file and removed after it: after the
 driver stops at any point a spec exists for every claim the checkpoint names (a spec none names is
 removed at start). Nothing is fsynced: what a restarted driver needs is in the page cache, and a
@@ -15,19 +16,16 @@ short by the crash only means that read). An fsync was a third of a prepare's ti
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from crihook.devices import drashares
 from crihook.dra.claims import Prepared, PreparedDevice
 
 log = logging.getLogger("crihook.dra")
-
-FORMAT = 1
 
 
 class StateError(Exception):
@@ -51,23 +49,16 @@ def remove(path: Path) -> None:
 
 
 def encode(p: Prepared) -> bytes:
-    body = json.dumps(_claim(p), sort_keys=True, separators=(",", ":"))
-    checksum = hashlib.sha256(body.encode()).hexdigest()
-    return json.dumps({"format": FORMAT, "uid": p.uid, "checksum": checksum, "claim": body}).encode()
+    return drashares.wrap(p.uid, _claim(p))
 
 
 def decode(data: bytes, where: str) -> Prepared:
     """Raises StateError naming `where`."""
     try:
-        doc = json.loads(data)
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise StateError(f"{where}: not a checkpoint of format {FORMAT}")
-        body = doc["claim"]
-        if hashlib.sha256(body.encode()).hexdigest() != doc["checksum"]:
-            raise StateError(f"{where}: checksum mismatch (cut short or edited)")
-        return _prepared(str(doc["uid"]), json.loads(body))
-    except StateError:
-        raise
+        uid, body = drashares.unwrap(data)
+        return _prepared(uid, body)
+    except drashares.CheckpointError as e:
+        raise StateError(f"{where}: {e}") from None
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise StateError(f"{where}: unreadable ({type(e).__name__}: {e})") from None
 

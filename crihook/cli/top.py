@@ -1,6 +1,6 @@
 """`crihook top`: per pod what `nvidia-smi` shows per GPU: one row per container with its GPUs, its
-grant (core and memory, or the DRA claim its GPUs came through) and what its processes use (memory,
-SM utilisation), redrawn every second.
+grant (core and memory: the scheduler's, or the share of the DRA claim its GPUs came through, which
+is named) and what its processes use (memory, SM utilisation), redrawn every second.
 
 It reads the running daemon's last usage collection from the state dir (`usage.json`, written by
 the usage collector every `[usage] interval_seconds`), so it needs no access to the GPUs or /proc

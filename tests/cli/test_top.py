@@ -88,6 +88,18 @@ def test_a_container_whose_gpu_came_through_a_dra_claim_names_it() -> None:
     assert (row["claims"], row["granted_core"], row["granted_memory"]) == (["ml/dra-gpus"], None, None)
 
 
+def test_a_claims_share_is_shown_as_its_grant() -> None:
+    """Where crihook's driver recorded the claim's share, the row has it as its core and memory."""
+    known = {CID: KnownContainer(CID, "ml", "dra", "main", (Grant(G1, 50, 8 * GiB, "ml/half/gpu"),))}
+    rows = usage.attribute([GpuProcess(10, G1, G1, 9 * GiB, 20.0)], {10: cg(CID)}, known)
+    state = usage.decode(usage.encode([GpuState(G1, 1, 80 * GiB, 9 * GiB)], rows, 1000.0, 10.0))
+    lines = top.render(state, 1001.0).splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("POD"))
+    assert lines[header + 1].split() == ["ml/dra", "main", "1", "50%", "8.0Gi", "9.0Gi!", "20", "1", "ml/half/gpu"]
+    (row,) = top.rows_json(state, 1001.0)["rows"]
+    assert (row["claims"], row["granted_core"], row["granted_memory"]) == (["ml/half/gpu"], 50, 8 * GiB)
+
+
 def run_top(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "crihook.cli", "top", *args], capture_output=True, text=True, timeout=60

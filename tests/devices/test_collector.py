@@ -9,6 +9,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,10 @@ from crihook.base.allocation import DEVICE_ALLOCATED
 from crihook.base.config import parse
 from crihook.devices import usage
 from crihook.devices.collector import UsageCollector, start_usage
+from crihook.devices.drashares import SharesReader
 from crihook.devices.nvml import Nvml
+from crihook.dra.claims import Prepared, PreparedDevice
+from crihook.dra.state import State
 
 GiB = 1 << 30
 CIDS = {"train": "1" * 64, "share": "2" * 64, "gone": "3" * 64}
@@ -238,17 +242,9 @@ def test_the_thread_collects_at_the_interval_and_stops(sim) -> None:
     assert start_usage(parse({"usage": {"enabled": False}}), store, str(tmp_path)) is None
 
 
-def test_gpus_that_came_through_a_dra_claim_are_shown_against_the_claim(sim, caplog: pytest.LogCaptureFixture) -> None:
-    from crihook.devices.draclaims import ClaimsReader
-
-    fake, collector, store, procfile, tmp = sim
-    gpu = fake.doc["gpus"][2]
-    cid = "4" * 64
-    store.pods["pod-dra"] = Pod("dra", uid="uid-dra")
-    store.containers[cid] = Ctr("pod-dra")
-    gpu["processes"] = [{"pid": 30, "used_memory": 6 * GiB, "sm_util": 50}]
-    fake.write()
-    procfile(30, cgroup(cid, "d"))
+def dra_checkpoint(tmp: Path, gpu: dict[str, Any]) -> Path:
+    """kubelet's DRA checkpoint: the pod `uid-dra` holds claim c-9 (team/dra-gpus), prepared by
+    crihook's driver with the GPU."""
     state = {
         "kind": "DRACheckpoint",
         "apiVersion": "checkpoint.dra.kubelet.k8s.io/v1",
@@ -275,6 +271,28 @@ def test_gpus_that_came_through_a_dra_claim_are_shown_against_the_claim(sim, cap
     }
     checkpoint = tmp / "dra_manager_state"
     checkpoint.write_text(json.dumps({"Data": json.dumps(state), "Checksum": 1}))
+    return checkpoint
+
+
+def dra_container(sim: Any, used: int) -> tuple[str, dict[str, Any]]:
+    """A container of the pod `uid-dra` using `used` bytes of the third GPU: its id and the GPU."""
+    fake, _, store, procfile, _ = sim
+    gpu = fake.doc["gpus"][2]
+    cid = "4" * 64
+    store.pods["pod-dra"] = Pod("dra", uid="uid-dra")
+    store.containers[cid] = Ctr("pod-dra")
+    gpu["processes"] = [{"pid": 30, "used_memory": used, "sm_util": 50}]
+    fake.write()
+    procfile(30, cgroup(cid, "d"))
+    return cid, gpu
+
+
+def test_gpus_that_came_through_a_dra_claim_are_shown_against_the_claim(sim, caplog: pytest.LogCaptureFixture) -> None:
+    from crihook.devices.draclaims import ClaimsReader
+
+    _, collector, _, _, tmp = sim
+    cid, gpu = dra_container(sim, 6 * GiB)
+    checkpoint = dra_checkpoint(tmp, gpu)
     collector.claims = ClaimsReader(str(checkpoint))
     rows = [u for u in collector.collect_once().rows if u.owner.container_id == cid]
     assert [(u.gpu, u.claim, u.used_memory, u.granted_core) for u in rows] == [
@@ -290,3 +308,39 @@ def test_gpus_that_came_through_a_dra_claim_are_shown_against_the_claim(sim, cap
             rows = [u for u in collector.collect_once().rows if u.owner.container_id == cid]
             assert [u.claim for u in rows] == [""]
     assert sum("DRA claims unreadable" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_claims_share_from_crihook_dras_checkpoint_is_its_grant(sim, caplog: pytest.LogCaptureFixture) -> None:
+    """The driver's checkpoint file in the same state dir, as the driver writes it: the claim's
+    share is the container's core and memory grant in the metrics and in `crihook top`'s file, and
+    memory above it is counted; a file that can not be read leaves the claim without a share."""
+    from crihook.devices.draclaims import ClaimsReader
+
+    _, collector, _, _, tmp = sim
+    cid, gpu = dra_container(sim, 9 * GiB)
+    collector.claims = ClaimsReader(str(dra_checkpoint(tmp, gpu)))
+    driver = State(tmp / "dra")
+    device = PreparedDevice(("gpus",), "node", f"gpu-{gpu['minor']}", gpu["minor"], gpu["uuid"], 8 * GiB, 50)
+    driver.put(Prepared("c-9", "team", "dra-gpus", (device,)))
+    collector.shares = SharesReader(str(tmp / "dra"))
+    with caplog.at_level(logging.WARNING, logger="crihook.usage"):
+        (row,) = [u for u in collector.collect_once().rows if u.owner.container_id == cid]
+    assert (row.claim, row.granted_core, row.granted_memory, row.over_grant) == (
+        "team/dra-gpus/gpus",
+        50,
+        8 * GiB,
+        True,
+    )
+    key = ("team", "dra", "main", "2", gpu["uuid"])
+    assert metrics.GRANT_CORE._values[key] == 0.5 and metrics.GRANT_MEMORY._values[key] == 8 * GiB
+    over = [r for r in caplog.records if r.getMessage() == "container above its GPU memory grant"]
+    assert [r.pod for r in over if r.granted_bytes == 8 * GiB] == ["team/dra"]  # type: ignore[attr-defined]
+    written = usage.decode(json.loads((tmp / usage.STATE_FILE).read_text()))
+    (totals,) = [t for t in usage.per_container(written) if t.owner.container_id == cid]
+    assert (totals.granted_core, totals.granted_memory, totals.claims) == (50, 8 * GiB, ("team/dra-gpus/gpus",))
+    (tmp / "dra" / "c-9.json").write_text("{")
+    with caplog.at_level(logging.WARNING, logger="crihook.usage"):
+        for _ in range(2):
+            (row,) = [u for u in collector.collect_once().rows if u.owner.container_id == cid]
+            assert (row.claim, row.granted_core, row.granted_memory) == ("team/dra-gpus/gpus", None, None)
+    assert sum("DRA claim shares unreadable" in r.getMessage() for r in caplog.records) == 1

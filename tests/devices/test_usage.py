@@ -392,3 +392,28 @@ def test_a_claim_grant_names_the_request_its_device_serves() -> None:
     dev = "gpu.crihook.io/claim=c-1-gpu-0"
     c = Claim("c-1", "pair", "ml", frozenset({"p"}), (dev,), ((dev, ("main", "side")),))
     assert usage.claim_grants([c], {0: (GPU0, GiB)}) == (Grant(GPU0, 0, 0, "ml/pair/main,side"),)
+
+
+def test_a_claims_share_recorded_by_crihooks_driver_is_its_grant() -> None:
+    """The share crihook dra recorded is the claim's core and memory grant, over which the memory
+    used counts as above the grant; a claim with no recorded share (another driver's) has none."""
+    from crihook.devices.draclaims import Claim
+    from crihook.devices.drashares import ClaimShare
+
+    gpus = {0: (GPU0, 80 * GiB), 1: (GPU1, 80 * GiB)}
+    half = Claim("c-1", "half", "ml", frozenset({"p"}), ("gpu.crihook.io/claim=c-1-gpu-1",))
+    other = Claim("c-2", "other", "ml", frozenset({"p"}), ("k8s.gpu.nvidia.com/claim=c-2-gpu-0",))
+    shares = {"c-1": {1: ClaimShare(50, 8 * GiB)}, "c-9": {0: ClaimShare(10, GiB)}}
+    grants = usage.claim_grants([half, other], gpus, shares)
+    assert grants == (Grant(GPU1, 50, 8 * GiB, "ml/half"), Grant(GPU0, 0, 0, "ml/other"))
+    assert [g.sized for g in grants] == [True, False] and Grant(GPU0, 0, 0).sized
+    assert usage.claim_grants([half], gpus, {"c-1": {0: ClaimShare(50, GiB)}}) == (Grant(GPU1, 0, 0, "ml/half"),)
+    known = {CID: KnownContainer(CID, "ml", "train", "main", grants)}
+    procs = [usage.GpuProcess(10, GPU1, GPU1, 9 * GiB, 40.0), usage.GpuProcess(10, GPU0, GPU0, GiB, None)]
+    rows = usage.attribute(procs, {10: SYSTEMD_V2}, known)
+    got = {u.gpu: (u.claim, u.granted_core, u.granted_memory, u.over_grant) for u in rows}
+    assert got == {GPU1: ("ml/half", 50, 8 * GiB, True), GPU0: ("ml/other", None, None, False)}
+    state = usage.decode(json.loads(json.dumps(usage.encode([], rows, 0.0, 10.0))))
+    (totals,) = usage.per_container(state)
+    assert (totals.granted_core, totals.granted_memory, totals.over_grant) == (50, 8 * GiB, True)
+    assert totals.claims == ("ml/half", "ml/other") or totals.claims == ("ml/other", "ml/half")
