@@ -108,11 +108,16 @@ def stat_node(path: str) -> tuple[DeviceNumber, int]:
 
 
 def make_sources(adjust: api.ContainerAdjustment) -> None:
-    """Create the missing host directory of each bind mount added, as containerd's CRI does for
-    the mounts of a request (WithMounts: MkdirAll 0755); a mount NRI adds reaches runc as it is,
-    which fails on a missing source. OSError when one can not be made."""
+    """Create the missing host directory of each writable bind mount added, as containerd's CRI
+    does for the mounts of a request (WithMounts: MkdirAll 0755); a mount NRI adds reaches runc as
+    it is, which fails on a missing source. A read-only mount's source is something another program
+    put on the host (HAMi-core's library): crihook in a pod does not see it, and a directory made in
+    its place would hide that it is missing, so runc is left to name it. OSError when one can not be
+    made."""
     for m in adjust.mounts:
-        if not m.destination.startswith("-") and m.type == "bind" and not os.path.exists(m.source):
+        if m.destination.startswith("-") or m.type != "bind" or "ro" in m.options:
+            continue
+        if not os.path.exists(m.source):
             os.makedirs(m.source, 0o755, exist_ok=True)
 
 

@@ -25,7 +25,7 @@ from crihook.node.container import nri_listed_container, nri_reach
 from crihook.node.lifecycle import Lifecycle
 from crihook.node.pod import nri_listed_pod, nri_pod_view
 from crihook.node.store import Store
-from crihook.nri.handler import EVICTIONS_FILE, MARGIN, HookHandler
+from crihook.nri.handler import EVICTIONS_FILE, MARGIN, HookHandler, make_sources
 from crihook.nri.stub import RpcError, event_mask
 from crihook.proto import nri_v1alpha1_pb2 as api
 
@@ -492,3 +492,17 @@ async def test_a_container_found_twice_is_acted_on_once(tmp_path: Path) -> None:
     assert h._act(POD_VIEW, greedy, verdict) is None
     await settle(h)
     assert evict.calls == ["greedy"]
+
+
+def test_only_writable_mount_sources_are_made(tmp_path: Path) -> None:
+    """A writable bind mount's missing source is made, as containerd's CRI makes it; a read-only
+    one (HAMi-core's library, which the plugin's pod does not see) is left for runc to find on the
+    host: making a directory there would fail in the pod's read-only root, or hide the file missing."""
+    adjust = api.ContainerAdjustment()
+    cache, library = tmp_path / "cache" / "pod_main", tmp_path / "vgpu" / "libvgpu.so"
+    adjust.mounts.add(destination="/tmp/vgpu", type="bind", source=str(cache), options=["rbind", "rprivate", "rw"])
+    adjust.mounts.add(destination=str(library), type="bind", source=str(library), options=["rbind", "rprivate", "ro"])
+    adjust.mounts.add(destination="-/gone", type="bind", source=str(tmp_path / "gone"))
+    make_sources(adjust)
+    assert cache.is_dir()
+    assert not (tmp_path / "vgpu").exists() and not (tmp_path / "gone").exists()
