@@ -79,10 +79,6 @@ def dra_values(cluster: Cluster) -> dict[str, Any]:
         return values
     cdi = str(cluster.containerd.cdi_spec_dir)
     values["node"]["config"]["reporter"] = {"partition_table": f"{DRIVER_MOUNT}/partitions.json"}
-    hami = cluster.sim.hami  # the simulated node's stand-in for HAMi-core's library
-    values["node"]["config"]["hooks"] = {
-        "gpu": {"hami_core": {"library": f"{hami}/libvgpu.so", "preload_file": f"{hami}/ld.so.preload"}}
-    }
     values["dra"] = {"enabled": True, "cdiDir": cdi}
     return values
 

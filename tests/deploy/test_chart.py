@@ -434,10 +434,13 @@ def test_node_pods_mount_exactly_what_they_need() -> None:
     crihook_config.parse(config, "config.toml")
     assert config["hooks"]["gpu"]["kubelet_pods_dir"] == "/var/lib/kubelet/pods"
     assert config["hooks"]["gpu"]["cdi_spec_dirs"] == ["/etc/cdi", "/var/run/cdi"]
-    # HAMi-core's directories, which crihook makes, are below the state dir the pods may write
+    # HAMi-core's directories, which crihook makes, are below the state dir the pods may write; its
+    # library and preload file are where HAMi installs them on the host
     assert config["hooks"]["gpu"]["hami_core"] == {
         "cache_root": "/var/lib/crihook/hami-core/containers",
         "lock_dir": "/var/lib/crihook/hami-core/lock",
+        "library": "/usr/local/vgpu/libvgpu.so",
+        "preload_file": "/usr/local/vgpu/ld.so.preload",
     }
     libraries = config["node"]["nvml_library"].split(":")
     assert "/run/crihook/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1" in libraries  # Debian, Ubuntu
@@ -472,6 +475,23 @@ def test_node_without_reporter_has_no_api_access() -> None:
     roles = [d for k in ("ClusterRole", "ClusterRoleBinding") for d in helm.of_kind(helm.rendered(name), k)]
     assert not [r for r in roles if r["metadata"]["name"].endswith("-node")]
     assert not {"/run/crihook/driver", "/run/containerd"} & {m["mountPath"] for m in containers["nri"]["volumeMounts"]}
+
+
+def test_hami_core_paths_are_values_and_the_config_keys_override_them() -> None:
+    """node.hamiCore names the host paths of HAMi-core's library and preload file; the hook's
+    configuration carries them (and allows them), and node.config's own keys still win."""
+    vgpu = {"node": {"hamiCore": {"library": "/opt/hami/libvgpu.so", "preloadFile": "/opt/hami/ld.so.preload"}}}
+    docs = helm.documents_of(helm.template_text(Combo(vgpu), NEWEST), "hami")
+    (cm,) = [c for c in helm.of_kind(docs, "ConfigMap") if "config.toml" in c["data"]]
+    config = tomllib.loads(cm["data"]["config.toml"])
+    crihook_config.parse(config, "config.toml")
+    paths = config["hooks"]["gpu"]["hami_core"]
+    assert (paths["library"], paths["preload_file"]) == ("/opt/hami/libvgpu.so", "/opt/hami/ld.so.preload")
+    assert paths["cache_root"] == "/var/lib/crihook/hami-core/containers"
+    over = {"node": {**vgpu["node"], "config": {"hooks": {"gpu": {"hami_core": {"library": "/srv/libvgpu.so"}}}}}}
+    docs = helm.documents_of(helm.template_text(Combo(over), NEWEST), "hami-over")
+    (cm,) = [c for c in helm.of_kind(docs, "ConfigMap") if "config.toml" in c["data"]]
+    assert tomllib.loads(cm["data"]["config.toml"])["hooks"]["gpu"]["hami_core"]["library"] == "/srv/libvgpu.so"
 
 
 def test_node_config_keeps_integers_and_merges_user_keys() -> None:

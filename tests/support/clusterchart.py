@@ -9,9 +9,10 @@ chart expects it.
 Values: only what a user of such a node sets (docs/helm.md): one replica of each scheduler (one
 node), where containerd's NRI and CRI sockets, its CDI spec dir and kubelet's root dir are, the
 driver's root (`node.driverRoot`, here the simulated node's directory: its fake libnvidia-ml.so.1
-in usr/lib/x86_64-linux-gnu, as Debian's driver packages put it, beside its topology), and a state
-dir. The simulated node's device nodes and sysfs are in that directory too, so its `[node]` dev_root
-and sys_root point there (`node.config`); a real node has them at /dev and /sys.
+in usr/lib/x86_64-linux-gnu, as Debian's driver packages put it, beside its topology), HAMi-core's
+library and preload file (`node.hamiCore`, the simulated node's stand-ins), and a state dir. The
+simulated node's device nodes and sysfs are in that directory too, so its `[node]` dev_root and
+sys_root point there (`node.config`); a real node has them at /dev and /sys.
 """
 
 from __future__ import annotations
@@ -110,6 +111,11 @@ def user_values(cluster: Cluster) -> dict[str, Any]:
         "kubeletRootDir": str(cluster.kubelet_root),
         "driverRoot": str(cluster.sim.root),
         "stateDir": str(cluster.base / "crihook-state"),
+        # where the simulated node has HAMi-core's library and preload file, as HAMi installs them
+        "hamiCore": {
+            "library": str(cluster.sim.hami / "libvgpu.so"),
+            "preloadFile": str(cluster.sim.hami / "ld.so.preload"),
+        },
         "config": {"node": {"dev_root": f"{DRIVER_MOUNT}/dev", "sys_root": f"{DRIVER_MOUNT}/sys"}},
     }
     return values
