@@ -520,6 +520,18 @@ class Cluster:
         wait_for("kubelet serving again", self._kubelet_serves, timeout, [kubelet])
         wait_for("the node Ready after kubelet's restart", self._node_ready, timeout, [kubelet])
 
+    @contextlib.contextmanager
+    def paused(self, name: str) -> Iterator[None]:
+        """One of the cluster's programs stopped (SIGTERM, by pid) for the block, then started again
+        with the same flags: kube-controller-manager, to hold a gap a controller would close
+        (a DaemonSet's pod not made again until the block ends)."""
+        component = self.components[name]
+        component.stop()
+        try:
+            yield
+        finally:
+            component.start()
+
     def restart_containerd(self) -> None:
         """Stop containerd (SIGTERM) and start it again; containers keep running in their shims."""
         assert self.containerd is not None
