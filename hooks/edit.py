@@ -71,8 +71,11 @@ def _edit_map(annotations: Mapping[str, str], edit: Edit) -> dict[str, str]:
 
 
 def _replace_keyed(items: tuple[_T, ...], remove: set[str], add: list[_T], key: Any) -> tuple[_T, ...]:
-    if not items or not (remove or add):  # most containers bring no devices of their own: no keys needed
-        return (*items, *add)
+    """`items` itself when the edit leaves them as they are: the front door skips what is unchanged."""
+    if not (remove or add):
+        return items
+    if not items:  # most containers bring no devices of their own: no keys needed
+        return (*add,)
     added = {key(a) for a in add}
     kept = [i for i in items if key(i) not in remove and key(i) not in added]
     return (*kept, *add)

@@ -55,6 +55,8 @@ IN_CLOEXEC = os.O_CLOEXEC
 ENTRIES = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR
 # and what the files hold: for a file read whole (written in place or replaced by rename)
 CONTENTS = ENTRIES | IN_CLOSE_WRITE | IN_MODIFY | IN_ATTRIB
+# or their inodes: a device node's numbers and mode (not the writes to it, which are many in /dev)
+INODES = ENTRIES | IN_ATTRIB
 _SELF = IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED
 _EVENT = struct.Struct("iIII")
 
@@ -145,12 +147,12 @@ class FsMemo:
             raise error
         return value
 
-    def answer(self, path: str, compute: Callable[[], _T], contents: bool = False) -> _T:
+    def answer(self, path: str, compute: Callable[[], _T], contents: bool = False, inode: bool = False) -> _T:
         """compute() (which may block: worker threads only), remembered for `path` if the kernel can
         tell us when it changes. `contents`: the answer depends on what the file holds, not only on
-        whether it is there."""
+        whether it is there; `inode`: on its stat (numbers, mode, owner), not on what it holds."""
         head, name = _split(path)
-        generation = self._watch(head, CONTENTS if contents else ENTRIES)
+        generation = self._watch(head, CONTENTS if contents else INODES if inode else ENTRIES)
         try:
             value = compute()
         except Exception as e:

@@ -339,21 +339,23 @@ def nri_adjustment(
     the rest, a device node removed is denied by its numbers (the node stays, unusable), and so is
     each GPU minor of `deny_gpus`."""
     adj = nri.ContainerAdjustment()
-    adj.annotations.update(changed_keys(before.annotations, after.annotations))
-    for k in before.annotations.keys() - after.annotations.keys():
-        adj.annotations["-" + k] = ""
+    if after.annotations is not before.annotations:  # else no hook touched them (hooks.edit keeps them)
+        adj.annotations.update(changed_keys(before.annotations, after.annotations))
+        for k in before.annotations.keys() - after.annotations.keys():
+            adj.annotations["-" + k] = ""
     old_env = dict(before.envs)
     for k, v in dict(after.envs).items():
         if old_env.get(k) != v:
             adj.env.add(key=k, value=v)
-    old_mounts = {m.container_path: m for m in before.mounts}
-    new_mounts = {m.container_path: m for m in after.mounts}
-    for path, m in new_mounts.items():
-        if old_mounts.get(path) != m:
-            options = ["rbind", _PROPAGATION.get(m.propagation, "rprivate"), "ro" if m.readonly else "rw"]
-            adj.mounts.add(destination=path, type="bind", source=m.host_path, options=options)
-    for path in old_mounts.keys() - new_mounts.keys():
-        adj.mounts.add(destination="-" + path)
+    if after.mounts is not before.mounts:
+        old_mounts = {m.container_path: m for m in before.mounts}
+        new_mounts = {m.container_path: m for m in after.mounts}
+        for path, m in new_mounts.items():
+            if old_mounts.get(path) != m:
+                options = ["rbind", _PROPAGATION.get(m.propagation, "rprivate"), "ro" if m.readonly else "rw"]
+                adj.mounts.add(destination=path, type="bind", source=m.host_path, options=options)
+        for path in old_mounts.keys() - new_mounts.keys():
+            adj.mounts.add(destination="-" + path)
     old_devices = {d.container_path: d for d in before.devices}
     kept: set[DeviceNumber] = set()  # the numbers of the nodes `after` keeps or is given
     for d in after.devices:

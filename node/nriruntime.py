@@ -127,20 +127,22 @@ def unapplied(
         # removed node is denied by its numbers (container.nri_adjustment)
         if not every_device and not runtime.device_rules:
             out.append(f"removing device {path} (no NRI version applies device removals)")
-    old_devices = set(before.devices)
-    for d in after.devices:
-        if d not in old_devices and not runtime.device_rules and not {"r", "w"} <= set(d.permissions):
-            out.append(
-                f"giving device {d.container_path} access {d.permissions!r} (NRI before v0.10 gives every device"
-                " node it adds rw; needs containerd 2.2)"
-            )
-    old_mounts = set(before.mounts)
-    for m in after.mounts:
-        if m not in old_mounts and m.selinux_relabel and selinux:
-            out.append(f"relabeling mount {m.container_path} for SELinux (an NRI adjustment can not ask for it)")
-    if not runtime.removes_mounts:
-        gone = {m.container_path for m in before.mounts} - {m.container_path for m in after.mounts}
-        out.extend(f"removing mount {p} (needs containerd 1.7.26 or 2.0)" for p in sorted(gone))
+    if not runtime.device_rules:
+        old_devices = set(before.devices)
+        for d in after.devices:
+            if not ("r" in d.permissions and "w" in d.permissions) and d not in old_devices:
+                out.append(
+                    f"giving device {d.container_path} access {d.permissions!r} (NRI before v0.10 gives every"
+                    " device node it adds rw; needs containerd 2.2)"
+                )
+    if after.mounts is not before.mounts:  # else no hook touched them (hooks.edit keeps the tuple)
+        old_mounts = set(before.mounts)
+        for m in after.mounts:
+            if m.selinux_relabel and selinux and m not in old_mounts:
+                out.append(f"relabeling mount {m.container_path} for SELinux (an NRI adjustment can not ask for it)")
+        if not runtime.removes_mounts:
+            gone = {m.container_path for m in before.mounts} - {m.container_path for m in after.mounts}
+            out.extend(f"removing mount {p} (needs containerd 1.7.26 or 2.0)" for p in sorted(gone))
     if not runtime.cdi_devices:
         added = sorted(set(after.cdi_devices) - set(before.cdi_devices))
         out.extend(f"adding CDI device {n} (needs containerd 2.1 or 1.7.30)" for n in added)

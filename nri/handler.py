@@ -14,7 +14,6 @@ says whether they are evicted or only reported.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import os
@@ -29,6 +28,7 @@ import grpc
 from crihook.base.metrics import NRI_EVICTIONS_PENDING, NRI_UNGRANTED
 from crihook.hooks.base import ContainerInfo, HookContext, HookError, JudgesGpus, PodInfo, Stage
 from crihook.hooks.chain import HookChain, HookRecord
+from crihook.hooks.fscache import FsMemo, NotCached
 from crihook.hooks.reach import (
     VISIBLE,
     DeviceRule,
@@ -176,6 +176,8 @@ class HookHandler:
     synchronize_action: str = "evict"  # "evict" | "report"
     cdi_inject: bool = False  # gpu.inject = "cdi": refused on runtimes that drop CDI adjustments
     node_of: Callable[[str], tuple[DeviceNumber, int]] = stat_node
+    # node_of's answers, each kept until inotify reports its node made, removed or changed (`_node`)
+    nodes: FsMemo = field(default_factory=FsMemo)
     evict: Callable[[Sequence[api.ContainerEviction]], Awaitable[Any]] | None = None
     # the runtime's pods and containers as NRI would show them, listed over CRI: Synchronize's list
     # can miss a creation that raced it (containerd 1.7), which this catches up with
@@ -494,7 +496,8 @@ class HookHandler:
         try:
             reasons = unapplied(before, after, self.runtime, every_device=every, selinux=self.selinux)
             device_rules = self.runtime.device_rules
-            node_of = functools.cache(self.node_of)  # each device node read once per creation
+            self.nodes.sync()
+            node_of = self._node
             adjust = nri_adjustment(before, after, node_of, device_rules=device_rules)
             left, deny = await self._left(
                 pod, before, after, (*rules, *adjusted_rules(adjust)), lambda path: node_of(path)[0], ctx.deadline
@@ -713,6 +716,15 @@ class HookHandler:
             extra={"pod": pod.ref, "container": name, "id": container_id[:13]},
         )
 
+    def _node(self, path: str) -> tuple[DeviceNumber, int]:
+        """`node_of(path)`, read once until the node changes: a GPU container's dozen device nodes are
+        the same ones creation after creation. Read on the event loop, as /dev never stalls."""
+        try:
+            found: tuple[DeviceNumber, int] = self.nodes.recall(path)
+            return found
+        except NotCached:
+            return self.nodes.answer(path, lambda: self.node_of(path), inode=True)
+
     def _deadline(self) -> float:
         return time.monotonic() + max(self.request_timeout - MARGIN, 0.1)
 
@@ -750,4 +762,5 @@ class HookHandler:
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.nodes.close()
         await self.lifecycle.close()
