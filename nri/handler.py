@@ -573,10 +573,10 @@ class HookHandler:
         if judge is None:
             return "", ()
         added = {d.container_path for d in after.devices} - {d.container_path for d in before.devices}
+        if not may_reach_gpus(self._beyond_hooks(before, after, rules, added, number_of)):
+            return "", ()
         kept = replace(after, devices=(*before.devices, *(d for d in after.devices if d.container_path in added)))
         reach = reach_of(kept, rules, number_of)
-        if not may_reach_gpus(self._beyond_hooks(before, after, reach, added, number_of)):
-            return "", ()
         try:
             verdict = await self._ask(judge, pod, after, reach, deadline)
         except Undecided as e:
@@ -595,19 +595,20 @@ class HookHandler:
         self,
         before: ContainerInfo,
         after: ContainerInfo,
-        reach: Reach,
+        rules: tuple[DeviceRule, ...],
         added: set[str],
         number_of: Callable[[str], DeviceNumber],
     ) -> Reach:
-        """The part of `reach` the hook chain did not decide: the runtime's nodes and rules (not the
-        allow rules of the nodes the chain added), CDI devices, and NVIDIA_VISIBLE_DEVICES unless a
-        hook set it. When it can name no GPU (a container the scheduler placed, a plain one) there is
-        nothing for the verdict to judge, and CreateContainer asks nothing."""
+        """The part of what the adjusted container reaches that the hook chain did not decide: the
+        runtime's nodes and `rules` (not the allow rules of the nodes the chain added), CDI devices,
+        and NVIDIA_VISIBLE_DEVICES unless a hook set it. When it can name no GPU (a container the
+        scheduler placed, a plain one) there is nothing for the verdict to judge, and CreateContainer
+        asks nothing."""
         given = {number_of(d.host_path) for d in after.devices if d.container_path in added}
-        own = tuple(r for r in reach.rules or () if not (r.allow and (r.kind, r.major, r.minor) in given))
-        nodes = reach.nodes[: len(before.devices)]
+        own = tuple(r for r in rules if not (r.allow and (r.kind, r.major, r.minor) in given))
+        reach = reach_of(replace(after, devices=before.devices), own, number_of)
         visible = None if after.env(VISIBLE) != before.env(VISIBLE) else reach.visible
-        return Reach(nodes, own, reach.cdi_devices, visible)
+        return Reach(reach.nodes, own, reach.cdi_devices, visible)
 
     # -- the other events: bookkeeping, refusals, post hooks -------------------------------------
 
