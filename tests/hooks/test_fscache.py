@@ -90,6 +90,31 @@ def test_contents_answers_follow_writes_and_renames(memo: FsMemo, tmp_path: Path
         memo.recall(str(f))
 
 
+def test_inode_answers_follow_a_chmod_and_a_new_node_not_writes(memo: FsMemo, tmp_path: Path) -> None:
+    f = tmp_path / "nvidia0"
+    f.write_text("")
+    f.chmod(0o666)
+
+    def mode() -> int:
+        return os.stat(f).st_mode & 0o777
+
+    assert memo.answer(str(f), mode, inode=True) == 0o666
+    with open(f, "a") as out:  # written to, as a device node is all the time: the answer stands
+        out.write("x")
+    memo.sync()
+    assert memo.recall(str(f)) == 0o666
+    f.chmod(0o600)
+    memo.sync()
+    with pytest.raises(NotCached):
+        memo.recall(str(f))
+    assert memo.answer(str(f), mode, inode=True) == 0o600
+    f.unlink()
+    f.write_text("")  # made again (a driver reloaded): other numbers, maybe
+    memo.sync()
+    with pytest.raises(NotCached):
+        memo.recall(str(f))
+
+
 def test_a_change_during_the_read_is_not_remembered(memo: FsMemo, tmp_path: Path) -> None:
     path = str(tmp_path / "dev0")
 

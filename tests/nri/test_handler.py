@@ -21,7 +21,7 @@ from crihook.base.spec import Device
 from crihook.hooks.base import ContainerInfo, Edit, HookContext, HookError, PodInfo, ResourcesPatch, Stage
 from crihook.hooks.reach import Gpu, Grants, Reach, Undecided, Verdict, judge
 from crihook.hooks.registry import build_chain
-from crihook.node.container import nri_listed_container, nri_reach
+from crihook.node.container import DeviceNumber, nri_listed_container, nri_reach
 from crihook.node.lifecycle import Lifecycle
 from crihook.node.pod import nri_listed_pod, nri_pod_view
 from crihook.node.store import Store
@@ -461,6 +461,28 @@ async def test_containers_that_can_reach_no_gpu_are_not_asked_about(tmp_path: Pa
     await h.state_change(api.StateChangeEvent(event=api.RUN_POD_SANDBOX, pod=POD))
     answer = await h.create_container(api.CreateContainerRequest(pod=POD, container=c))
     assert answer is not None and hook.asked == []
+
+
+async def test_a_device_node_is_read_once_until_it_changes(tmp_path: Path) -> None:
+    grant = Edit(env={"NVIDIA_VISIBLE_DEVICES": "GPU-1"}, add_devices=[Device("/dev/nvidia1", "/dev/nvidia1", "rw")])
+    h = await judged(tmp_path, Judge(refuse=False, grant=grant))
+    read: list[str] = []
+
+    def node_of(path: str) -> tuple[DeviceNumber, int]:
+        read.append(path)
+        return ("c", 195, 1), 0o666
+
+    h.node_of = node_of
+    await h.state_change(api.StateChangeEvent(event=api.RUN_POD_SANDBOX, pod=POD))
+    for cid in ("a", "b"):
+        answer = await h.create_container(
+            api.CreateContainerRequest(pod=POD, container=api.Container(id=cid, pod_sandbox_id=POD.id, name=cid))
+        )
+        assert [(d.path, d.minor, d.file_mode.value) for d in answer.adjust.linux.devices] == [
+            ("/dev/nvidia1", 1, 0o666)
+        ]
+    assert read == ["/dev/nvidia1"]  # the memo's inotify watch drops it when /dev/nvidia1 changes
+    await h.close()
 
 
 async def test_what_the_hooks_granted_is_not_asked_about_again(tmp_path: Path) -> None:
