@@ -34,7 +34,6 @@ import contextlib
 import itertools
 import json
 import logging
-import os
 import queue
 import select
 import selectors
@@ -50,6 +49,7 @@ import h11
 
 from crihook.base import metrics
 from crihook.base.metrics import is_loopback, parse_listen
+from crihook.base.tls import Certificates, TlsFiles
 from crihook.scheduler import webhook
 from crihook.scheduler.extender import BadRequest, Extender, HostPriorityList
 
@@ -66,7 +66,6 @@ HANDSHAKE_TIMEOUT = 10.0
 REQUEST_TIMEOUT = 15.0  # to read one request, head and body
 LINGER = 0.05  # seconds a worker waits for the next request on a connection before parking it
 IDLE_TIMEOUT = 120.0  # a kept-alive connection with no request for this long is closed
-TLS_CHECK_EVERY = 1.0  # seconds between looks at the certificate files
 
 Answer = tuple[int, bytes, str]  # HTTP status, body, content type
 # kube-scheduler's verbs, which the leader alone answers (the others refuse them); the webhooks keep
@@ -89,82 +88,6 @@ REASONS = {
     503: "Service Unavailable",
     505: "HTTP Version Not Supported",
 }
-
-
-@dataclass(frozen=True)
-class TlsFiles:
-    cert: str
-    key: str
-    client_ca: str = ""
-
-    def context(self) -> ssl.SSLContext:
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        # no session tickets: the API server's and kube-scheduler's Go clients keep no session cache,
-        # so a ticket is never used, and issuing two per TLS 1.3 handshake cost this server 0.3 ms of
-        # its 1.0 ms of CPU per mutual-TLS handshake (docs/scheduler.md, "Serving")
-        ctx.num_tickets = 0
-        ctx.options |= ssl.OP_NO_TICKET
-        ctx.load_cert_chain(self.cert, self.key)
-        if self.client_ca:
-            # asked for, checked when given, required per path (Server._allowed): the API server
-            # calls the webhooks without one
-            ctx.load_verify_locations(self.client_ca)
-            ctx.verify_mode = ssl.CERT_OPTIONAL
-        return ctx
-
-    def signature(self) -> tuple[tuple[int, int, int, int], ...]:
-        """What changes when a file is replaced: a Secret volume swaps its `..data` symlink to a new
-        directory, so the files behind the links are new inodes; an editor or `cp` changes mtime."""
-        out = []
-        for path in (self.cert, self.key, self.client_ca):
-            if path:
-                st = os.stat(path)
-                out.append((st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size))
-        return tuple(out)
-
-
-class Certificates:
-    """The TLS context for new connections, rebuilt when the files change.
-
-    A connection keeps the context it was accepted with, so calls in flight finish on the old
-    certificate. Files caught half-written (a key that does not match the certificate) keep the old
-    context and are tried again at the next look.
-    """
-
-    def __init__(self, files: TlsFiles, check_every: float = TLS_CHECK_EVERY) -> None:
-        self.files = files
-        self.check_every = check_every
-        self._lock = threading.Lock()
-        self._signature = files.signature()
-        self._context = files.context()
-        self._next_check = time.monotonic() + check_every
-        self._failed = ""  # the last load error, logged once
-
-    def context(self) -> ssl.SSLContext:
-        now = time.monotonic()
-        if now < self._next_check:
-            return self._context
-        with self._lock:
-            if now >= self._next_check:
-                self._next_check = now + self.check_every
-                self._reload()
-            return self._context
-
-    def _reload(self) -> None:
-        try:
-            sig = self.files.signature()
-            if sig == self._signature:
-                return
-            ctx = self.files.context()
-        except (OSError, ssl.SSLError, ValueError) as e:
-            if str(e) != self._failed:  # once per distinct failure, not every second
-                self._failed = str(e)
-                log.warning("changed certificate files do not load; serving the previous ones", extra={"error": str(e)})
-            return
-        self._signature, self._context, self._failed = sig, ctx, ""
-        metrics.SCHEDULER_TLS_RELOADS.inc()
-        log.info("certificate files reloaded", extra={"cert": self.files.cert})
 
 
 def check_listen(
@@ -642,5 +565,5 @@ def make_server(
     max_connections: int = MAX_CONNECTIONS,
     extender_clients: frozenset[str] = frozenset(),
 ) -> Server:
-    certs = Certificates(tls) if tls is not None else None
+    certs = Certificates(tls, reloaded=metrics.SCHEDULER_TLS_RELOADS.inc) if tls is not None else None
     return Server(app, (host, port), certs, workers, max_connections, extender_clients)

@@ -14,6 +14,7 @@ from typing import Any
 
 from crihook.base import log as crihook_log
 from crihook.base import quantity
+from crihook.base.tls import TlsFiles
 from crihook.scheduler import ha, webhook
 from crihook.scheduler.draconvert import ConvertConfig
 from crihook.scheduler.extender import Extender
@@ -23,7 +24,6 @@ from crihook.scheduler.server import (
     DEFAULT_LISTEN,
     DEFAULT_SCHEDULER_USER,
     App,
-    TlsFiles,
     check_listen,
     make_server,
 )
