@@ -18,6 +18,7 @@ import asyncio
 import logging
 import signal
 import socket
+import ssl
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from crihook.base import config as cfgmod
 from crihook.base import metrics
 from crihook.base.config import ConfigError
 from crihook.base.kubeauth import KubeAuthorizer
+from crihook.base.tls import Certificates, TlsFiles, self_signed_context
 from crihook.devices.collector import UsageCollector, start_usage
 from crihook.devices.nvml import GpuIndex
 from crihook.hooks.base import NeedsStore, OwnsGpus
@@ -236,16 +238,17 @@ def log_deprecations(cfg: cfgmod.Config) -> None:
 
 
 async def serve_metrics(cfg: cfgmod.Config) -> Any:
-    """The metrics endpoint, or None when `[proxy] metrics_listen` is empty or it can not listen there
-    (the address taken, say by another crihook): like the reporter it is not on the runtime's path,
-    and a node daemon that does not start stops every pod start (proxy mode) or, pre-registered on
-    containerd 1.7, containerd's CRI service; so it serves without metrics and says why. An address
-    that is not allowed (not loopback) is a ConfigError."""
+    """The metrics endpoint, or None when `[proxy] metrics_listen` is empty or it can not serve there
+    (the address taken, say by another crihook, or certificate files that do not load): like the
+    reporter it is not on the runtime's path, and a node daemon that does not start stops every pod
+    start (proxy mode) or, pre-registered on containerd 1.7, containerd's CRI service; so it serves
+    without metrics and says why. An address that is not allowed (not loopback) is a ConfigError."""
     listen = cfg.proxy.metrics_listen
     if not listen:
         return None
+    node = cfg.node.name or socket.gethostname()
     # every series names its node, so no two nodes' series collide whoever scrapes them
-    metrics.REGISTRY.const_labels = {"node": cfg.node.name or socket.gethostname()}
+    metrics.REGISTRY.const_labels = {"node": node}
     authorize = None
     if cfg.proxy.metrics_auth_kubeconfig:
         from crihook.devices.reporter import api_client_from
@@ -257,12 +260,24 @@ async def serve_metrics(cfg: cfgmod.Config) -> Any:
                 cfg.source, f"no API client for metrics authorization: {e}", "proxy", "metrics_auth_kubeconfig"
             ) from None
     try:
-        return await metrics.serve(listen, authorize=authorize)
+        tls = metrics_tls(cfg.proxy, authorize is not None, node)
+        return await metrics.serve(listen, authorize=authorize, tls=tls)
     except ValueError as e:
         raise ConfigError(cfg.source, str(e), "proxy", "metrics_listen") from None
-    except OSError as e:
+    except (OSError, ssl.SSLError) as e:
         log.error("metrics endpoint not started", extra={"listen": listen, "error": str(e)})
         return None
+
+
+def metrics_tls(proxy: cfgmod.ProxyConfig, authorized: bool, node: str) -> ssl.SSLContext | None:
+    """How the metrics endpoint speaks: HTTPS with the operator's certificate files (reloaded when a
+    mounted Secret changes); else, where it takes bearer tokens, HTTPS with a self-signed certificate
+    made now, as kubelet and kube-rbac-proxy serve; else plain HTTP (loopback only, no token to keep)."""
+    if proxy.metrics_tls_cert:
+        return Certificates(TlsFiles(proxy.metrics_tls_cert, proxy.metrics_tls_key)).server_context()
+    if authorized:
+        return self_signed_context(list(dict.fromkeys([node, socket.gethostname(), "localhost"])))
+    return None
 
 
 def attach_store(chain: HookChain, store: Store) -> None:

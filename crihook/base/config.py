@@ -89,6 +89,12 @@ class ProxyConfig:
     # empty: metrics on loopback only; "in-cluster" or a kubeconfig: any address, each scrape's bearer
     # token checked by TokenReview and SubjectAccessReview (get /metrics) with that identity
     metrics_auth_kubeconfig: str = ""
+    # PEM files of the metrics endpoint's certificate and key, e.g. a mounted kubernetes.io/tls Secret
+    # (reloaded when it changes): HTTPS. Empty: HTTPS with a self-signed certificate made at start
+    # when metrics_auth_kubeconfig is set (bearer tokens never cross the network in the clear), else
+    # plain HTTP on loopback. Both or neither.
+    metrics_tls_cert: str = field(default="", metadata={"check": absolute_path_or_empty})
+    metrics_tls_key: str = field(default="", metadata={"check": absolute_path_or_empty})
     clear_orphan_tasks: bool = True  # containerd only: see proxy/orphans.py
     runtime_namespace: str = "k8s.io"  # containerd's namespace for CRI's containers
 
@@ -257,6 +263,9 @@ def parse(data: Mapping[str, Any], source: str = "") -> Config:
         del hooks_table[k]
     hooks = replace(check_table(HooksConfig, hooks_table, source, "hooks"), options=options, source=source)
     proxy = check_table(ProxyConfig, data.get("proxy", {}), source, "proxy")
+    if bool(proxy.metrics_tls_cert) != bool(proxy.metrics_tls_key):
+        missing = "metrics_tls_key" if proxy.metrics_tls_cert else "metrics_tls_cert"
+        raise ConfigError(source, "give the certificate and its key, or neither", "proxy", missing)
     node = check_table(NodeConfig, data.get("node", {}), source, "node")
     deprecations = []
     if proxy.runtime_endpoint:

@@ -17,6 +17,7 @@ import ipaddress
 import logging
 import math
 import re
+import ssl
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import pairwise
@@ -316,38 +317,55 @@ async def _handle(
         reply = await _answer(head, registry, authorize)
     except asyncio.LimitOverrunError:
         reply = _response("431 Request Header Fields Too Large", b"request too large\n", "text/plain")
-    except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
+    except (asyncio.IncompleteReadError, OSError):  # a reset, a timeout, a broken TLS record
         writer.close()
         return
     try:
         writer.write(reply)
         await writer.drain()
-    except ConnectionError:
+    except OSError:
         pass
     finally:
         writer.close()
 
 
 async def serve(
-    listen: str, *, allow_remote: bool = False, registry: Registry = REGISTRY, authorize: Authorize | None = None
+    listen: str,
+    *,
+    allow_remote: bool = False,
+    registry: Registry = REGISTRY,
+    authorize: Authorize | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> asyncio.Server:
-    """Serve `registry` at http://<listen>/metrics, and /healthz. Metrics name pods and namespaces, so
-    a non-loopback address is refused unless each scrape is authorized (`authorize`, the caller's
-    bearer token: crihook.base.kubeauth) or `allow_remote` says the operator wants that. "::" listens
-    on both families."""
+    """Serve `registry` at http(s)://<listen>/metrics, and /healthz; HTTPS with `tls` (crihook.base.tls),
+    which must be given with `authorize`, since a bearer token must not cross the network in the
+    clear. Metrics name pods and namespaces, so a non-loopback address is refused unless each
+    scrape is authorized (`authorize`, the caller's bearer token: crihook.base.kubeauth) or
+    `allow_remote` says the operator wants that. "::" listens on both families."""
     host, port = parse_listen(listen)
     if not allow_remote and authorize is None and not is_loopback(host):
         raise ValueError(
             f"metrics listen address {listen!r} is not a loopback address; refusing to expose it without "
             "authorization ([proxy] metrics_auth_kubeconfig)"
         )
+    if authorize is not None and tls is None:
+        raise ValueError(f"metrics on {listen!r} check bearer tokens, so they are served over TLS only")
     # "::" is every address of both families: asyncio binds "::" IPv6-only, and None to each family's
     # any-address (only IPv4's on a kernel without IPv6)
     bind: str | None = None if host == "::" else host
     server = await asyncio.start_server(
-        lambda r, w: _handle(r, w, registry, authorize), bind, port, limit=REQUEST_LIMIT, reuse_address=True
+        lambda r, w: _handle(r, w, registry, authorize),
+        bind,
+        port,
+        limit=REQUEST_LIMIT,
+        reuse_address=True,
+        ssl=tls,
+        ssl_handshake_timeout=REQUEST_TIMEOUT if tls is not None else None,
     )
-    log.info("metrics endpoint listening", extra={"listen": listen, "authorized": authorize is not None})
+    log.info(
+        "metrics endpoint listening",
+        extra={"listen": listen, "authorized": authorize is not None, "tls": tls is not None},
+    )
     return server
 
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import ssl
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from crihook.base import metrics
+from crihook.base import metrics, tls
 from crihook.base.metrics import Counter, Gauge, Histogram, Registry
 
 # -- a strict reader of the text format ----------------------------------------------------------
@@ -354,9 +355,23 @@ def test_registry_labels_go_on_every_series() -> None:
     assert ("g_bytes", {"node": "gpu-1", "pod": "a"}, 1) in samples
 
 
+async def _request_tls(port: int, raw: bytes) -> bytes:
+    """A request over TLS, checking nothing of the certificate (a self-signed one: Prometheus'
+    insecureSkipVerify) and sending no server name (Prometheus dials a pod's IP address)."""
+    client = ssl.create_default_context()
+    client.check_hostname, client.verify_mode = False, ssl.CERT_NONE
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client, server_hostname=None)
+    writer.write(raw)
+    await writer.drain()
+    data = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    return data
+
+
 async def test_healthz_needs_no_token_and_metrics_need_an_allowed_one() -> None:
-    """Off loopback the endpoint serves only with an authorizer; a scrape without a bearer token, with
-    an unknown one, or with one not allowed is refused; kubelet's probe of /healthz needs none."""
+    """Off loopback the endpoint serves only with an authorizer, over TLS; a scrape without a bearer
+    token, with an unknown one, or with one not allowed is refused; kubelet's probe of /healthz needs
+    none."""
     from crihook.base.kubeauth import Verdict
 
     reg = Registry()
@@ -367,17 +382,44 @@ async def test_healthz_needs_no_token_and_metrics_need_an_allowed_one() -> None:
         seen.append(token)
         return {"good": Verdict(200, "prometheus"), "other": Verdict(403, "no")}.get(token, Verdict(401, "who"))
 
-    server = await metrics.serve("0.0.0.0:0", registry=reg, authorize=authorize)
+    context = tls.self_signed_context(["localhost"])
+    server = await metrics.serve("0.0.0.0:0", registry=reg, authorize=authorize, tls=context)
     port = server.sockets[0].getsockname()[1]
     try:
         get = b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
-        assert (await _request(port, get + b"\r\n")).startswith(b"HTTP/1.1 401")
-        assert (await _request(port, get + b"Authorization: Bearer bad\r\n\r\n")).startswith(b"HTTP/1.1 401")
-        assert (await _request(port, get + b"Authorization: Bearer other\r\n\r\n")).startswith(b"HTTP/1.1 403")
-        reply = await _request(port, get + b"authorization: bearer good\r\n\r\n")
+        assert (await _request_tls(port, get + b"\r\n")).startswith(b"HTTP/1.1 401")
+        assert (await _request_tls(port, get + b"Authorization: Bearer bad\r\n\r\n")).startswith(b"HTTP/1.1 401")
+        assert (await _request_tls(port, get + b"Authorization: Bearer other\r\n\r\n")).startswith(b"HTTP/1.1 403")
+        reply = await _request_tls(port, get + b"authorization: bearer good\r\n\r\n")
         assert reply.startswith(b"HTTP/1.1 200") and b"s_total 1" in reply
-        assert (await _request(port, b"GET /healthz HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 200")
+        assert (await _request_tls(port, b"GET /healthz HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 200")
         assert seen == ["", "bad", "other", "good"]
+        # plain HTTP on the TLS port: the handshake fails, no answer, and the token was never read
+        assert await _request(port, get + b"Authorization: Bearer good\r\n\r\n") == b""
+        assert seen == ["", "bad", "other", "good"]
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_bearer_tokens_are_taken_over_tls_only() -> None:
+    from crihook.base.kubeauth import Verdict
+
+    with pytest.raises(ValueError, match="served over TLS only"):
+        await metrics.serve("127.0.0.1:0", authorize=lambda _token: Verdict(200))
+
+
+async def test_tls_without_authorization_on_loopback() -> None:
+    """A certificate alone encrypts a loopback endpoint; it does not open it to other addresses."""
+    reg = Registry()
+    Counter("s_total", "s", registry=reg).inc()
+    context = tls.self_signed_context(["localhost"])
+    with pytest.raises(ValueError, match="not a loopback address"):
+        await metrics.serve("0.0.0.0:0", registry=reg, tls=context)
+    server = await metrics.serve("127.0.0.1:0", registry=reg, tls=context)
+    try:
+        reply = await _request_tls(server.sockets[0].getsockname()[1], b"GET /metrics HTTP/1.1\r\n\r\n")
+        assert reply.startswith(b"HTTP/1.1 200") and b"s_total 1" in reply
     finally:
         server.close()
         await server.wait_closed()

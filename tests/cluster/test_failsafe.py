@@ -4,12 +4,14 @@ GPU pod is refused, not admitted unconverted; a `/bind` from a caller without ku
 certificate is refused and binds nothing; the chart installs as a subchart of an umbrella chart
 that sets Helm's `global` values; the node DaemonSet runs on a node labelled only the way
 NVIDIA's device plugin charts find GPU nodes (node feature discovery's PCI vendor label); the node
-pods' metrics are scraped on the chart's port with a token of its metrics-reader role, every series
-labelled with the node, and refused without one."""
+pods' metrics are scraped over HTTPS on the chart's port, as its scrape annotations say, with a token
+of its metrics-reader role, every series labelled with the node, and refused without one or over
+plain HTTP."""
 
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 import urllib.error
 import urllib.request
@@ -220,9 +222,14 @@ def scraper(installed: Cluster) -> Iterator[str]:
 
 
 def scrape(url: str, token: str | None) -> tuple[int, str]:
+    """(HTTP status, body); 0 and the error when no answer came. HTTPS as the chart's scrape
+    configurations go: without verification, the node pods' certificates being self-signed."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as reply:
+        request = urllib.request.Request(url, headers=headers)
+        with urllib.request.urlopen(request, timeout=10, context=context) as reply:
             return int(reply.status), reply.read().decode()
     except urllib.error.HTTPError as e:
         return int(e.code), ""
@@ -233,10 +240,25 @@ def scrape(url: str, token: str | None) -> tuple[int, str]:
 def test_node_metrics_are_scraped_through_the_charts_port_with_a_node_label(installed: Cluster, scraper: str) -> None:
     cluster = installed
     pod = cluster.wait_selected_pod_running(NAMESPACE, "app.kubernetes.io/component=node")
-    (port,) = [p.container_port for c in pod.spec.containers for p in c.ports or [] if p.name == "metrics"]
-    url = f"http://{pod.status.pod_ip}:{port}/metrics"  # the node pods use the host's network
+    annotations = pod.metadata.annotations
+    assert annotations["prometheus.io/scrape"] == "true"
+    scheme, port, path = (annotations[f"prometheus.io/{k}"] for k in ("scheme", "port", "path"))
+    assert scheme == "https"
+    assert [p.container_port for c in pod.spec.containers for p in c.ports or [] if p.name == "metrics"] == [int(port)]
+    url = f"{scheme}://{pod.status.pod_ip}:{port}{path}"  # the node pods use the host's network
     status, text = eventually(lambda: scrape(url, scraper), None, compare=lambda got, _: got[0] == 200)
     assert status == 200, text
     series = [line for line in text.splitlines() if line.startswith("crihook_")]
     assert series and all(f'node="{NODE_NAME}"' in line for line in series)
     assert scrape(url, None)[0] == 401
+    # the certificate each node pod made for itself names its node
+    served = ssl.get_server_certificate((pod.status.pod_ip, int(port)), timeout=10)
+    context = ssl.create_default_context(cadata=served)
+    with (
+        socket.create_connection((pod.status.pod_ip, int(port)), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname=NODE_NAME) as tls,
+    ):
+        assert tls.version() in ("TLSv1.2", "TLSv1.3")
+    # plain HTTP on that port is never answered: a token sent so would have crossed in the clear
+    status, error = scrape(url.replace("https://", "http://", 1), scraper)
+    assert status == 0, error

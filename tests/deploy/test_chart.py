@@ -802,7 +802,8 @@ def test_node_metrics_served_to_prometheus_with_each_scrape_checked() -> None:
     nri = containers["nri"]
     assert {p["name"]: p["containerPort"] for p in nri["ports"]} == {"metrics": 9317}
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert nri[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}, probe
+        assert nri[probe]["httpGet"] == {"path": "/healthz", "port": "metrics", "scheme": "HTTPS"}, probe
+    assert parsed.proxy.metrics_tls_cert == ""  # each pod makes its own certificate
     docs = helm.rendered("service-monitor")
     bindings = {b["metadata"]["name"]: b for b in helm.of_kind(docs, "ClusterRoleBinding")}
     delegator = bindings["crihook-node-auth-delegator"]
@@ -813,6 +814,7 @@ def test_node_metrics_served_to_prometheus_with_each_scrape_checked() -> None:
     assert monitor["spec"]["selector"]["matchLabels"] == ds["spec"]["selector"]["matchLabels"]
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics" and endpoint["honorLabels"] is True
+    assert endpoint["scheme"] == "https" and endpoint["tlsConfig"] == {"insecureSkipVerify": True}
     secret_name = endpoint["authorization"]["credentials"]["name"]
     (secret,) = [s for s in helm.of_kind(docs, "Secret") if s["metadata"]["name"] == secret_name]
     reader = secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]
@@ -823,6 +825,56 @@ def test_node_metrics_served_to_prometheus_with_each_scrape_checked() -> None:
     assert bindings[reader]["roleRef"]["name"] == role["metadata"]["name"]
     annotations = ds["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == "9317" and annotations["prometheus.io/path"] == "/metrics"
+    assert annotations["prometheus.io/scheme"] == "https"
+
+
+@pytest.mark.parametrize(
+    ("combo", "secret", "server_name"),
+    [
+        ("node-metrics-given-certificate", "metrics-tls", "gpu.corp"),
+        ("node-metrics-cert-manager", "crihook-node-metrics-tls", "crihook-node-metrics"),
+    ],
+)
+def test_node_metrics_served_with_a_certificate_prometheus_verifies(combo: str, secret: str, server_name: str) -> None:
+    """With a certificate of a Secret (given, or cert-manager's), the nri container serves it from the
+    mounted Secret (a renewal is a new file the daemon loads), and the PodMonitor checks it against
+    the Secret's CA under the name it carries, the pods being scraped by address."""
+    spec, containers, config = node_pod(combo)
+    parsed = crihook_config.parse(config, "config.toml")
+    (mount,) = [m for m in containers["nri"]["volumeMounts"] if m["name"] == "metrics-tls"]
+    assert mount["readOnly"] is True and "subPath" not in mount
+    assert parsed.proxy.metrics_tls_cert == f"{mount['mountPath']}/tls.crt"
+    assert parsed.proxy.metrics_tls_key == f"{mount['mountPath']}/tls.key"
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "metrics-tls"]
+    assert volume["secret"]["secretName"] == secret
+    docs = helm.rendered(combo)
+    (monitor,) = helm.of_kind(docs, "PodMonitor")
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"] == {"ca": {"secret": {"name": secret, "key": "ca.crt"}}, "serverName": server_name}
+    certificates = {c["metadata"]["name"]: c for c in helm.of_kind(docs, "Certificate")}
+    if combo == "node-metrics-cert-manager":
+        cert = certificates[secret]
+        assert cert["spec"]["secretName"] == secret and cert["spec"]["dnsNames"] == [server_name]
+        # the scheduler's issuer: the CA the chart makes with cert-manager, whose Secrets carry ca.crt
+        assert cert["spec"]["issuerRef"] == {
+            "group": "cert-manager.io",
+            "kind": "Issuer",
+            "name": "crihook-scheduler-ca",
+        }
+        assert "server auth" in cert["spec"]["usages"]
+    else:
+        assert secret not in certificates
+
+
+def test_node_metrics_from_cert_manager_need_an_issuer() -> None:
+    """cert-manager for the metrics port alone: the scheduler's issuer is not made, so one is named."""
+    for mode, missing in (
+        ("certManager", "metrics.node.tls.certManager.issuerRef"),
+        ("secret", "metrics.node.tls.secret.name"),
+    ):
+        done = helm.run("template", "x", str(CHART), "--set", f"metrics.node.tls.mode={mode}", check=False)
+        assert done.returncode != 0 and missing in done.stderr, mode
 
 
 def test_node_metrics_on_loopback_only_when_the_port_is_zero() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -142,3 +143,63 @@ async def test_a_metrics_address_taken_is_said_and_the_daemon_serves_without(
     assert record.__dict__["listen"] == listen and "in use" in record.__dict__["error"]
     with pytest.raises(cfgmod.ConfigError, match=r"\[proxy\]\.metrics_listen: .*not a loopback address"):
         await serve_metrics(cfgmod.parse({"proxy": {"metrics_listen": "0.0.0.0:9317"}}))
+
+
+async def _scrape_tls(port: int, token: str) -> tuple[bytes, str]:
+    """(the answer's status line, the served certificate's common name), with no verification and no
+    server name, as Prometheus scrapes a pod's IP address with insecureSkipVerify."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    client = ssl.create_default_context()
+    client.check_hostname, client.verify_mode = False, ssl.CERT_NONE
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client, server_hostname=None)
+    der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+    name = x509.load_der_x509_certificate(der).subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+    writer.write(f"GET /metrics HTTP/1.1\r\nAuthorization: Bearer {token}\r\n\r\n".encode())
+    reply = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    return reply.split(b"\r\n", 1)[0], str(name)
+
+
+async def test_metrics_that_take_tokens_are_served_over_tls_with_a_certificate_of_its_own(tmp_path: Path) -> None:
+    from tests.support.fakekube import FakeKube
+
+    with FakeKube() as kube:
+        kube.tokens = {"prom": {"username": "system:serviceaccount:monitoring:prometheus", "groups": []}}
+        kube.allowed = {("system:serviceaccount:monitoring:prometheus", "/metrics", "get")}
+        proxy = {"metrics_listen": "0.0.0.0:0", "metrics_auth_kubeconfig": str(kube.write_kubeconfig(tmp_path / "kc"))}
+        server = await serve_metrics(cfgmod.parse({"proxy": proxy, "node": {"name": "gpu-7"}}))
+        port = server.sockets[0].getsockname()[1]
+        try:
+            assert await _scrape_tls(port, "prom") == (b"HTTP/1.1 200 OK", "gpu-7")
+            assert (await _scrape_tls(port, "forged"))[0] == b"HTTP/1.1 401 Unauthorized"
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)  # plain HTTP: no answer
+            writer.write(b"GET /metrics HTTP/1.1\r\nAuthorization: Bearer prom\r\n\r\n")
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+            writer.close()
+        finally:
+            server.close()
+            await server.wait_closed()
+
+
+async def test_metrics_served_with_the_operators_certificate(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from crihook.base.tls import self_signed_pem
+
+    cert, key = self_signed_pem(["crihook-node-metrics"])
+    (tmp_path / "tls.crt").write_bytes(cert)
+    (tmp_path / "tls.key").write_bytes(key)
+    files = {"metrics_tls_cert": str(tmp_path / "tls.crt"), "metrics_tls_key": str(tmp_path / "tls.key")}
+    server = await serve_metrics(cfgmod.parse({"proxy": {"metrics_listen": "127.0.0.1:0", **files}}))
+    try:
+        assert await _scrape_tls(server.sockets[0].getsockname()[1], "") == (b"HTTP/1.1 200 OK", "crihook-node-metrics")
+    finally:
+        server.close()
+        await server.wait_closed()
+    with pytest.raises(cfgmod.ConfigError, match=r"\[proxy\]\.metrics_tls_key: give the certificate and its key"):
+        cfgmod.parse({"proxy": {"metrics_tls_cert": files["metrics_tls_cert"]}})
+    (tmp_path / "tls.key").write_bytes(b"not a key")
+    with caplog.at_level(logging.ERROR, "crihook.node"):
+        assert await serve_metrics(cfgmod.parse({"proxy": {"metrics_listen": "127.0.0.1:0", **files}})) is None
+    (record,) = [r for r in caplog.records if r.getMessage() == "metrics endpoint not started"]
+    assert "PEM lib" in record.__dict__["error"]

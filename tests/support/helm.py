@@ -109,6 +109,14 @@ COMBOS: dict[str, Combo] = {
     ),
     "service-monitor": Combo(api_versions=(SERVICE_MONITOR, POD_MONITOR)),
     "node-metrics-loopback": Combo({"metrics": {"node": {"port": 0}}}, api_versions=(POD_MONITOR,)),
+    "node-metrics-given-certificate": Combo(
+        {"metrics": {"node": {"tls": {"mode": "secret", "secret": {"name": "metrics-tls"}, "serverName": "gpu.corp"}}}},
+        api_versions=(POD_MONITOR,),
+    ),
+    "node-metrics-cert-manager": Combo(
+        {"tls": {"mode": "certManager"}, "metrics": {"node": {"tls": {"mode": "certManager"}}}},
+        api_versions=(POD_MONITOR,),
+    ),
     "kube-system": Combo(namespace="kube-system", values={"webhooks": {"excludeNamespaces": ["monitoring"]}}),
     "other-release-name": Combo(release="gpu", values={"scheduler": {"replicas": 3}}),
     # Helm's longest release name (53), with every object the chart can make
@@ -309,6 +317,14 @@ CRD_KINDS: dict[tuple[str, str], dict[str, Any]] = {
                                 "path": _STR,
                                 "interval": {"type": "string", "pattern": _PROMETHEUS_DURATION},
                                 "honorLabels": {"type": "boolean"},
+                                # SafeTLSConfig
+                                "tlsConfig": _strict(
+                                    {
+                                        "serverName": _STR,
+                                        "insecureSkipVerify": {"type": "boolean"},
+                                        "ca": _strict({"secret": _strict({"name": _STR, "key": _STR}, ("key",))}),
+                                    }
+                                ),
                                 "authorization": _strict(
                                     {
                                         "type": _STR,

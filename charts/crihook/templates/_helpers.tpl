@@ -31,6 +31,21 @@ so that the longest Service name, <fullname>-scheduler-metrics, stays a DNS labe
 {{- end }}
 {{- end }}
 
+{{/* The Secret of the node pods' metrics certificate; empty when each pod makes its own (selfSigned). */}}
+{{- define "crihook.metricsTLSSecret" -}}
+{{- $t := .Values.metrics.node.tls }}
+{{- if eq $t.mode "secret" }}
+{{- required "metrics.node.tls.secret.name: the Secret holding tls.crt, tls.key and ca.crt (metrics.node.tls.mode=secret)" $t.secret.name }}
+{{- else if eq $t.mode "certManager" }}
+{{- include "crihook.node" . }}-metrics-tls
+{{- end }}
+{{- end }}
+
+{{/* The name the node pods' metrics certificate carries, which the PodMonitor checks. */}}
+{{- define "crihook.metricsServerName" -}}
+{{- .Values.metrics.node.tls.serverName | default (printf "%s-node-metrics" (include "crihook.fullname" .)) }}
+{{- end }}
+
 {{/* The Service's DNS names, which the certificate must name. */}}
 {{- define "crihook.serviceNames" -}}
 {{- $svc := include "crihook.scheduler" . -}}
