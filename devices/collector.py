@@ -304,14 +304,16 @@ class UsageCollector:
         self.nvml.close()
 
 
-def start_usage(cfg: Config, store: StoreView, state_dir: str) -> UsageCollector | None:
+def start_usage(cfg: Config, store: StoreView, state_dir: str, pods_dir: str | None = None) -> UsageCollector | None:
     """The collector of a node daemon (`crihook serve`, `crihook nri`), started with the store it
     reads, once that is rebuilt; None when `[usage] enabled` is off. It loads NVML itself: a node
-    without the driver reports no processes and says why once."""
+    without the driver reports no processes and says why once. kubelet's DRA checkpoint is beside
+    its pods dir: `pods_dir` as configured for the gpu hook, else found from kubelet's command line."""
     if not cfg.usage.enabled:
         return None
     nvml = Nvml(cfg.node.nvml_library, cfg.node.sys_root)
-    pods_dir = kubelet.pods_dir(kubelet.kubelet_argv(cfg.node.proc_root) or ())
+    if pods_dir is None:
+        pods_dir = kubelet.pods_dir(kubelet.kubelet_argv(cfg.node.proc_root) or ())
     claims = ClaimsReader(os.path.join(os.path.dirname(pods_dir), CLAIMS_FILE))
     collector = UsageCollector(
         nvml,

@@ -34,6 +34,7 @@ from crihook.devices.nvml import GpuIndex
 from crihook.hooks.base import NeedsStore, OwnsGpus
 from crihook.hooks.chain import HookChain
 from crihook.hooks.executor import DaemonThreads
+from crihook.hooks.gpu_edit import GpuOptions
 from crihook.hooks.registry import build_chain
 from crihook.node import systemd
 from crihook.node.lifecycle import Lifecycle
@@ -164,7 +165,8 @@ class NodeDaemon:
             return
         assert self.store is not None
         try:
-            self.usage = start_usage(self.cfg, self.store, self.cfg.proxy.state_dir)
+            _, gpu = self.cfg.hooks.table("gpu", GpuOptions)  # checked when the chain was built
+            self.usage = start_usage(self.cfg, self.store, self.cfg.proxy.state_dir, gpu.kubelet_pods_dir)
         except Exception as e:  # like the reporter, not on the runtime's path: serve all the same
             log.exception("usage collector not started", extra={"error": str(e)})
         systemd.notify(f"READY=1\nSTATUS={status}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -295,3 +296,43 @@ def test_an_allocator_pods_gpus_leave_the_slices(dra_cluster: Cluster, made: lis
     # and the Device object still lists every GPU: the claim's are counted as taken by crihook's scheduler
     device = dra_cluster.device(NODE_NAME) or {}
     assert len([d for d in device["spec"]["devices"] if d["type"] == "gpu"]) == 8
+
+
+def node_state_dir(cluster: Cluster) -> Path:
+    """The node daemon's state dir, which the driver shares (its checkpoint in `dra/`)."""
+    if cluster.mode == "proxy":
+        assert cluster.crihook is not None
+        return cluster.crihook.state_dir
+    return Path(user_values(cluster)["node"]["stateDir"])
+
+
+def test_top_shows_a_claims_share_as_the_containers_grant(dra_cluster: Cluster, made: list[tuple[str, str]]) -> None:
+    """The node daemon's usage collector reads the share the driver recorded in the state dir they
+    share: `crihook top` on the node shows it as the container's grant, beside the claim."""
+    target = uuid_of(dra_cluster, "gpu-5")
+    select = {"selectors": [{"cel": {"expression": f'device.attributes["{dra.DRIVER}"].uuid == "{target}"'}}]}
+    quarter = {**select, "capacity": {"requests": {"cores": "25", "memory": "4Gi"}}}
+    run(dra_cluster, made, pod("dra-quarter", "quarter"), claim("quarter", quarter))
+    top = [
+        sys.executable,
+        "-m",
+        "crihook.cli",
+        "top",
+        "--once",
+        "--json",
+        "--state-dir",
+        str(node_state_dir(dra_cluster)),
+    ]
+
+    def shown() -> tuple[list[str], int, int] | None:
+        done = subprocess.run(top, capture_output=True, text=True, timeout=60)
+        rows = json.loads(done.stdout)["rows"] if done.returncode == 0 else []
+        return next(
+            ((r["claims"], r["granted_core"], r["granted_memory"]) for r in rows if r["pod"] == "dra-quarter"), None
+        )
+
+    want = ([f"{NS}/quarter/gpu"], 25, 4 << 30)
+    got = eventually(shown, want, timeout=60)
+    if got != want:
+        done = subprocess.run(top, capture_output=True, text=True, timeout=60)
+        raise AssertionError(f"{got}\ncrihook top: {done.stdout}{done.stderr}\n{dra_cluster.logs()}")

@@ -239,6 +239,13 @@ def test_the_thread_collects_at_the_interval_and_stops(sim) -> None:
         assert (tmp_path / usage.STATE_FILE).exists()
     finally:
         collector.stop()
+    # no kubelet in this /proc: its default root; the pods dir configured for the gpu hook wins
+    assert collector.claims is not None and collector.claims.path == "/var/lib/kubelet/dra_manager_state"
+    assert collector.shares is not None and collector.shares.directory == str(tmp_path / "dra")
+    configured = start_usage(cfg, store, str(tmp_path), str(tmp_path / "kubelet" / "pods"))
+    assert configured is not None
+    configured.stop()
+    assert configured.claims is not None and configured.claims.path == str(tmp_path / "kubelet/dra_manager_state")
     assert start_usage(parse({"usage": {"enabled": False}}), store, str(tmp_path)) is None
 
 
