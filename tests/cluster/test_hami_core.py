@@ -88,7 +88,7 @@ def test_two_half_gpu_pods_share_one_gpu_each_with_its_hami_core_limits(installe
     assert cluster.sim is not None
     for name in halves:
         cluster.create_pod(NS, half_pod(name))
-    pods = [cluster.wait_pod_running(NS, name) for name in halves]
+    pods = [cluster.wait_pod_running(NS, name, timeout=120) for name in halves]
     allocations = [json.loads(p.metadata.annotations[ALLOCATED])["gpu"] for p in pods]
     assert [len(a) for a in allocations] == [1, 1]
     minors = {a[0]["minor"] for a in allocations}
