@@ -29,7 +29,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # crihook/base/oci.py, the OCI writer, from this checkout without an install
-PACKAGE_DIRS = ("crihook", "proxy", "nri", "node", "hooks", "scheduler", "devices", "proto")  # pyproject's package-dir
 
 REGISTRY = "ghcr.io/crihook/crihook"
 SUITE = "bookworm"  # its python3 is 3.11, which the dependency wheels are chosen for
@@ -52,6 +51,12 @@ IMAGE_CONFIG = {
 
 def version() -> str:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+
+def package_dirs() -> frozenset[str]:
+    """The top-level folders the wheel is built from: pyproject's package-dir, so a new one is hashed too."""
+    dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    return frozenset(str(d) for d in dirs.values())
 
 
 def ref() -> str:
@@ -168,10 +173,15 @@ def base_key() -> str:
     return _key(Path(__file__).resolve(), ROOT / "pyproject.toml")
 
 
+def inputs() -> list[Path]:
+    """The checkout's files the wheel is built from: its packages' folders, pyproject.toml, README.md."""
+    dirs = package_dirs()
+    return [ROOT / p for p in sources() if p.parts[0] in dirs or p.name in ("pyproject.toml", "README.md")]
+
+
 def cache_key() -> str:
     """A hash of everything the archive is built from: the base, crihook's sources, the OCI writer."""
-    files = [ROOT / p for p in sources() if p.parts[0] in PACKAGE_DIRS or p.name in ("pyproject.toml", "README.md")]
-    return _key(Path(__file__).resolve(), ROOT / "crihook" / "base" / "oci.py", *files)
+    return _key(Path(__file__).resolve(), ROOT / "crihook" / "base" / "oci.py", *inputs())
 
 
 def cache_dir() -> Path:

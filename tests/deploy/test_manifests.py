@@ -311,3 +311,13 @@ if __name__ == "__main__":  # rewrite deploy/examples/devices from the reporter'
     with tempfile.TemporaryDirectory() as work:
         for name in TOPOLOGIES:
             (DEVICE_EXAMPLES / f"{name}.yaml").write_text(example_text(name, reported_device(name, Path(work))))
+
+
+def test_the_image_is_built_again_when_any_package_changes() -> None:
+    """The image's cache key covers every module the wheel installs: a change to any of them must
+    build a new image, or the cluster tests run yesterday's code."""
+    hashed = {p.relative_to(offline.ROOT) for p in offline.inputs()}
+    shipped = [p for p in offline.sources() if p.suffix == ".py" and p.parts[0] in offline.package_dirs()]
+    folders = {p.parts[0] for p in shipped}
+    assert {"dra", "scheduler", "nri", "crihook"} <= folders
+    assert [p for p in shipped if p not in hashed] == []
