@@ -19,7 +19,7 @@ import json
 import logging
 import socket
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -47,6 +47,7 @@ READ_TIMEOUT = WATCH_SECONDS + 30  # the socket gives up only after the server s
 READ_CHUNK = 1 << 16
 BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 NOT_SERVED_RETRY = 60.0  # seconds before an optional API that answered 404 is listed again
+DRA_PATH = "/apis/resource.k8s.io/v1"
 
 
 class Expired(Exception):
@@ -87,6 +88,30 @@ class KubeApi:
     def _pods(self, fields: str, labels: str) -> list[dict[str, Any]]:
         query = {"fieldSelector": fields, **({"labelSelector": labels} if labels else {})}
         items: list[dict[str, Any]] = self.api.call("GET", f"/api/v1/pods?{urlencode(query)}").get("items") or []
+        return items
+
+    def resource_claims(self, refs: Iterable[tuple[str, str]]) -> list[dict[str, Any]]:
+        """The ResourceClaims (namespace, name) as the API server has them now; gone ones left out."""
+        out = []
+        for namespace, name in refs:
+            path = f"{DRA_PATH}/namespaces/{quote(namespace, safe='')}/resourceclaims/{quote(name, safe='')}"
+            try:
+                out.append(self.api.call("GET", path))
+            except ApiFailure as e:
+                if e.code != 404:
+                    raise
+        return out
+
+    def node_slices(self, node: str) -> list[dict[str, Any]]:
+        """The ResourceSlices published for `node`, read now (none where DRA is not served)."""
+        try:
+            query = urlencode({"fieldSelector": f"spec.nodeName={node}"})
+            doc = self.api.call("GET", f"{DRA_PATH}/resourceslices?{query}")
+        except ApiFailure as e:
+            if e.code != 404:
+                raise
+            return []
+        items: list[dict[str, Any]] = doc.get("items") or []
         return items
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
@@ -132,7 +157,7 @@ class KubeApi:
         since templates are named after their content."""
         meta = template.get("metadata") or {}
         namespace = quote(str(meta.get("namespace", "")), safe="")
-        path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates"
+        path = f"{DRA_PATH}/namespaces/{namespace}/resourceclaimtemplates"
         try:
             self.api.call("POST", path, dict(template))
         except ApiFailure as e:
@@ -150,7 +175,8 @@ class KubeApi:
 
 class Reflector:
     """One list+watch loop in a thread. `replace(items)` gets every list, `event(type, obj)` every
-    watch event, `listed()` is called after each list is in; all run on this thread."""
+    watch event, `listed()` is called after each list is in; all run on this thread. `relist()` ends
+    the watch and lists again at once, for a view found to be behind the API server."""
 
     def __init__(
         self,
@@ -171,6 +197,7 @@ class Reflector:
         self.selector = selector
         self.synced = threading.Event()
         self._stop = threading.Event()
+        self._relist = threading.Event()
         self._resp: Any = None
         self._thread = threading.Thread(target=self._run, name=f"watch-{name}", daemon=True)
 
@@ -179,13 +206,20 @@ class Reflector:
 
     def stop(self) -> None:
         self._stop.set()
+        self._end_watch()
+        self._thread.join(5)
+
+    def relist(self) -> None:
+        self._relist.set()
+        self._end_watch()
+
+    def _end_watch(self) -> None:
         resp = self._resp
         sock = getattr(getattr(resp, "connection", None), "sock", None)
         if sock is not None:
             # ends the read of a quiet watch; close() would wait for the reading thread's buffer lock
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-        self._thread.join(5)
 
     def _run(self) -> None:
         failures = 0
@@ -193,13 +227,15 @@ class Reflector:
             try:
                 rv = self._list()
                 failures = 0
-                while not self._stop.is_set():
+                while not self._stop.is_set() and not self._relist.is_set():
                     rv = self._watch(rv)
             except Expired:
                 log.info("watch expired, listing again", extra={"resource": self.name})
             except Exception as e:
                 if self._stop.is_set():
                     return
+                if self._relist.is_set():  # the watch was ended on purpose
+                    continue
                 if self.optional and isinstance(e, ApiException) and e.status == 404:
                     self._not_served()
                     continue
@@ -219,6 +255,9 @@ class Reflector:
         self._stop.wait(NOT_SERVED_RETRY)
 
     def _list(self) -> str:
+        if self._relist.is_set():
+            log.info("view behind the API server, listing again", extra={"resource": self.name})
+            self._relist.clear()
         resp = self.list_call(_preload_content=False, _request_timeout=READ_TIMEOUT, **self.selector)
         doc = json_body(resp)
         self.replace(doc.get("items") or [])
@@ -239,7 +278,7 @@ class Reflector:
         )
         self._resp = resp
         try:
-            if self._stop.is_set():  # stop() ran before the stream was there to end
+            if self._stop.is_set() or self._relist.is_set():  # stop() or relist() came before the stream
                 return rv
             for ev in _events(resp):
                 kind, obj = ev.get("type") or "", ev.get("object") or {}
@@ -248,7 +287,7 @@ class Reflector:
                         raise Expired()
                     raise ApiFailure(int(obj.get("code") or 0), str(obj.get("message")))
                 rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
-                if self._stop.is_set():
+                if self._stop.is_set() or self._relist.is_set():
                     break
                 if kind != "BOOKMARK":
                     self.event(kind, obj)
@@ -345,6 +384,12 @@ class ClusterCache:
     def _listed(self) -> None:
         if self.settled is not None and self.ready():
             self.settled()
+
+    def resync_claims(self) -> None:
+        """List the ResourceSlices and ResourceClaims again: a bind found them behind the API server."""
+        for r in self.reflectors:
+            if r.name in ("resourceslices", "resourceclaims"):
+                r.relist()
 
     # --- nodes and devices: a node is schedulable for devices when both objects are known ---
 

@@ -12,7 +12,9 @@ never hands it out (a GPU is held by one path at a time).
 
 Only the newest generation of a pool counts (older slices are being replaced); results with
 `adminAccess` hold nothing. Everything here is pure: `ClaimIndex` takes objects as the watches
-deliver them and answers which minors of each node are held, and which nodes changed.
+deliver them and answers which minors of each node are held, and which nodes changed; `held_on`
+answers the same for one node from objects read from the API server at a bind (`claim_refs` names
+the claims the node's pods use), so the watches' view and the bind's re-check match GPUs one way.
 """
 
 from __future__ import annotations
@@ -118,9 +120,40 @@ def claim_devices(obj: Mapping[str, Any]) -> tuple[DeviceKey, ...]:
 
 def claim_key(obj: Mapping[str, Any]) -> str:
     """A claim's identity in the index: its uid, else namespace/name."""
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
-    assert isinstance(meta, Mapping)
-    return str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+    return str(_field(obj, "metadata").get("uid") or _namespaced(obj))
+
+
+def claim_refs(pod: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(namespace, name) of the ResourceClaims a pod uses: named in `spec.resourceClaims`, made from a
+    template (`status.resourceClaimStatuses`), or made by kube-scheduler for its extended resources
+    (`status.extendedResourceClaimStatus`, KEP-5004)."""
+    spec, status = _field(pod, "spec"), _field(pod, "status")
+    entries = [*(spec.get("resourceClaims") or ()), *(status.get("resourceClaimStatuses") or ())]
+    entries.append(_field(status, "extendedResourceClaimStatus"))
+    namespace = str(_field(pod, "metadata").get("namespace") or "")
+    names = {e["resourceClaimName"] for e in entries if isinstance(e, Mapping) and e.get("resourceClaimName")}
+    return sorted((namespace, str(n)) for n in names)
+
+
+def held_on(
+    node: str, gpus: Sequence[Gpu], slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]]
+) -> dict[int, list[str]]:
+    """The minors of `node` these claims hold, each with its holders (`namespace/name`)."""
+    index = ClaimIndex()
+    index.set_gpus(node, gpus)
+    index.replace_slices((str((s.get("metadata") or {}).get("name") or ""), s) for s in slices)
+    index.replace_claims((_namespaced(c), c) for c in claims)
+    return {minor: index.holders(node, minor) for minor in sorted(index.held(node))}
+
+
+def _field(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = obj.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _namespaced(obj: Mapping[str, Any]) -> str:
+    meta = _field(obj, "metadata")
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
 class ClaimIndex:

@@ -29,7 +29,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import repeat
@@ -38,7 +38,9 @@ from typing import Any, Protocol, overload
 import numpy as np
 
 from crihook.base import metrics
-from crihook.scheduler import fence, preempt
+from crihook.base.allocation import DeviceAllocation
+from crihook.scheduler import claims, fence, preempt
+from crihook.scheduler.devices import Gpu
 from crihook.scheduler.plugin import DeviceShare, Unschedulable
 from crihook.scheduler.pod import PodError, pod_from_json
 from crihook.scheduler.preempt import Victim
@@ -81,6 +83,10 @@ class PodApi(Protocol):
     ) -> str: ...
 
     def clear_claim(self, namespace: str, name: str, resource_version: str) -> None: ...
+
+    def resource_claims(self, refs: Iterable[tuple[str, str]]) -> list[dict[str, Any]]: ...
+
+    def node_slices(self, node: str) -> list[dict[str, Any]]: ...
 
     def bind_pod(self, namespace: str, name: str, uid: str, node: str, resource_version: str) -> None: ...
 
@@ -215,6 +221,8 @@ class Extender:
         self.api = api
         self.ready = ready
         self.may_write = may_write  # False on a replica that does not hold the leader Lease (now)
+        # called when a bind finds the watches behind on the DRA claims: the cache lists them again
+        self.resync_claims: Callable[[], None] = lambda: None
         # the schedulerNames whose pods this extender filters and binds; empty: any
         self.scheduler_names: frozenset[str] = frozenset()
         self.priorities: Mapping[str, int] = {}  # pod uid -> priority, from the cluster cache
@@ -477,7 +485,7 @@ class Extender:
                 if req.wants_devices:
                     alloc = plugin.reserve(req, node)
                     annotations = plugin.pre_bind(req, alloc)
-                    memory = plugin.gpu_memory(node)
+                    gpus = plugin.node_gpus(node)
                     self._refresh()
                 else:
                     annotations = {}
@@ -515,7 +523,11 @@ class Extender:
             if fenced:
                 # this replica's memory may be behind the API server (a failover, a pause, a slow
                 # watch): the claims on the node as the API server has them decide (scheduler/fence.py)
-                why, in_way = fence.judge(uid, alloc.gpus, api.claims(node), lambda m: memory.get(m, 0))
+                memory = {g.minor: g.memory for g in gpus}
+                node_pods = api.claims(node)
+                why, in_way = fence.judge(uid, alloc.gpus, node_pods, lambda m: memory.get(m, 0))
+                if not why and (why := self._held_by_claims(node, node_pods, alloc.gpus, gpus)):
+                    self.resync_claims()
                 if why:
                     metrics.SCHEDULER_BINDS_REFUSED.inc("stale_view")
                     return undo(f"pod {key} on node {node}: {why}; not binding on a stale view")
@@ -537,6 +549,19 @@ class Extender:
         except Exception as e:  # the reservation must not outlive a failed bind, whatever failed
             return undo(f"pod {key} on node {node}: {type(e).__name__}: {e}")
         return ""
+
+    def _held_by_claims(
+        self, node: str, node_pods: Sequence[Mapping[str, Any]], given: Sequence[DeviceAllocation], gpus: Sequence[Gpu]
+    ) -> str | None:
+        """Why `given` collides with GPUs that ResourceClaims of the node's pods hold, read now: the
+        claim and slice watches may be behind (a stalled connection is noticed only at its read
+        timeout). A claim whose pod is not bound yet is left to the DRA driver's check at prepare."""
+        assert self.api is not None
+        refs = sorted({ref for p in node_pods for ref in claims.claim_refs(p)})
+        if not refs:
+            return None
+        held = claims.held_on(node, gpus, self.api.node_slices(node), self.api.resource_claims(refs))
+        return fence.held_by_claims(given, held)
 
     def _bound_to(self, ns: str, name: str, uid: str, node: str) -> bool:
         assert self.api is not None

@@ -8,8 +8,10 @@ every pod claiming that node, bound or not, and judges: a bound pod on its GPUs 
 unbound claim in the way (another replica's bind in flight, or one that failed) is cleared, which
 changes that pod's resourceVersion so its own Binding, made with the claim's resourceVersion as
 precondition, fails with 409. Of two binds that claim one GPU, the later claimer's list always sees
-the earlier claim, so they can never both be bound, whatever the timing. Pure: the caller does the
-API calls.
+the earlier claim, so they can never both be bound, whatever the timing. The GPUs allocated
+ResourceClaims hold are re-checked the same way: the claims the node's pods use, read at the bind,
+refuse a GPU this replica's watches had not yet seen held (`held_by_claims`). Pure: the caller does
+the API calls.
 """
 
 from __future__ import annotations
@@ -99,3 +101,12 @@ def judge(
         if minors & over:
             in_way.append(p)
     return None, in_way
+
+
+def held_by_claims(gpus: Sequence[DeviceAllocation], held: Mapping[int, Sequence[str]]) -> str | None:
+    """Why `gpus` can not be given out: the first that a ResourceClaim holds on the API server
+    (`held`: minor -> the claims holding it, claims.held_on), or None."""
+    for g in gpus:
+        if held.get(g.minor):
+            return f"GPU {g.minor} is held by ResourceClaim {', '.join(held[g.minor])} on the API server"
+    return None

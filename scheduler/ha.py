@@ -119,6 +119,7 @@ class Replica:
         self._label_lock = threading.Lock()
         extender.ready = self.ready
         extender.may_write = self.may_write
+        extender.resync_claims = self._resync_claims
         if elector is not None:
             elector.on_start, elector.on_stop = self._begin, self._end
 
@@ -128,6 +129,11 @@ class Replica:
     def ready(self) -> bool:
         cache = self.cache
         return cache is not None and cache.ready() and self.may_write()
+
+    def _resync_claims(self) -> None:
+        cache = self.cache
+        if cache is not None:
+            cache.resync_claims()
 
     def start(self) -> None:
         if self.elector is None:

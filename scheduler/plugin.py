@@ -337,11 +337,11 @@ class DeviceShare:
         self.by_node.get(held.node, set()).discard(uid)
         self._charge(held, -1)
 
-    def gpu_memory(self, node: str) -> dict[int, int]:
-        """Each GPU's memory in bytes on `node`, by minor."""
+    def node_gpus(self, node: str) -> tuple[Gpu, ...]:
+        """The GPUs of `node`'s Device object (none for a node without one)."""
         row = self.st.rows.get(node)
         nd = None if row is None else self.st.nodes[row]
-        return {} if nd is None else {g.minor: g.memory for g in nd.gpus}
+        return () if nd is None else tuple(nd.gpus)
 
     def _gpu_memory(self, node: str, minor: int) -> int:
         row = self.st.rows.get(node)

@@ -401,7 +401,7 @@ def test_rbac_is_exactly_what_the_scheduler_uses(manifests: Docs) -> None:
         for v in ("get", "list", "watch")
     }
     dra = {("resource.k8s.io", r, v) for r in ("resourceslices", "resourceclaims") for v in ("list", "watch")}
-    dra |= {("resource.k8s.io", "resourceclaimtemplates", "create")}
+    dra |= {("resource.k8s.io", "resourceclaims", "get"), ("resource.k8s.io", "resourceclaimtemplates", "create")}
     assert granted == watched | dra | {("", "pods", "patch"), ("", "pods/binding", "create")}
     args = dict(a.split("=", 1) for a in s.container["args"][1:])
     lease_name = args.get("--lease-name", ha.DEFAULT_LEASE)

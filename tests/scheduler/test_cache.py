@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from crihook.base import metrics
 from crihook.base.allocation import CONTAINER_DEVICES, DEVICE_ALLOCATED, GPU, GPU_CORE, parse_device_allocated
 from crihook.scheduler.cache import ClusterCache
 from crihook.scheduler.extender import ApiFailure
@@ -374,6 +375,35 @@ def test_gpus_allocated_claims_hold_are_never_given_to_an_annotation_pod(kube: F
         assert fresh.ext.filter(filter_args(late, [NODE]))["NodeNames"] == [NODE]
     finally:
         fresh.stop()
+
+
+def test_a_claim_the_watches_missed_is_refused_at_the_bind_then_listed(kube: FakeKube, sched: Scheduler) -> None:
+    """The claim and its pod are in the API server, but this replica's watches are behind (a stalled
+    connection is noticed only at its read timeout): the bind reads the claims of the node's pods and
+    refuses their GPUs, and the cache lists the claims again, so the next try places the pod right."""
+    nvidia_slice(kube)
+    eventually(lambda: bool(sched.cache.claims.slices))
+    kube.pause_watches()
+    try:
+        allocated_claim(kube, "train", "gpu-1", "gpu-3")
+        spec = {"nodeName": NODE, "resourceClaims": [{"name": "gpu", "resourceClaimName": "train"}], "containers": []}
+        kube.create("pods", {"metadata": {"name": "trainer", "namespace": "team-b"}, "spec": spec})
+        refused = metrics.SCHEDULER_BINDS_REFUSED.value("stale_view")
+        bound: list[int] = []
+        errors: list[str] = []
+        for p in [make_pod(kube, f"w{i}", WHOLE) for i in range(6)]:
+            for _ in range(3):
+                error = sched.ext.bind(bind_args(p))["Error"]
+                if not error:
+                    bound += gpus_of(kube, "team-a", p["metadata"]["name"])
+                    break
+                errors.append(error)
+                eventually(lambda: sched.plugin.claimed.get(NODE) == {1, 3})  # listed again, watches still held
+        assert sorted(bound) == [0, 2, 4, 5, 6, 7]
+        assert errors and all("held by ResourceClaim team-b/train on the API server" in e for e in errors)
+        assert metrics.SCHEDULER_BINDS_REFUSED.value("stale_view") == refused + len(errors)
+    finally:
+        kube.pause_watches(False)
 
 
 def test_a_republished_pool_moves_what_a_claim_holds(kube: FakeKube, sched: Scheduler) -> None:

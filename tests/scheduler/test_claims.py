@@ -14,7 +14,9 @@ from crihook.scheduler.claims import (
     DeviceIds,
     claim_devices,
     claim_key,
+    claim_refs,
     device_ids,
+    held_on,
     normal_bus,
     parse_slice,
 )
@@ -155,6 +157,42 @@ def test_claims_before_slices_and_devices_are_placed_when_they_come() -> None:
     assert idx.remove_slice("s") == set()
     idx.set_slice("s", rslice("a", NVIDIA, {"gpu-0": {"uuid": s("GPU-a-0")}}))
     assert idx.remove_node("a") == {"a"} and idx.remove_node("a") == set()
+
+
+def test_claim_refs_every_way_a_pod_names_a_claim() -> None:
+    pod = {
+        "metadata": {"namespace": "team"},
+        "spec": {
+            "resourceClaims": [
+                {"name": "a", "resourceClaimName": "shared"},
+                {"name": "b", "resourceClaimTemplateName": "tpl"},
+                "junk",
+            ]
+        },
+        "status": {
+            "resourceClaimStatuses": [{"name": "b", "resourceClaimName": "p-b-x7"}, {"name": "c"}],
+            "extendedResourceClaimStatus": {"resourceClaimName": "p-extended-resources-q2", "requestMappings": []},
+        },
+    }
+    assert claim_refs(pod) == [("team", "p-b-x7"), ("team", "p-extended-resources-q2"), ("team", "shared")]
+    assert claim_refs({"metadata": {"namespace": "team"}, "spec": {"containers": []}}) == []
+    assert claim_refs({"spec": "junk", "status": None}) == []
+
+
+def test_held_on_one_node_from_objects_read_now() -> None:
+    sl = [
+        rslice("a", NVIDIA, {"gpu-2": {"uuid": s("GPU-a-2")}, "gpu-3": {"pcieBusID": s("0000:13:00.0")}}),
+        rslice("b", NVIDIA, {"gpu-0": {"uuid": s("GPU-b-0")}}),
+    ]
+    cl = [
+        claim("x", (NVIDIA, "a", "gpu-2")),
+        claim("y", (NVIDIA, "a", "gpu-2"), (NVIDIA, "a", "gpu-3")),
+        claim("z", (NVIDIA, "b", "gpu-0")),  # another node's GPU
+        claim("w", (NVIDIA, "a", "gpu-9")),  # a device no slice publishes
+    ]
+    assert held_on("a", gpus("a", 4), sl, cl) == {2: ["ns/x", "ns/y"], 3: ["ns/y"]}
+    assert held_on("a", gpus("a", 4), [], cl) == {}
+    assert held_on("a", (), sl, cl) == {}
 
 
 def test_only_the_newest_pool_generation_counts() -> None:

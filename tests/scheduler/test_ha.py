@@ -242,6 +242,13 @@ def test_judging_the_claims_on_a_node() -> None:
     assert why is None and [p["metadata"]["name"] for p in clear] == ["u1", "u2"]
     # our own claim is among those listed, and is not in our way
     assert judge("me", ours(0, 100), [_claim("me", [(0, 100)], False)], memory) == (None, [])
+    # a GPU a ResourceClaim holds on the API server refuses, whoever else shares it
+    from crihook.scheduler.fence import held_by_claims
+
+    assert held_by_claims(ours(0, 50) + ours(1, 50), {1: ["ns/c", "ns/d"]}) == (
+        "GPU 1 is held by ResourceClaim ns/c, ns/d on the API server"
+    )
+    assert held_by_claims(ours(0, 50), {1: ["ns/c"], 0: []}) is None
     # node names are label values, hashed past 63 characters
     assert claim_value("gpu-node-1") == "gpu-node-1"
     long = "n" * 70 + ".example.com"
