@@ -97,6 +97,12 @@ def mutate_pod(pod: dict[str, Any], config: WebhookConfig) -> tuple[dict[str, An
     """The mutated pod and the JSON patch from `pod` to it. `pod` is not changed: the dicts and lists
     on the way to the resources are copied, and `out` shares the rest with it (a deep copy of a whole
     pod cost more than the rest of an admission review)."""
+    out, ops = _convert_shares(pod)
+    return out, ops + _switch_scheduler(out, config)
+
+
+def _convert_shares(pod: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """koordinator.sh/gpu and the share API's gpu.shared, as mutate_pod."""
     out = dict(pod)
     ops: list[dict[str, Any]] = []
     spec = out.get("spec")
@@ -130,16 +136,26 @@ def mutate_pod(pod: dict[str, Any], config: WebhookConfig) -> tuple[dict[str, An
                 if KOORD_GPU not in values and (shared := _shared_for(values)) is not None:
                     values[GPU_SHARED] = shared
                     ops.append({"op": "add", "path": base + _escape(GPU_SHARED), "value": shared})
-    if config.scheduler_name and spec.get("schedulerName", DEFAULT_SCHEDULER) in ("", DEFAULT_SCHEDULER):
-        try:
-            wants = parse_request(pod_from_json(out)).wants_devices
-        except (PodError, RequestError):
-            wants = False  # validation will say why; do not move an invalid pod to our scheduler
-        if wants:
-            op = "replace" if "schedulerName" in spec else "add"
-            spec["schedulerName"] = config.scheduler_name
-            ops.append({"op": op, "path": "/spec/schedulerName", "value": config.scheduler_name})
     return out, ops
+
+
+def _switch_scheduler(pod: dict[str, Any], config: WebhookConfig) -> list[dict[str, Any]]:
+    """A GPU pod of the default scheduler handed to `config.scheduler_name` (changes `pod`'s spec,
+    which _convert_shares copied)."""
+    spec = pod.get("spec")
+    if not isinstance(spec, dict) or not config.scheduler_name:
+        return []
+    if spec.get("schedulerName", DEFAULT_SCHEDULER) not in ("", DEFAULT_SCHEDULER):
+        return []
+    try:
+        wants = parse_request(pod_from_json(pod)).wants_devices
+    except (PodError, RequestError):
+        wants = False  # validation will say why; do not move an invalid pod to our scheduler
+    if not wants:
+        return []
+    op = "replace" if "schedulerName" in spec else "add"
+    spec["schedulerName"] = config.scheduler_name
+    return [{"op": op, "path": "/spec/schedulerName", "value": config.scheduler_name}]
 
 
 def validate_pod(
@@ -236,8 +252,9 @@ def mutate(review: Any, config: WebhookConfig, dra_all: bool = False) -> dict[st
     pod = _pod_of(req, "object")
     if pod is None:
         raise ReviewError("AdmissionReview.request.object is missing")
-    mutated, ops = mutate_pod(pod, config)
-    ops += _to_dra(req, mutated, config, dra_all)
+    mutated, ops = _convert_shares(pod)
+    # a pod turned into a claim asks kube-scheduler's DRA allocator, not crihook's: it stays with its scheduler
+    ops += _to_dra(req, mutated, config, dra_all) or _switch_scheduler(mutated, config)
     if not ops:
         return _response(uid, True)
     patch = base64.b64encode(json.dumps(ops, separators=(",", ":")).encode()).decode()

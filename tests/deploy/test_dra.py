@@ -127,3 +127,32 @@ def test_only_the_class_where_the_nodes_run_the_driver_from_install_sh() -> None
 def test_nothing_of_dra_for_a_cluster_without_it_or_by_default() -> None:
     assert not helm.of_kind(helm.rendered("dra", helm.OLDEST), "DeviceClass")
     assert not helm.of_kind(helm.rendered("defaults"), "DeviceClass")
+
+
+def test_dra_convert_is_the_schedulers_flags_and_a_webhook_of_its_own() -> None:
+    """dra.convert passes --dra-convert (and the pool and GPU memory) to the scheduler, which the
+    scheduler's own parser takes, and adds /mutate-dra; off, neither is there."""
+    from crihook.cli import scheduler as scheduler_cli
+
+    def scheduler_args(name: str) -> argparse.Namespace:
+        docs = helm.rendered(name)
+        (c,) = [
+            c
+            for d in helm.of_kind(docs, "Deployment")
+            for c in d["spec"]["template"]["spec"]["containers"]
+            if (c.get("args") or [""])[0] == "scheduler"
+        ]
+        parser = argparse.ArgumentParser()
+        scheduler_cli.add_arguments(parser)
+        return parser.parse_args(c["args"][1:])
+
+    def mutating(name: str) -> list[str]:
+        (config,) = helm.of_kind(helm.rendered(name), "MutatingWebhookConfiguration")
+        return [w["clientConfig"]["service"]["path"] for w in config["webhooks"]]
+
+    on = scheduler_args("dra-convert")
+    assert (on.dra_convert, on.dra_pool, on.dra_gpu_memory) == (True, "pool=dra", "80Gi")
+    assert mutating("dra-convert") == ["/mutate", "/mutate-dra"]
+    off = scheduler_args("dra")
+    assert (off.dra_convert, off.dra_pool, off.dra_gpu_memory) == (False, "", "0")
+    assert mutating("dra") == ["/mutate"]

@@ -368,7 +368,7 @@ def test_deployment_service_and_server_agree(manifests: Docs) -> None:
     assert pdb["spec"]["selector"] == dep["spec"]["selector"] and pdb["spec"]["maxUnavailable"] == 1
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert svc["spec"]["ports"][0]["targetPort"] in ports
-    args = dict(a.split("=", 1) for a in c["args"][1:])
+    args = dict(a.partition("=")[::2] for a in c["args"][1:])
     assert c["args"][0] == "scheduler"
     assert (
         server.check_listen(
@@ -403,7 +403,7 @@ def test_rbac_is_exactly_what_the_scheduler_uses(manifests: Docs) -> None:
     dra = {("resource.k8s.io", r, v) for r in ("resourceslices", "resourceclaims") for v in ("list", "watch")}
     dra |= {("resource.k8s.io", "resourceclaims", "get"), ("resource.k8s.io", "resourceclaimtemplates", "create")}
     assert granted == watched | dra | {("", "pods", "patch"), ("", "pods/binding", "create")}
-    args = dict(a.split("=", 1) for a in s.container["args"][1:])
+    args = dict(a.partition("=")[::2] for a in s.container["args"][1:])
     lease_name = args.get("--lease-name", ha.DEFAULT_LEASE)
     lease = {  # leader election: the Lease scheduler/leader.py reads, creates and replaces
         (g, r, v, tuple(rule.get("resourceNames", ())))
@@ -447,7 +447,8 @@ def test_webhooks_point_at_the_server(manifests: Docs) -> None:
     """The webhooks' Service selects every replica, leader or not: a failover never refuses pod writes."""
     svc = scheduler_objects(manifests).webhook_service
     ns = svc["metadata"]["namespace"]
-    paths = {}
+    paths: dict[str, list[tuple[str, list[str]]]] = {}
+    routes = server.App(Extender(cluster_plugin()), webhook.WebhookConfig(), lambda: True).routes
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         (config,) = helm.of_kind(manifests, kind)
         for wh in config["webhooks"]:
@@ -465,10 +466,12 @@ def test_webhooks_point_at_the_server(manifests: Docs) -> None:
                 if e["key"] == "kubernetes.io/metadata.name" and e["operator"] == "NotIn"
             ]
             assert {ns, "kube-system"} <= set(excluded)
-            paths[kind] = (s["path"], wh["rules"][0]["operations"])
+            assert s["path"] in routes
+            paths.setdefault(kind, []).append((s["path"], wh["rules"][0]["operations"]))
+    convert = [("/mutate-dra", ["CREATE"])] if len(paths["MutatingWebhookConfiguration"]) > 1 else []
     assert paths == {
-        "MutatingWebhookConfiguration": ("/mutate", ["CREATE"]),
-        "ValidatingWebhookConfiguration": ("/validate", ["CREATE", "UPDATE"]),
+        "MutatingWebhookConfiguration": [("/mutate", ["CREATE"]), *convert],
+        "ValidatingWebhookConfiguration": [("/validate", ["CREATE", "UPDATE"])],
     }
 
 

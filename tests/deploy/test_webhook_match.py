@@ -85,12 +85,11 @@ def test_a_pod_crihook_would_change_or_refuse_is_sent(case: Case) -> None:
 
 
 def test_failure_policies() -> None:
-    """The validating webhook fails closed whatever the values say; the mutating one as configured."""
+    """The validating webhook fails closed whatever the values say; the mutating ones as configured."""
     for name in helm.COMBOS:
-        mutating, validating = configured(name)
-        assert validating["failurePolicy"] == "Fail", name
         want = helm.COMBOS[name].values.get("webhooks", {}).get("mutating", {}).get("failurePolicy", "Fail")
-        assert mutating["failurePolicy"] == want, name
+        for wh in configured(name):
+            assert wh["failurePolicy"] == (want if wh["name"].startswith("mutate") else "Fail"), (name, wh["name"])
 
 
 def test_opt_out_namespace_label_leaves_out_the_conversion_only() -> None:
@@ -108,3 +107,40 @@ def test_the_cel_lists_are_crihooks() -> None:
         assert f"'{r}'" in text
     for a in webhook.PROTECTED:
         assert f"'{a}'" in text
+
+
+def namespace_selected(wh: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a namespace with these labels is sent to the webhook (matchExpressions: In, NotIn)."""
+    for e in wh["namespaceSelector"]["matchExpressions"]:
+        present = e["key"] in labels and labels[e["key"]] in e["values"]
+        if present != (e["operator"] == "In"):
+            return False
+    return True
+
+
+def test_dra_conversion_takes_the_opted_in_namespaces_and_sends_the_same_pods() -> None:
+    """With dra.convert, a namespace labelled gpu.crihook.io/dra=on is sent to /mutate-dra, every
+    other one to /mutate, never both, and both send exactly the pods /mutate alone would."""
+    (mutating, converting, validating) = configured("dra-convert")
+    assert (mutating["clientConfig"]["service"]["path"], converting["clientConfig"]["service"]["path"]) == (
+        "/mutate",
+        "/mutate-dra",
+    )
+    label = helm.COMBOS["dra-convert"].values["dra"]["convert"].get("namespaceLabel", "gpu.crihook.io/dra")
+    for labels in ({}, {label: "on"}, {label: "off"}, {OPT_OUT: "off", label: "on"}, {"team": "ml"}):
+        ns = {**labels, "kubernetes.io/metadata.name": "team"}
+        got = (namespace_selected(mutating, ns), namespace_selected(converting, ns))
+        want = (
+            (False, False)
+            if labels.get(OPT_OUT) == "off"
+            else (False, True)
+            if labels.get(label) == "on"
+            else (True, False)
+        )
+        assert got == want, labels
+        assert namespace_selected(validating, ns)
+    assert not namespace_selected(converting, {label: "on", "kubernetes.io/metadata.name": "kube-system"})
+    for key in ("matchConditions", "rules", "failurePolicy", "reinvocationPolicy", "timeoutSeconds", "sideEffects"):
+        assert converting[key] == mutating[key], key
+    for case in cases():
+        assert sent(converting, case) == sent(mutating, case), case.name

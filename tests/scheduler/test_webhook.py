@@ -266,6 +266,25 @@ def test_pods_bound_for_the_dra_pool_get_a_claim_and_their_template_is_written()
     assert len(written) == 2
 
 
+def test_a_pod_turned_into_a_claim_stays_with_its_scheduler_and_one_left_as_it_is_moves() -> None:
+    """A converted pod is placed by kube-scheduler's DRA allocator: handed to crihook's second
+    kube-scheduler it would be allocated by two schedulers' DRA allocators at once."""
+    from crihook.scheduler.draconvert import ConvertConfig
+
+    config = webhook.WebhookConfig(
+        scheduler_name="crihook-scheduler", dra=ConvertConfig(gpu_memory=16 << 30), templates=lambda _: None
+    )
+    rv = review()
+    before = rv["request"]["object"]["spec"].get("schedulerName", "default-scheduler")
+    pod = patched(rv, webhook.mutate(rv, config, dra_all=True))
+    assert "resourceClaims" in pod["spec"] and pod["spec"].get("schedulerName", "default-scheduler") == before
+    rv["request"]["object"]["spec"]["containers"][0]["resources"]["limits"]["koordinator.sh/rdma"] = (
+        "100"  # RDMA: not converted
+    )
+    pod = patched(rv, webhook.mutate(rv, config, dra_all=True))
+    assert "resourceClaims" not in pod["spec"] and pod["spec"]["schedulerName"] == "crihook-scheduler"
+
+
 def test_a_template_that_can_not_be_written_leaves_the_pod_on_the_annotation_path() -> None:
     from crihook.scheduler.draconvert import ConvertConfig
 

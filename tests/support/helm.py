@@ -89,6 +89,9 @@ COMBOS: dict[str, Combo] = {
     "network-policy": Combo({"networkPolicy": {"enabled": True}}),
     "no-node": Combo({"node": {"enabled": False}}),
     "dra": Combo({"dra": {"enabled": True, "extendedResourceName": "nvidia.com/gpu", "consumableCapacity": "on"}}),
+    "dra-convert": Combo(
+        {"dra": {"enabled": True, "convert": {"enabled": True, "nodePool": "pool=dra", "gpuMemory": "80Gi"}}}
+    ),
     # nodes that run `crihook serve` and `crihook dra` from install.sh: the DeviceClass only
     "dra-no-node": Combo({"node": {"enabled": False}, "dra": {"enabled": True}}),
     "node-without-reporter": Combo(
