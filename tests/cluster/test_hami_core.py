@@ -3,7 +3,7 @@ isolation) share one GPU on the one-node cluster, in both node modes, each with 
 its memory limit half the GPU's memory and an SM limit of 50, /etc/ld.so.preload naming HAMi-core's
 library mounted where the node has it (`node.hamiCore` in NRI mode, `[hooks.gpu.hami_core]` of
 `crihook serve` in proxy mode), and a cache directory at /tmp/vgpu of its own. What the container
-sees it prints itself, so it is read from its log."""
+sees it prints itself, read from its log, and a process `kubectl exec` starts in it sees the same."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from tests.support.cluster import Cluster, ClusterError, eventually
+from tests.support.clusterchart import kubectl
 from tests.support.containerd import BUSYBOX_IMAGE
 
 pytestmark = pytest.mark.cluster
@@ -106,3 +107,8 @@ def test_two_half_gpu_pods_share_one_gpu_each_with_its_hami_core_limits(installe
         # the container's /tmp/vgpu is its own directory on the host, by pod uid and container
         own = cache_root / f"{pod.metadata.uid}_main" / "owner"
         assert own.read_text().strip() == pod.metadata.name
+        # a process kubectl exec starts in the container sees the same (the spec's env and mounts)
+        script = 'echo "$CUDA_DEVICE_SM_LIMIT $CUDA_DEVICE_MEMORY_LIMIT_0"; cat /etc/ld.so.preload /tmp/vgpu/owner'
+        done = kubectl(cluster, "exec", "-n", NS, pod.metadata.name, "--", "sh", "-c", script)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["50", seen["mem"], str(library), pod.metadata.name]
