@@ -60,6 +60,7 @@ def test_lint_strict(name: str) -> None:
         {"webhooks": {"mutating": {"failurePolicy": "Never"}}},
         {"node": {"updateStrategy": {"type": "Recreate"}}},  # a Deployment's, not a DaemonSet's
         {"metrics": {"node": {"port": 70000}}},
+        {"scheduler": {"antiAffinity": "soft"}},  # required, preferred or none
     ],
     ids=json.dumps,
 )
@@ -687,6 +688,48 @@ def test_own_node_affinity_replaces_the_gpu_rule() -> None:
     affinity = ds["spec"]["template"]["spec"]["affinity"]
     assert node_affinity_matches(affinity, {"pool": "gpu"})
     assert not node_affinity_matches(affinity, {"nvidia.com/gpu.present": "true"})
+
+
+SPREAD_TERM = {"topologyKey": "kubernetes.io/hostname"}
+MINE = {"topologyKey": "topology.kubernetes.io/zone", "labelSelector": {"matchLabels": {"team": "ml"}}}
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "expected"),
+    [
+        ({}, {"requiredDuringSchedulingIgnoredDuringExecution": [SPREAD_TERM]}),
+        ({"antiAffinity": "required"}, {"requiredDuringSchedulingIgnoredDuringExecution": [SPREAD_TERM]}),
+        (
+            {"antiAffinity": "preferred"},
+            {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": SPREAD_TERM}]},
+        ),
+        ({"antiAffinity": "none"}, None),
+        (
+            {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [MINE]}}},
+            {"requiredDuringSchedulingIgnoredDuringExecution": [MINE]},
+        ),
+    ],
+    ids=json.dumps,
+)
+def test_scheduler_replicas_spread_as_asked(scheduler: dict[str, Any], expected: dict[str, Any] | None) -> None:
+    """scheduler.antiAffinity's rule keeps the replicas apart by node, on the scheduler's own pods;
+    a podAntiAffinity of the user's replaces it, and a nodeAffinity beside it is kept."""
+    pool = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["cpu"]}]}]}
+    own = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": pool}}
+    values = {"scheduler": {**scheduler, "affinity": {**own, **scheduler.get("affinity", {})}}}
+    assert lint(*helm.values_args(values)).returncode == 0
+    docs = helm.documents_of(helm.template_text(Combo(values), NEWEST), "spread")
+    (dep,) = [d for d in helm.of_kind(docs, "Deployment") if d["metadata"]["name"] == "crihook-scheduler"]
+    spec = dep["spec"]["template"]["spec"]
+    assert node_affinity_matches(spec["affinity"], {"pool": "cpu"})
+    anti = spec["affinity"].get("podAntiAffinity")
+    selector = {"matchLabels": dep["spec"]["selector"]["matchLabels"]}
+    for rule in (anti or {}).values():  # the chart's own terms select exactly the scheduler's pods
+        for term in rule:
+            term = term.get("podAffinityTerm", term)
+            if term != MINE:
+                assert term.pop("labelSelector") == selector
+    assert anti == expected
 
 
 def test_gpu_operator_driver_root_plugin_index_number_and_update_strategy() -> None:

@@ -122,6 +122,8 @@ COMBOS: dict[str, Combo] = {
     ),
     "kube-system": Combo(namespace="kube-system", values={"webhooks": {"excludeNamespaces": ["monitoring"]}}),
     "other-release-name": Combo(release="gpu", values={"scheduler": {"replicas": 3}}),
+    "scheduler-spread-preferred": Combo({"scheduler": {"antiAffinity": "preferred"}}),
+    "scheduler-spread-none": Combo({"scheduler": {"antiAffinity": "none"}}),
     # Helm's longest release name (53), with every object the chart can make
     "long-release-name": Combo(release="a" * 53, api_versions=(SERVICE_MONITOR, POD_MONITOR)),
     "everything-set": Combo(
