@@ -187,16 +187,20 @@ class Replica:
 
     def _label(self, cache: ClusterCache) -> None:
         """Label the pod once per term, while the term is still on and the Lease still held; tried
-        again every LABEL_RETRY until it is written (the Service reaches no one until then)."""
+        again every LABEL_RETRY until it is written (the Service reaches no one until then). A
+        renewal running late when the lists come in holds the label back, not for the whole term:
+        the term goes on unless the elector ends it, and the next try writes it."""
         if self.label is None:
             return
         with self._label_lock:
-            if self._labelled is cache or self.cache is not cache or not self.may_write():
+            if self._labelled is cache or self.cache is not cache:
                 return
-            self._labelled = cache
-            claimed = self.label.claim()
-            if not claimed:
-                self._labelled = None
+            claimed = False
+            if self.may_write():
+                self._labelled = cache
+                claimed = self.label.claim()
+                if not claimed:
+                    self._labelled = None
         if not claimed:
             retry = threading.Timer(LABEL_RETRY, self._label, (cache,))
             retry.daemon = True

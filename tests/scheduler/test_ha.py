@@ -562,3 +562,48 @@ def test_a_term_freezes_what_it_listed_and_its_end_thaws_it() -> None:
         finally:
             replica.stop()
         assert gc.get_freeze_count() == 0 and any(o is device for o in gc.get_objects())
+
+
+class LateRenewal:
+    """An elector whose renewal is running late: the term is on, may_write() says no until `renewed`."""
+
+    def __init__(self) -> None:
+        self.renewed = threading.Event()
+        self.on_start: Any = None
+        self.on_stop: Any = None
+
+    def may_write(self) -> bool:
+        return self.renewed.is_set()
+
+    def start(self) -> None:
+        self.on_start()
+
+    def stop(self) -> None:
+        self.on_stop()
+
+
+def test_a_leader_whose_renewal_ran_late_when_its_lists_came_in_still_labels_its_pod() -> None:
+    """A term's lists may come in while the last renewal is past the renew deadline (a loaded node):
+    the label waits for the renewal; it is not left off for the rest of the term."""
+    from crihook.scheduler import ha
+    from crihook.scheduler.extender import Extender
+    from crihook.scheduler.plugin import DeviceShare
+
+    with cluster(1) as kube:
+        kube.create("pods", {"metadata": {"name": "sched-0", "namespace": NS}, "spec": {"containers": [{"name": "s"}]}})
+        late = LateRenewal()
+        label = ha.LeaderLabel(kube.api_client(), NS, "sched-0")
+        replica = ha.Replica(kube.api_client(), Extender(DeviceShare()), DeviceShare, late, label=label)  # type: ignore[arg-type]
+        replica.start()
+        try:
+            deadline = time.monotonic() + 20
+            while not (replica.cache is not None and replica.cache.ready()) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert replica.cache is not None and replica.cache.ready() and labelled(kube) == set()
+            late.renewed.set()  # the renewal lands; the elector keeps the term
+            while not labelled(kube) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert labelled(kube) == {"sched-0"}
+        finally:
+            replica.stop()
+        assert labelled(kube) == set()
