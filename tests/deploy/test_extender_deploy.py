@@ -356,14 +356,14 @@ def test_deployment_service_and_server_agree(manifests: Docs) -> None:
     assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert "--pod-name" not in " ".join(c["args"])  # ha.add_arguments reads $POD_NAME
     # every replica that serves is Ready, so the rollout and the PDB may take one at a time, and no
-    # surge: the anti-affinity wants a node per replica
+    # surge: the anti-affinity (required unless scheduler.antiAffinity says otherwise) wants a node
+    # per replica
     strategy = dep["spec"]["strategy"]
     assert dep["spec"]["replicas"] >= 2 and strategy["type"] == "RollingUpdate"
     assert strategy["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
-    anti = dep["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ]
-    assert anti[0]["labelSelector"]["matchLabels"] == selector
+    rules = dep["spec"]["template"]["spec"].get("affinity", {}).get("podAntiAffinity", {})
+    terms = [t.get("podAffinityTerm", t) for rule in rules.values() for t in rule]
+    assert all(t["labelSelector"]["matchLabels"] == selector for t in terms)
     (pdb,) = helm.of_kind(manifests, "PodDisruptionBudget")
     assert pdb["spec"]["selector"] == dep["spec"]["selector"] and pdb["spec"]["maxUnavailable"] == 1
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
