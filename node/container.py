@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import fields
 from typing import Any, TypeVar
 
@@ -403,11 +403,15 @@ def _deny(res: nri.LinuxResources, node: DeviceNumber) -> None:
     rule.major.value, rule.minor.value = major, minor
 
 
-def adjusted_rules(adj: nri.ContainerAdjustment) -> tuple[DeviceRule, ...]:
+def adjusted_rules(adj: nri.ContainerAdjustment, unless: Container[DeviceNumber] = ()) -> tuple[DeviceRule, ...]:
     """The device-cgroup rules the runtime adds to the spec's for an adjustment, in its order
     (generate.go, Adjust): an allow rule for each device node added (AccessString: rw, rwm for a block
-    device), then the adjustment's own rules (NRI v0.10+)."""
-    nodes = (DeviceRule(True, d.type, d.major, d.minor, "rwm" if d.type == "b" else "rw") for d in adj.linux.devices)
+    device), but those of the nodes `unless` holds, then the adjustment's own rules (NRI v0.10+)."""
+    nodes = (
+        DeviceRule(True, d.type, d.major, d.minor, "rwm" if d.type == "b" else "rw")
+        for d in adj.linux.devices
+        if (d.type, d.major, d.minor) not in unless
+    )
     return (*nodes, *_rules(adj.linux.resources.devices))
 
 

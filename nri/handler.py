@@ -500,7 +500,7 @@ class HookHandler:
             node_of = self._node
             adjust = nri_adjustment(before, after, node_of, device_rules=device_rules)
             left, deny = await self._left(
-                pod, before, after, (*rules, *adjusted_rules(adjust)), lambda path: node_of(path)[0], ctx.deadline
+                pod, before, after, rules, adjust, lambda path: node_of(path)[0], ctx.deadline
             )
             if left:
                 reasons.append(left)
@@ -561,6 +561,7 @@ class HookHandler:
         before: ContainerInfo,
         after: ContainerInfo,
         rules: tuple[DeviceRule, ...],
+        adjust: api.ContainerAdjustment,
         number_of: Callable[[str], DeviceNumber],
         deadline: float | None,
     ) -> tuple[str, tuple[int, ...]]:
@@ -573,10 +574,10 @@ class HookHandler:
         if judge is None:
             return "", ()
         added = {d.container_path for d in after.devices} - {d.container_path for d in before.devices}
-        if not may_reach_gpus(self._beyond_hooks(before, after, rules, added, number_of)):
+        if not may_reach_gpus(self._beyond_hooks(before, after, rules, adjust, added, number_of)):
             return "", ()
         kept = replace(after, devices=(*before.devices, *(d for d in after.devices if d.container_path in added)))
-        reach = reach_of(kept, rules, number_of)
+        reach = reach_of(kept, (*rules, *adjusted_rules(adjust)), number_of)
         try:
             verdict = await self._ask(judge, pod, after, reach, deadline)
         except Undecided as e:
@@ -596,16 +597,18 @@ class HookHandler:
         before: ContainerInfo,
         after: ContainerInfo,
         rules: tuple[DeviceRule, ...],
+        adjust: api.ContainerAdjustment,
         added: set[str],
         number_of: Callable[[str], DeviceNumber],
     ) -> Reach:
         """The part of what the adjusted container reaches that the hook chain did not decide: the
-        runtime's nodes and `rules` (not the allow rules of the nodes the chain added), CDI devices,
-        and NVIDIA_VISIBLE_DEVICES unless a hook set it. When it can name no GPU (a container the
-        scheduler placed, a plain one) there is nothing for the verdict to judge, and CreateContainer
-        asks nothing."""
+        runtime's nodes, its `rules` and the adjustment's (not the allow rules of the nodes the chain
+        added), CDI devices, and NVIDIA_VISIBLE_DEVICES unless a hook set it. When it can name no GPU
+        (a container the scheduler placed, a plain one) there is nothing for the verdict to judge,
+        and CreateContainer asks nothing."""
         given = {number_of(d.host_path) for d in after.devices if d.container_path in added}
-        own = tuple(r for r in rules if not (r.allow and (r.kind, r.major, r.minor) in given))
+        every = (*rules, *adjusted_rules(adjust, unless=given))
+        own = tuple(r for r in every if not (r.allow and (r.kind, r.major, r.minor) in given))
         reach = reach_of(replace(after, devices=before.devices), own, number_of)
         visible = None if after.env(VISIBLE) != before.env(VISIBLE) else reach.visible
         return Reach(reach.nodes, own, reach.cdi_devices, visible)

@@ -281,4 +281,9 @@ def test_removed_nodes_and_ungranted_gpus_are_denied_where_the_runtime_applies_r
         (False, "c", 195, 0),
         (False, "c", 195, 7),
     ]
+    # the allow rules of nodes left out by number; the adjustment's own rules stay whatever they name
+    assert [(r.allow, r.major, r.minor) for r in adjusted_rules(adj, unless={("c", 195, 2), ("c", 195, 0)})] == [
+        (False, 195, 0),
+        (False, 195, 7),
+    ]
     assert not nri_adjustment(before, after, node_of).linux.resources.devices  # NRI before v0.10 ignores rules
