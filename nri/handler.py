@@ -517,7 +517,7 @@ class HookHandler:
             )
             self.lifecycle.create_failed(pod, after)
             self._refuse(ctx, decided.records, grpc.StatusCode.FAILED_PRECONDITION, why)
-        self.lifecycle.container_created(pod, replace(after, id=request.container.id), decided.records)
+        self.lifecycle.container_created(pod, after, decided.records)  # its id is NRI's, kept from `before`
         self._cleared.add(request.container.id)
         if self.runtime.device_rules:
             if len(self._answers) >= ANSWERS_KEPT:  # a creation another plugin failed is never validated
