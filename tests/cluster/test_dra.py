@@ -1,7 +1,8 @@
 """crihook's DRA driver gpu.crihook.io on the one-node cluster, in either mode: in NRI mode the chart's
 DRA DaemonSet (`dra.enabled`) runs `crihook dra`; in proxy mode the node runs it beside `crihook
 serve` as crihook-dra.service does (its command, on the node daemon's configuration file, state
-directory and credentials) and the chart renders only the DeviceClass (`node.enabled=false`).
+directory, and credentials bound to the chart's ClusterRole) and the chart renders only the
+DeviceClass and that role (`node.enabled=false`).
 kube-scheduler allocates from the driver's ResourceSlices, kubelet prepares the claims through
 `crihook dra`, containerd applies the claims' CDI specs and crihook's node daemon keeps what they
 bring. The container sees exactly the claimed GPUs; two claims share one GPU by
@@ -23,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client import ResourceV1Api
+from kubernetes.client import RbacAuthorizationV1Api, ResourceV1Api
 from kubernetes.client.exceptions import ApiException
 
 from crihook.base import dra
-from tests.support.cluster import NODE_NAME, Cluster, ClusterError, Component, eventually
-from tests.support.clusterchart import DRIVER_MOUNT, upgrade, user_values
+from tests.support.cluster import NODE_NAME, Cluster, ClusterError, Component, eventually, kubeconfig
+from tests.support.clusterchart import DRIVER_MOUNT, RELEASE, upgrade, user_values
 from tests.support.containerd import BUSYBOX_IMAGE
 
 pytestmark = pytest.mark.cluster
@@ -95,17 +96,35 @@ def slice_devices(cluster: Cluster) -> dict[str, dict[str, Any]]:
     }
 
 
+DRIVER_USER = "crihook-dra-node"  # the proxy-mode driver's own identity
+
+
 def node_driver(cluster: Cluster) -> Component:
     """`crihook dra` on the node, as crihook-dra.service runs it beside `crihook serve`: the node
-    daemon's configuration file (its node, NVML, HAMi-core paths and [reporter] kubeconfig) with the
-    partition table added, its state directory, kubelet's root and containerd's CDI dir."""
+    daemon's configuration file (its node, NVML and HAMi-core paths) with the partition table added,
+    its state directory, kubelet's root and containerd's CDI dir. Its credentials are a user's of
+    their own with nothing but the chart's ClusterRole bound (a drop-in's --kubeconfig; the unit's
+    default is the file's [reporter] kubeconfig), so the role is shown to be enough."""
     assert cluster.crihook is not None and cluster.containerd is not None
+    pki = cluster.pki
+    pki.issue("crihook-dra", f"/CN={DRIVER_USER}", "clientAuth")
+    credentials = kubeconfig(
+        cluster.base / "crihook-dra.kubeconfig", cluster.server, pki.ca, pki.cert("crihook-dra"), pki.key("crihook-dra")
+    )
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": DRIVER_USER},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"{RELEASE}-dra"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": DRIVER_USER}],
+    }
+    RbacAuthorizationV1Api(cluster.api()).create_cluster_role_binding(binding)
     config = cluster.crihook.config_path.read_text()
     assert config.count("\n[reporter]\n") == 1, config
     table = f'[reporter]\npartition_table = "{write_partition_table(cluster)}"\n'
     path = cluster.base / "crihook-dra.toml"
     path.write_text(config.replace("[reporter]\n", table))
-    argv = [sys.executable, "-m", "crihook.cli", "dra", "--config", str(path)]
+    argv = [sys.executable, "-m", "crihook.cli", "dra", "--config", str(path), "--kubeconfig", str(credentials)]
     argv += ["--kubelet-root", str(cluster.kubelet_root), "--state-dir", str(cluster.crihook.state_dir)]
     argv += ["--cdi-dir", str(cluster.containerd.cdi_spec_dir)]
     driver = Component("crihook-dra", argv, cluster.base / "logs" / "crihook-dra.log")
@@ -131,6 +150,7 @@ def dra_cluster(installed: Cluster) -> Iterator[Cluster]:
         if driver is not None:
             driver.stop()
             installed.components.pop(driver.name)
+            RbacAuthorizationV1Api(installed.api()).delete_cluster_role_binding(DRIVER_USER)
         upgrade(installed, user_values(installed))
 
 

@@ -118,10 +118,13 @@ def test_the_chart_renders_dra_for_every_release_with_it(version: str) -> None:
 
 def test_only_the_class_where_the_nodes_run_the_driver_from_install_sh() -> None:
     """node.enabled=false: the nodes run `crihook dra` from crihook-dra.service, with credentials of
-    their own; claims still need the DeviceClass."""
+    their own, which the ClusterRole is for; claims still need the DeviceClass."""
     docs = helm.rendered("dra-no-node")
     assert [c["metadata"]["name"] for c in helm.of_kind(docs, "DeviceClass")] == [dra.DEVICE_CLASS]
-    assert not [name for name, d in docs if d["metadata"]["name"].endswith("-dra")]
+    # the role to bind to the nodes' identity, and nothing that runs or binds in the cluster
+    assert [
+        (d["kind"], d["metadata"]["name"]) for d in (d for _, d in docs) if d["metadata"]["name"].endswith("-dra")
+    ] == [("ClusterRole", "crihook-dra")]
 
 
 def test_nothing_of_dra_for_a_cluster_without_it_or_by_default() -> None:
@@ -156,3 +159,10 @@ def test_dra_convert_is_the_schedulers_flags_and_a_webhook_of_its_own() -> None:
     off = scheduler_args("dra")
     assert (off.dra_convert, off.dra_pool, off.dra_gpu_memory) == (False, "", "0")
     assert mutating("dra") == ["/mutate"]
+
+
+def test_the_notes_say_how_nodes_without_node_pods_run_the_driver() -> None:
+    values = helm.values_args({"node": {"enabled": False}, "dra": {"enabled": True}})
+    out = helm.run("install", "crihook", str(helm.CHART), "--dry-run=client", "--namespace", "crihook", *values)
+    notes = out.stdout.split("NOTES:", 1)[1]
+    assert "install.sh --dra" in notes and "ClusterRole crihook-dra" in notes
