@@ -10,6 +10,7 @@ import os
 import signal
 import ssl
 import threading
+import time
 from typing import Any
 
 from crihook.base import log as crihook_log
@@ -88,6 +89,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="0",
         help="memory of one GPU of the DRA pool (a quantity, e.g. 80Gi), to convert memory ratios; "
         "without it, pods asking a memory ratio stay on the annotation path",
+    )
+    parser.add_argument(
+        "--shutdown-delay",
+        type=float,
+        default=0.0,
+        help="seconds after SIGTERM to go on answering (the lead is handed over at once), while the "
+        "pod's endpoint leaves the API servers' view: a webhook call on a closed socket fails a pod's write",
     )
     parser.add_argument("--log-level", default="info", choices=crihook_log.LEVELS)
     ha.add_arguments(parser)
@@ -176,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     log.info("scheduler listening", extra={"listen": args.listen, "tls": tls is not None})
     stop.wait()
+    signalled = time.monotonic()
+    replica.stop()  # the label off and the Lease handed back first: a standby leads at once
+    time.sleep(max(0.0, args.shutdown_delay - (time.monotonic() - signalled)))
     server.shutdown()
-    replica.stop()
     return 0

@@ -404,6 +404,27 @@ def test_the_leader_label_follows_the_lease_and_every_serving_replica_is_ready(t
         assert labelled(kube) == {standby.name}
 
 
+def test_a_replica_told_to_stop_hands_the_lead_over_and_answers_until_its_delay_is_out(tmp_path: Path) -> None:
+    """SIGTERM comes as the pod's endpoint starts to leave the Services: with `--shutdown-delay` the
+    replica hands the lead over at once and goes on answering (the webhooks' calls) until the delay is
+    out, so no call meets a closed socket while the API servers still send it some."""
+    with cluster(1) as kube, replicas(kube, tmp_path, 2, FAST, flags=("--shutdown-delay=6",)) as procs:
+        leader = wait_leader(procs)
+        standby = next(p for p in procs if p is not leader)
+        assert serves(leader)
+        assert leader.process is not None
+        signalled = time.monotonic()
+        leader.process.terminate()
+        deadline = signalled + 5
+        while kube.get("leases", LEASE, NS)["spec"]["holderIdentity"] == leader.name and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert kube.get("leases", LEASE, NS)["spec"]["holderIdentity"] != leader.name  # handed back
+        assert time.monotonic() - signalled < 5 and get(leader.port, "/healthz", 1)[0] == 200  # still answers
+        assert wait_leader(procs, 30, among=[standby]) is standby
+        assert leader.process.wait(20) == 0
+        assert time.monotonic() - signalled >= 6
+
+
 def test_a_leader_paused_past_its_lease_is_refused_when_it_wakes_to_a_bind(tmp_path: Path) -> None:
     with cluster(1) as kube, replicas(kube, tmp_path, 2, FAST) as procs:
         leader = wait_leader(procs)

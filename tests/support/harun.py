@@ -58,6 +58,7 @@ class Replica:
     log: Path
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+    flags: tuple[str, ...] = ()
 
     def start(self) -> None:
         cmd = [
@@ -73,6 +74,7 @@ class Replica:
             f"--lease-duration={self.timing.duration}",
             f"--renew-deadline={self.timing.renew_deadline}",
             f"--retry-period={self.timing.retry_period}",
+            *self.flags,
         ]
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
@@ -125,9 +127,11 @@ def get(port: int, path: str, timeout: float) -> tuple[int, bytes]:
 
 
 @contextmanager
-def replicas(kube: FakeKube, work: Path, n: int = 2, timing: Timing = Timing()) -> Iterator[list[Replica]]:
+def replicas(
+    kube: FakeKube, work: Path, n: int = 2, timing: Timing = Timing(), flags: tuple[str, ...] = ()
+) -> Iterator[list[Replica]]:
     config = kube.write_kubeconfig(work / "kubeconfig")
-    procs = [Replica(f"replica-{i}", config, timing, work / f"replica-{i}.log") for i in range(n)]
+    procs = [Replica(f"replica-{i}", config, timing, work / f"replica-{i}.log", flags=flags) for i in range(n)]
     for p in procs:
         meta = {"name": p.name, "namespace": NAMESPACE, "labels": POD_LABELS}
         kube.create("pods", {"metadata": meta, "spec": {"containers": [{"name": "scheduler", "image": "crihook"}]}})
