@@ -7,9 +7,10 @@ holding the suite's own kube binary (tests/kube) and the C libraries it links, n
 chart expects it.
 
 Values: only what a user of such a node sets (docs/helm.md): one replica of each scheduler (one
-node), where containerd's NRI and CRI sockets, its CDI spec dir and kubelet's root dir are, the
-driver's root (`node.driverRoot`, here the simulated node's directory: its fake libnvidia-ml.so.1
-in usr/lib/x86_64-linux-gnu, as Debian's driver packages put it, beside its topology), HAMi-core's
+node; the crihook scheduler's replicas may share it, `scheduler.antiAffinity: preferred`), where
+containerd's NRI and CRI sockets, its CDI spec dir and kubelet's root dir are, the driver's root
+(`node.driverRoot`, here the simulated node's directory: its fake libnvidia-ml.so.1 in
+usr/lib/x86_64-linux-gnu, as Debian's driver packages put it, beside its topology), HAMi-core's
 library and preload file (`node.hamiCore`, the simulated node's stand-ins), and a state dir. The
 simulated node's device nodes and sysfs are in that directory too, so its `[node]` dev_root and
 sys_root point there (`node.config`); a real node has them at /dev and /sys.
@@ -94,7 +95,8 @@ def import_images(cluster: Cluster) -> None:
 def user_values(cluster: Cluster) -> dict[str, Any]:
     """The values a user of this node passes to `helm install` (module docstring)."""
     values: dict[str, Any] = {
-        "scheduler": {"replicas": 1},
+        # one node: a second replica, where a test scales to two, may share it
+        "scheduler": {"replicas": 1, "antiAffinity": "preferred"},
         "kubeScheduler": {"deployment": {"replicas": 1}},
         # the node pods use the host's network: a port of this cluster's own, as the clusters of two
         # checkouts on one machine are two nodes sharing one host
