@@ -81,7 +81,8 @@ def dra_values(cluster: Cluster) -> dict[str, Any]:
         return values
     cdi = str(cluster.containerd.cdi_spec_dir)
     values["node"]["config"]["reporter"] = {"partition_table": f"{DRIVER_MOUNT}/partitions.json"}
-    values["dra"] = {"enabled": True, "cdiDir": cdi}
+    # namespaces labelled gpu.crihook.io/dra=on have their GPU requests turned into claims
+    values["dra"] = {"enabled": True, "cdiDir": cdi, "convert": {"enabled": True}}
     return values
 
 
@@ -211,17 +212,17 @@ def run(cluster: Cluster, made: list[tuple[str, str]], p: dict[str, Any], c: dic
     return cluster.wait_pod_running(NS, p["metadata"]["name"], timeout=120)
 
 
-def reported(cluster: Cluster, name: str) -> dict[str, str]:
+def reported(cluster: Cluster, name: str, ns: str = NS) -> dict[str, str]:
     """What the container printed at start: visible, sm, mem, dev."""
     text = eventually(
-        lambda: str(cluster.core().read_namespaced_pod_log(name, NS)), None, compare=lambda got, _: "dev=" in got
+        lambda: str(cluster.core().read_namespaced_pod_log(name, ns)), None, compare=lambda got, _: "dev=" in got
     )
     return dict(re.findall(r"^(\w+)=(.*)$", text, re.M))
 
 
-def allocated(cluster: Cluster, name: str) -> list[dict[str, Any]]:
+def allocated(cluster: Cluster, name: str, ns: str = NS) -> list[dict[str, Any]]:
     """The claim's allocation results."""
-    doc = ResourceV1Api(cluster.api()).read_namespaced_resource_claim(name, NS)
+    doc = ResourceV1Api(cluster.api()).read_namespaced_resource_claim(name, ns)
     results = cluster.api().sanitize_for_serialization(doc)["status"]["allocation"]["devices"]["results"]
     return list(results)
 
@@ -351,3 +352,78 @@ def test_top_shows_a_claims_share_as_the_containers_grant(dra_cluster: Cluster, 
     if got != want:
         done = subprocess.run(top, capture_output=True, text=True, timeout=60)
         raise AssertionError(f"{got}\ncrihook top: {done.stdout}{done.stderr}\n{dra_cluster.logs()}")
+
+
+CONVERTED_NS = "dra-team"
+
+
+def test_an_opted_in_namespaces_gpu_request_becomes_a_claim_and_gets_exactly_its_gpu(
+    dra_cluster: Cluster, made: list[tuple[str, str]]
+) -> None:
+    """dra.convert: in a namespace labelled gpu.crihook.io/dra=on, a pod asking nvidia.com/gpu: 1 is
+    turned by /mutate-dra into a claim of gpu.crihook.io, which kube-scheduler allocates and crihook's
+    driver prepares; the container sees exactly the allocated GPU, and crihook's allocator gave none."""
+    if dra_cluster.mode != "nri":
+        pytest.skip("the chart's DRA driver runs in NRI mode (proxy mode's driver is the host's)")
+    core = dra_cluster.core()
+    core.create_namespace({"metadata": {"name": CONVERTED_NS, "labels": {"gpu.crihook.io/dra": "on"}}})
+    try:
+        eventually(lambda: bool(core.list_namespaced_service_account(CONVERTED_NS).items), True)
+        core.create_namespaced_pod(CONVERTED_NS, pod("converted", gpus=1))
+        running = dra_cluster.wait_pod_running(CONVERTED_NS, "converted", timeout=120)
+        (ref,) = running.spec.resource_claims
+        assert ref.resource_claim_template_name.startswith("crihook-gpu-")
+        assert "nvidia.com/gpu" not in (running.spec.containers[0].resources.limits or {})
+        assert ALLOCATED not in (running.metadata.annotations or {})
+        assert running.spec.scheduler_name == "default-scheduler"
+        (status,) = running.status.resource_claim_statuses
+        (result,) = allocated(dra_cluster, status.resource_claim_name, CONVERTED_NS)
+        assert (result["driver"], result["pool"]) == (dra.DRIVER, dra.pool_name(NODE_NAME))
+        uuids, minors = seen(reported(dra_cluster, "converted", CONVERTED_NS))
+        assert uuids == [uuid_of(dra_cluster, result["device"])]
+        assert minors == [dra.device_minor(result["device"])]
+    finally:
+        dra_cluster.delete_pod(CONVERTED_NS, "converted")
+        core.delete_namespace(CONVERTED_NS)
+
+
+def node_without_gpu_resource(cluster: Cluster) -> None:
+    """Take nvidia.com/gpu off the node's status, as on a node where nothing advertises it: the
+    reporter, now off, wrote it, and kubelet keeps extended resources it did not set."""
+    status = cluster.api().sanitize_for_serialization(cluster.core().read_node(NODE_NAME))["status"]
+    ops = [
+        {"op": "remove", "path": f"/status/{kind}/nvidia.com~1gpu"}
+        for kind in ("capacity", "allocatable")
+        if "nvidia.com/gpu" in (status.get(kind) or {})
+    ]
+    if ops:
+        cluster.core().patch_node_status(NODE_NAME, ops)
+
+
+def test_a_plain_gpu_request_is_served_through_the_extended_resource_class(
+    dra_cluster: Cluster, made: list[tuple[str, str]]
+) -> None:
+    """dra.extendedResourceName=nvidia.com/gpu (KEP-5004, on by default from 1.36, GA in 1.37): on a
+    node that does not advertise nvidia.com/gpu, kube-scheduler makes a plain request a claim of
+    extended.gpu.crihook.io; the container sees exactly the allocated GPU."""
+    if dra_cluster.mode != "nri":
+        pytest.skip("the chart's DRA driver runs in NRI mode (proxy mode's driver is the host's)")
+    values = dra_values(dra_cluster)
+    values["dra"]["extendedResourceName"] = "nvidia.com/gpu"
+    values["node"]["reporter"] = {"enabled": False}
+    upgrade(dra_cluster, values)
+    try:
+        node_without_gpu_resource(dra_cluster)
+        p = pod("extended", gpus=1)
+        p["metadata"]["labels"] = {"gpu.crihook.io/webhook": "off"}  # the cluster's scheduler, not crihook's
+        running = run(dra_cluster, made, p)
+        assert ALLOCATED not in (running.metadata.annotations or {})
+        claim_name = running.status.extended_resource_claim_status.resource_claim_name
+        (result,) = allocated(dra_cluster, claim_name)
+        assert (result["driver"], result["pool"]) == (dra.DRIVER, dra.pool_name(NODE_NAME))
+        uuids, minors = seen(reported(dra_cluster, "extended"))
+        assert uuids == [uuid_of(dra_cluster, result["device"])]
+        assert minors == [dra.device_minor(result["device"])]
+    finally:
+        dra_cluster.delete_pod(NS, "extended")
+        upgrade(dra_cluster, dra_values(dra_cluster))
