@@ -28,7 +28,7 @@ from kubernetes.client.exceptions import ApiException
 
 from crihook.base.allocation import CONTAINER_DEVICES, DEVICE_ALLOCATED, AnnotationError
 from crihook.scheduler.apijson import MERGE_PATCH, ApiJson
-from crihook.scheduler.claims import ClaimIndex, claim_key
+from crihook.scheduler.claims import ClaimAsk, ClaimIndex, claim_ask, claim_key, namespaced
 from crihook.scheduler.devices import DeviceError, node_from_device
 from crihook.scheduler.extender import ApiFailure
 from crihook.scheduler.fence import CLAIM_LABEL, claim_value
@@ -331,6 +331,7 @@ class ClusterCache:
         self.pods: dict[str, str] = {}  # uid -> node, pods charged to the allocator
         self.priorities: dict[str, int] = {}  # uid -> spec.priority of those pods (for preemption)
         self.claims = ClaimIndex()  # the GPUs allocated ResourceClaims hold
+        self.claim_asks: dict[str, ClaimAsk] = {}  # namespace/name -> the GPUs a claim asks (for prioritize)
         core = client.CoreV1Api(api_client)
         custom = client.CustomObjectsApi(api_client)
         dra = client.ResourceV1Api(api_client)
@@ -521,10 +522,17 @@ class ClusterCache:
     def _replace_claims(self, items: list[dict[str, Any]]) -> None:
         with self.lock:
             self._claimed(self.claims.replace_claims((claim_key(o), o) for o in items))
+            self.claim_asks.clear()
+            self.claim_asks.update((namespaced(o), a) for o in items if (a := claim_ask(o)) is not None)
 
     def _claim_event(self, kind: str, obj: dict[str, Any]) -> None:
+        ask = None if kind == "DELETED" else claim_ask(obj)
         with self.lock:
             if kind == "DELETED":
                 self._claimed(self.claims.remove_claim(claim_key(obj)))
             else:
                 self._claimed(self.claims.set_claim(claim_key(obj), obj))
+            if ask is None:
+                self.claim_asks.pop(namespaced(obj), None)
+            else:
+                self.claim_asks[namespaced(obj)] = ask

@@ -15,19 +15,27 @@ Only the newest generation of a pool counts (older slices are being replaced); r
 deliver them and answers which minors of each node are held, and which nodes changed; `held_on`
 answers the same for one node from objects read from the API server at a bind (`claim_refs` names
 the claims the node's pods use), so the watches' view and the bind's re-check match GPUs one way.
+
+A claim not yet allocated is also read for what it asks (`claim_ask`): that many GPUs of a GPU
+DeviceClass, whole or a share of `cores` and `memory`, so the extender scores the nodes for a pod
+with claims as it scores one asking the same through the annotation path (`dra_request`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from crihook.base import dra
+from crihook.base import dra, quantity
 from crihook.devices.sysfs import pci_address
 from crihook.scheduler.devices import Gpu
+from crihook.scheduler.request import PodRequest
 
 UUID_ATTRS = (dra.ATTR_UUID, "parentUUID")
+# the DeviceClasses whose requests are GPUs: crihook's (the chart's, and its extended-resource class)
+# and NVIDIA's driver's
+GPU_CLASSES = (dra.DEVICE_CLASS, f"extended.{dra.DEVICE_CLASS}", "gpu.nvidia.com")
 BUS_ATTRS = ("pcieBusID", dra.ATTR_PCI_BUS_ID, "resource.kubernetes.io/pciBusID")
 
 DeviceKey = tuple[str, str, str]  # driver, pool, device
@@ -120,7 +128,7 @@ def claim_devices(obj: Mapping[str, Any]) -> tuple[DeviceKey, ...]:
 
 def claim_key(obj: Mapping[str, Any]) -> str:
     """A claim's identity in the index: its uid, else namespace/name."""
-    return str(_field(obj, "metadata").get("uid") or _namespaced(obj))
+    return str(_field(obj, "metadata").get("uid") or namespaced(obj))
 
 
 def claim_refs(pod: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -135,6 +143,59 @@ def claim_refs(pod: Mapping[str, Any]) -> list[tuple[str, str]]:
     return sorted((namespace, str(n)) for n in names)
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimAsk:
+    """What a claim asks of GPU DeviceClasses: `count` GPUs, each whole (cores 100, memory 0) or a
+    share of `cores` percent and `memory` bytes (0: all of it)."""
+
+    count: int
+    cores: int = 100
+    memory: int = 0
+
+
+def _ask(request: Mapping[str, Any]) -> ClaimAsk | None:
+    """One request's GPUs: `exactly`, or the first choice of `firstAvailable` (the one the allocator
+    tries first); None for another class, `All`, or what does not parse."""
+    first = request.get("firstAvailable")
+    body = request.get("exactly") if "exactly" in request else (first[0] if isinstance(first, list) and first else None)
+    if not isinstance(body, Mapping) or body.get("deviceClassName") not in GPU_CLASSES:
+        return None
+    count = body.get("count", 1)
+    if body.get("allocationMode", "ExactCount") != "ExactCount" or not isinstance(count, int) or count < 1:
+        return None
+    wanted = _field(_field(body, "capacity"), "requests")
+    try:
+        cores = int(quantity.parse(wanted[dra.CAPACITY_CORES])) if dra.CAPACITY_CORES in wanted else 100
+        memory = int(quantity.parse(wanted[dra.CAPACITY_MEMORY])) if dra.CAPACITY_MEMORY in wanted else 0
+    except (quantity.QuantityError, ValueError, TypeError):
+        return None
+    return ClaimAsk(count, min(max(cores, 1), 100), max(memory, 0))
+
+
+def _merge(asks: Sequence[ClaimAsk]) -> ClaimAsk:
+    """Several asks as one: their GPUs summed, whole if any is, else the largest share asked."""
+    count = sum(a.count for a in asks)
+    if any(a.cores == 100 and not a.memory for a in asks):
+        return ClaimAsk(count)
+    return ClaimAsk(count, max(a.cores for a in asks), max(a.memory for a in asks))
+
+
+def claim_ask(obj: Mapping[str, Any]) -> ClaimAsk | None:
+    """The GPUs a claim asks for over its requests, or None when it asks for none."""
+    requests = _field(_field(obj, "spec"), "devices").get("requests") or ()
+    asks = [a for r in requests if isinstance(r, Mapping) and (a := _ask(r)) is not None]
+    return _merge(asks) if asks else None
+
+
+def dra_request(req: PodRequest, asks: Sequence[ClaimAsk]) -> PodRequest:
+    """The annotation path's request for a pod whose claims ask `asks`: the same GPUs, so the
+    allocator scores nodes for it as for a pod asking them by annotation. Its host requests stay."""
+    if not asks:
+        return req
+    a = _merge(asks)
+    return replace(req, count=a.count, core=a.cores, ratio=0 if a.memory else 100, memory=a.memory)
+
+
 def held_on(
     node: str, gpus: Sequence[Gpu], slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]]
 ) -> dict[int, list[str]]:
@@ -142,7 +203,7 @@ def held_on(
     index = ClaimIndex()
     index.set_gpus(node, gpus)
     index.replace_slices((str((s.get("metadata") or {}).get("name") or ""), s) for s in slices)
-    index.replace_claims((_namespaced(c), c) for c in claims)
+    index.replace_claims((namespaced(c), c) for c in claims)
     return {minor: index.holders(node, minor) for minor in sorted(index.held(node))}
 
 
@@ -151,7 +212,7 @@ def _field(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def _namespaced(obj: Mapping[str, Any]) -> str:
+def namespaced(obj: Mapping[str, Any]) -> str:
     meta = _field(obj, "metadata")
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 

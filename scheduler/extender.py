@@ -226,6 +226,7 @@ class Extender:
         # the schedulerNames whose pods this extender filters and binds; empty: any
         self.scheduler_names: frozenset[str] = frozenset()
         self.priorities: Mapping[str, int] = {}  # pod uid -> priority, from the cluster cache
+        self.claim_asks: Mapping[str, claims.ClaimAsk] = {}  # namespace/name -> a claim's GPUs, from the cache
         self.lock = threading.Lock()  # guards self.plugin
         self._pod_locks: dict[str, tuple[threading.Lock, int]] = {}
         self._pod_locks_guard = threading.Lock()
@@ -330,12 +331,18 @@ class Extender:
             req = self._request(args.get("Pod"))
         except (PodError, RequestError):
             return host_priorities(c.names, {})  # filter has said why; every node scores 0
-        if not req.wants_devices:
-            return host_priorities(c.names, {})
+        dra = not req.wants_devices
         with self.lock:
+            if dra:  # a pod with claims: kube-scheduler's DRA allocator picks its GPUs, crihook its node
+                refs = claims.claim_refs(args["Pod"])
+                asks = [a for ns, name in refs if (a := self.claim_asks.get(f"{ns}/{name}")) is not None]
+                req = claims.dra_request(req, asks)
+                if not req.wants_devices:
+                    return host_priorities(c.names, {})
+                self.plugin.learn(req.uid, req)  # part of the workload the policy scores for
             self._let_go(req.uid)
             out = host_priorities(c.names, self.plugin.score_nodes(req, c.names))
-            if MAX_EXTENDER_PRIORITY in out.scores:
+            if MAX_EXTENDER_PRIORITY in out.scores and not dra:
                 self._hold(req, out.hosts[out.scores.index(MAX_EXTENDER_PRIORITY)])
                 self._refresh()
         return out

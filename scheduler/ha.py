@@ -154,6 +154,7 @@ class Replica:
         with self.extender.lock:
             self.extender.plugin = plugin
             self.extender.priorities = cache.priorities
+            self.extender.claim_asks = cache.claim_asks
         with self._guard:
             self.cache = cache
         cache.start()

@@ -322,7 +322,7 @@ class DeviceShare:
         else:
             if old is None and req.wants_devices:
                 # placed before a restart or by another scheduler: still the workload the policy learns
-                self._learn(uid, req)
+                self.learn(uid, req)
         held = _Held(node, gpus, nics, cpu, mem_host)
         self._hold(uid, held)
         row = self.st.rows.get(node)
@@ -378,10 +378,10 @@ class DeviceShare:
     def pre_filter(self, pod: Pod) -> PodRequest:
         req = parse_request(pod)
         if req.wants_devices:
-            self._learn(pod.uid, req)
+            self.learn(pod.uid, req)
         return req
 
-    def _learn(self, uid: str, req: PodRequest) -> None:
+    def learn(self, uid: str, req: PodRequest) -> None:
         """The policy observes each pod once: kube-scheduler sends the same pod to filter and to
         prioritize, and again at every retry, and a pod that waits long must not weigh more."""
         if uid:

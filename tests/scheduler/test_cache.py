@@ -289,6 +289,37 @@ def test_prioritize_holds_the_top_node_until_the_bind(kube: FakeKube, sched: Sch
     assert sorted(gpus_of(kube, "team-a", "big")) == list(range(8))
 
 
+def claims_pod(kube: FakeKube, name: str, request: dict[str, Any]) -> dict[str, Any]:
+    """A claim of crihook's DeviceClass asking `request`, and a pod using it, in team-a."""
+    exactly = {"deviceClassName": "gpu.crihook.io", **request}
+    spec = {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
+    kube.create("resourceclaims", {"metadata": {"name": name, "namespace": "team-a"}, "spec": spec})
+    container = {"name": "main", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}
+    pod_spec = {"resourceClaims": [{"name": "gpu", "resourceClaimName": name}], "containers": [container]}
+    return kube.create("pods", {"metadata": {"name": name, "namespace": "team-a"}, "spec": pod_spec})
+
+
+def test_a_pod_with_claims_is_scored_as_the_same_ask_by_annotation(kube: FakeKube, sched: Scheduler) -> None:
+    """kube-scheduler asks prioritize about pods with claims too: the nodes are scored for the GPUs
+    the claims ask, as for a pod asking them by annotation. Nothing is held: the DRA allocator picks
+    the GPUs."""
+
+    def scores(pod: dict[str, Any]) -> list[tuple[str, int]]:
+        out = [(h["Host"], h["Score"]) for h in sched.ext.prioritize(filter_args(pod, BOTH))]
+        sched.ext.filter(filter_args(pod, BOTH))  # a new cycle: an annotation pod's hold is let go
+        return out
+
+    eight = claims_pod(kube, "eight", {"count": 8})
+    half = claims_pod(kube, "half", {"capacity": {"requests": {"cores": "50", "memory": "8Gi"}}})
+    eventually(lambda: {"team-a/eight", "team-a/half"} <= set(sched.cache.claim_asks))
+    got = scores(eight), scores(half)
+    assert got[0] == [(NODE, 10), ("gpu-node-2", 0)]  # only gpu-node-1 has 8 GPUs
+    assert not sched.plugin.held
+    share = {"koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory": "8Gi", "koordinator.sh/gpu.shared": "1"}
+    alike = make_pod(kube, "big", {"nvidia.com/gpu": "8"}), make_pod(kube, "share", share)
+    assert got == (scores(alike[0]), scores(alike[1]))
+
+
 def test_a_new_cycle_or_a_bind_elsewhere_lets_the_hold_go(kube: FakeKube, sched: Scheduler) -> None:
     pod = make_pod(kube, "p0", WHOLE)
     uid = pod["metadata"]["uid"]

@@ -10,17 +10,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crihook.scheduler.claims import (
+    ClaimAsk,
     ClaimIndex,
     DeviceIds,
+    claim_ask,
     claim_devices,
     claim_key,
     claim_refs,
     device_ids,
+    dra_request,
     held_on,
     normal_bus,
     parse_slice,
 )
 from crihook.scheduler.devices import Gpu
+from crihook.scheduler.request import PodRequest
 
 NVIDIA = "gpu.nvidia.com"
 HAMI = "hami-core-gpu.project-hami.io"
@@ -177,6 +181,45 @@ def test_claim_refs_every_way_a_pod_names_a_claim() -> None:
     assert claim_refs(pod) == [("team", "p-b-x7"), ("team", "p-extended-resources-q2"), ("team", "shared")]
     assert claim_refs({"metadata": {"namespace": "team"}, "spec": {"containers": []}}) == []
     assert claim_refs({"spec": "junk", "status": None}) == []
+
+
+def asking(*requests: dict[str, Any]) -> dict[str, Any]:
+    return {"spec": {"devices": {"requests": list(requests)}}}
+
+
+def test_claim_ask_reads_the_gpus_of_gpu_classes_only() -> None:
+    whole = {"name": "a", "exactly": {"deviceClassName": "gpu.crihook.io", "count": 2}}
+    assert claim_ask(asking(whole)) == ClaimAsk(2)
+    share = {
+        "name": "b",
+        "exactly": {"deviceClassName": NVIDIA, "capacity": {"requests": {"cores": "50", "memory": "8Gi"}}},
+    }
+    assert claim_ask(asking(share)) == ClaimAsk(1, 50, 8 << 30)
+    assert claim_ask(asking(whole, share)) == ClaimAsk(3)  # taken as whole GPUs: the largest ask, for every GPU
+    assert claim_ask(asking(share, share)) == ClaimAsk(2, 50, 8 << 30)
+    first = {"name": "c", "firstAvailable": [{"name": "x", "deviceClassName": "gpu.crihook.io", "count": 4}, {}]}
+    assert claim_ask(asking(first)) == ClaimAsk(4)
+    for other in (
+        {"name": "d", "exactly": {"deviceClassName": "nic.example.com"}},
+        {"name": "e", "exactly": {"deviceClassName": "gpu.crihook.io", "allocationMode": "All"}},
+        {"name": "f", "exactly": {"deviceClassName": "gpu.crihook.io", "count": 0}},
+        {"name": "g", "exactly": {"deviceClassName": "gpu.crihook.io", "capacity": {"requests": {"cores": "x"}}}},
+        {"name": "h", "firstAvailable": []},
+    ):
+        assert claim_ask(asking(other)) is None, other
+    assert claim_ask({}) is None and claim_ask({"spec": {"devices": {"requests": "junk"}}}) is None
+
+
+def test_dra_request_is_the_annotation_paths_request_for_the_same_gpus() -> None:
+    pod = PodRequest("u", "ns/p", cpu_milli=500)
+    assert dra_request(pod, []) is pod
+    whole = dra_request(pod, [ClaimAsk(2), ClaimAsk(1)])
+    assert (whole.count, whole.core, whole.ratio, whole.memory, whole.shared) == (3, 100, 100, 0, False)
+    assert whole.cpu_milli == 500 and whole.wants_devices
+    share = dra_request(pod, [ClaimAsk(1, 50, 8 << 30)])
+    assert (share.count, share.core, share.ratio, share.memory, share.shared) == (1, 50, 0, 8 << 30, True)
+    cores_only = dra_request(pod, [ClaimAsk(1, 30)])
+    assert (cores_only.core, cores_only.ratio, cores_only.memory, cores_only.shared) == (30, 100, 0, True)
 
 
 def test_held_on_one_node_from_objects_read_now() -> None:

@@ -64,6 +64,7 @@ def start_scheduler(kube: FakeKube) -> Scheduler:
     ext = Extender(plugin, KubeApi(api_client), ready=lambda: bool(box) and box[0].ready())
     cache = ClusterCache(api_client, plugin, ext.lock)
     ext.resync_claims = cache.resync_claims
+    ext.claim_asks = cache.claim_asks
     box.append(cache)
     cache.start()
     if not cache.wait_ready(30):
