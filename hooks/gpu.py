@@ -10,6 +10,7 @@ refused call did stays behind, so one bad pod can not affect another.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -53,7 +54,7 @@ from crihook.hooks.gpu_edit import (
     place,
     plain_grant,
 )
-from crihook.hooks.grant import hami_dirs, make_hami_dir
+from crihook.hooks.grant import hami_dirs, hami_files, make_hami_dir
 from crihook.hooks.reach import DeviceNode, Gpu, Grants, Reach, Undecided, Verdict, gpu_minor, judge
 from crihook.hooks.scheduled import prime, scheduled
 
@@ -351,8 +352,9 @@ class GpuHook:
 
     def handle(self, ctx: HookContext) -> Edit | None:
         edit = self._handle(ctx, self._reads)
-        if edit is not None:
-            make_hami_dirs(ctx, hami_dirs(edit.add_mounts))
+        if edit is not None and (dirs := hami_dirs(edit.add_mounts)):
+            self._check_hami_files()
+            make_hami_dirs(ctx, dirs)
         return edit
 
     def handle_cached(self, ctx: HookContext) -> Edit | Miss | None:
@@ -479,6 +481,41 @@ class GpuHook:
             f"({len(scan.specs)} spec file(s) read{skipped}); generate the node's specs with `{GENERATE_FIX}`, "
             "or set [hooks.gpu] cdi_spec_dirs to the runtime's cdi_spec_dirs",
         )
+
+    def _check_hami_files(self) -> None:
+        """Refuse a HAMi-core container whose library or preload file is missing on the node: the
+        runtime would run it unlimited (CRI makes a missing mount source a directory) or fail it with
+        runc's error. One that can not be looked at (hami_core.host_root unseen, a permission) is
+        let through: the check must not refuse what it can not see. Worker thread; the answers
+        are remembered in the memo until the kernel reports a change (the chain names the pod)."""
+        paths = self.opts.hami_core
+        missing = []
+        for host, seen in hami_files(paths):
+            look = functools.partial(presence, seen, paths.host_root)
+            there = look() if self.memo is None else self.memo.answer(seen, look)
+            if there is False:
+                missing.append(host)
+            elif there is None:
+                log.debug("HAMi-core's file can not be looked at", extra={"path": seen})
+        if missing:
+            raise HookError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"HAMi-core isolation needs"
+                f" {' and '.join(missing)}, missing on this node; install HAMi-core there, or set"
+                " [hooks.gpu.hami_core] library and preload_file (the chart's node.hamiCore) to where it is",
+            )
+
+
+def presence(path: str, root: str = "") -> bool | None:
+    """Whether `path` exists; None when that can not be told: a search or permission error, or
+    `root` (where the host's / is mounted) itself missing."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None if root and not os.path.isdir(root) else False
+    except OSError:
+        return None
+    return True
 
 
 class _Facts:

@@ -54,6 +54,9 @@ class HamiCore:
     """a directory per container below it, mounted at /tmp/vgpu"""
     lock_dir: str = field(default="/var/lib/crihook/hami-core/lock", metadata={"check": absolute_path_or_empty})
     """shared by every container of a GPU, mounted at /tmp/vgpulock; empty: not mounted"""
+    host_root: str = field(default="", metadata={"check": absolute_path_or_empty})
+    """where crihook sees the host's / when it runs in a container (the chart's node pod); empty:
+    its own /. Only the check that the library and preload file exist looks there."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +125,12 @@ def hami_mounts(paths: HamiCore, cache_dir: str) -> list[Mount]:
     if paths.lock_dir:
         mounts.append(Mount(HAMI_LOCK_MOUNT, paths.lock_dir))
     return mounts
+
+
+def hami_files(paths: HamiCore) -> tuple[tuple[str, str], ...]:
+    """The library and the preload file: each host path with the path crihook sees it at."""
+    root = paths.host_root.rstrip("/")
+    return tuple((p, f"{root}{p}") for p in (paths.library, paths.preload_file))
 
 
 def hami_dirs(mounts: Iterable[Mount]) -> list[str]:

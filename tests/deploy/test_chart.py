@@ -442,6 +442,8 @@ def test_node_pods_mount_exactly_what_they_need() -> None:
         "lock_dir": "/var/lib/crihook/hami-core/lock",
         "library": "/usr/local/vgpu/libvgpu.so",
         "preload_file": "/usr/local/vgpu/ld.so.preload",
+        # checked for under the host's / as the pod sees it: here the driver's mount of it
+        "host_root": "/run/crihook/driver",
     }
     libraries = config["node"]["nvml_library"].split(":")
     assert "/run/crihook/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1" in libraries  # Debian, Ubuntu
@@ -733,8 +735,17 @@ def test_scheduler_replicas_spread_as_asked(scheduler: dict[str, Any], expected:
 
 
 def test_gpu_operator_driver_root_plugin_index_number_and_update_strategy() -> None:
-    spec, containers, _ = node_pod("node-gpu-operator")
+    spec, containers, config = node_pod("node-gpu-operator")
     assert host_paths(spec, containers["nri"])["/run/nvidia/driver"] == ("/run/crihook/driver", True)
+    # the driver's root is not the host's: the host's / gets a mount of its own for HAMi-core's check,
+    # as type Directory ("/" always exists: nothing is made on the host, the pod never waits for it)
+    assert host_paths(spec, containers["nri"])["/"] == ("/run/crihook/host", True)
+    assert config["hooks"]["gpu"]["hami_core"]["host_root"] == "/run/crihook/host"
+    (host,) = [v for v in spec["volumes"] if v["name"] == "host"]
+    assert host["hostPath"] == {"path": "/", "type": "Directory"}
+    (mount,) = [m for m in containers["nri"]["volumeMounts"] if m["name"] == "host"]
+    assert mount["mountPropagation"] == "HostToContainer"  # a file system mounted later there is seen
+    assert "/" not in host_paths(spec, containers["report"])
     assert "--plugin-index=20" in containers["nri"]["args"]
     assert parse_args("nri", containers["nri"]["args"][1:]).plugin_index == "20"
     (ds,) = helm.of_kind(helm.rendered("node-gpu-operator"), "DaemonSet")

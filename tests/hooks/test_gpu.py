@@ -22,6 +22,7 @@ from crihook.devices.checkpoint import CheckpointReader
 from crihook.devices.draclaims import STATE_FILE, ClaimsReader
 from crihook.hooks.base import ContainerInfo, Edit, HookContext, HookError, PodInfo, Stage
 from crihook.hooks.cdi import CdiIndex
+from crihook.hooks.fscache import FsMemo
 from crihook.hooks.gpu import GpuHook, PodDirs, StorePods, directory
 from crihook.hooks.gpu_edit import GpuOptions, SeenPod
 from crihook.hooks.grant import HamiCore
@@ -124,7 +125,7 @@ def test_options() -> None:
         ({"plugin_resources": "nvidia.com/gpu"}, r"\[hooks.gpu\].plugin_resources: expected a list of strings"),
         ({"plugin_resources": ["a", ""]}, r"\[hooks.gpu\].plugin_resources\[1\]: must not be empty"),
         ({"hami_core": "/opt"}, r"\[hooks.gpu\].hami_core: expected a table \(\[hooks.gpu.hami_core\]\)"),
-        ({"hami_core": {"libary": "/x"}}, r"\[hooks.gpu.hami_core\].libary: unknown key \(known: cache_root, lib"),
+        ({"hami_core": {"libary": "/x"}}, r"\[hooks.gpu.hami_core\].libary: unknown key \(known: cache_root, host"),
         ({"hami_core": {"library": "lib/vgpu.so"}}, r"\[hooks.gpu.hami_core\].library: must be an absolute, normal"),
         ({"hami_core": {"cache_root": "/a/../etc"}}, r"\[hooks.gpu.hami_core\].cache_root: must be an absolute"),
         ({"hami_core": {"library": ""}}, r"\[hooks.gpu.hami_core\].library: must be an absolute"),
@@ -282,10 +283,17 @@ def test_chain_names_pod_container_annotation_and_cause(node: Node) -> None:
     )
 
 
+def hami_files(tmp_path: Path) -> dict[str, str]:
+    """HAMi-core's library and preload file, installed on the node as HAMi's device plugin does."""
+    (tmp_path / "vgpu").mkdir()
+    (tmp_path / "vgpu" / "libvgpu.so").write_bytes(b"\x7fELF")
+    (tmp_path / "vgpu" / "ld.so.preload").write_text(f"{tmp_path}/vgpu/libvgpu.so\n")
+    return {"library": f"{tmp_path}/vgpu/libvgpu.so", "preload_file": f"{tmp_path}/vgpu/ld.so.preload"}
+
+
 def test_hami_core_paths_are_allowed_as_configured(node: Node, tmp_path: Path) -> None:
     hami = {
-        "library": "/opt/hami/libvgpu.so",
-        "preload_file": "/opt/hami/ld.so.preload",
+        **hami_files(tmp_path),
         "cache_root": f"{tmp_path}/c",
         "lock_dir": f"{tmp_path}/lock",
     }
@@ -296,8 +304,8 @@ def test_hami_core_paths_are_allowed_as_configured(node: Node, tmp_path: Path) -
     assert c.env("CUDA_DEVICE_MEMORY_LIMIT_0") == f"{(16 << 30) // 2 // (1 << 20)}m"
     assert c.env("CUDA_DEVICE_SM_LIMIT") == "100"
     assert {(m.container_path, m.host_path, m.readonly) for m in c.mounts} == {
-        ("/opt/hami/libvgpu.so", "/opt/hami/libvgpu.so", True),
-        ("/etc/ld.so.preload", "/opt/hami/ld.so.preload", True),
+        (f"{tmp_path}/vgpu/libvgpu.so", f"{tmp_path}/vgpu/libvgpu.so", True),
+        ("/etc/ld.so.preload", f"{tmp_path}/vgpu/ld.so.preload", True),
         ("/tmp/vgpu", f"{tmp_path}/c/{POD_UID}_cuda", False),
         ("/tmp/vgpulock", f"{tmp_path}/lock", False),
     }
@@ -308,10 +316,62 @@ def test_hami_core_paths_are_allowed_as_configured(node: Node, tmp_path: Path) -
 
 def test_a_hami_core_directory_that_can_not_be_made_refuses_the_container(node: Node, tmp_path: Path) -> None:
     (tmp_path / "c").write_text("a file where the cache root should be")
-    hami = {"library": "/opt/hami/libvgpu.so", "preload_file": "/opt/hami/p", "cache_root": f"{tmp_path}/c"}
+    hami = {**hami_files(tmp_path), "cache_root": f"{tmp_path}/c"}
     out = chain_run(node, HooksConfig(options={"gpu": {"hami_core": hami}}), pod(SHARED, labels=HAMI))
     assert out.error is not None and out.error.code == grpc.StatusCode.FAILED_PRECONDITION
     assert f"container cuda: HAMi-core directory {tmp_path}/c/{POD_UID}_cuda can not be made" in out.error.reason
+
+
+def test_a_missing_hami_core_library_refuses_the_share_naming_the_pod_and_path(node: Node, tmp_path: Path) -> None:
+    # the runtime would mount an empty directory there (CRI) and the share would run unlimited
+    hami = {**hami_files(tmp_path), "cache_root": f"{tmp_path}/c", "lock_dir": f"{tmp_path}/lock"}
+    (tmp_path / "vgpu" / "libvgpu.so").unlink()
+    hooks = HooksConfig(options={"gpu": {"hami_core": hami}})
+    out = chain_run(node, hooks, pod(SHARED, labels=HAMI))
+    assert out.error is not None and out.error.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert out.error.reason == (
+        f"hook gpu: pod ml/train container cuda: HAMi-core isolation needs {tmp_path}/vgpu/libvgpu.so, missing"
+        " on this node; install HAMi-core there, or set [hooks.gpu.hami_core] library and preload_file"
+        " (the chart's node.hamiCore) to where it is"
+    )
+    assert not (tmp_path / "c").exists() and not (tmp_path / "lock").exists()  # nothing made for it
+    # the whole directory gone: both named
+    (tmp_path / "vgpu" / "ld.so.preload").unlink()
+    (tmp_path / "vgpu").rmdir()
+    out = chain_run(node, hooks, pod(SHARED, labels=HAMI))
+    assert out.error is not None
+    assert f"needs {tmp_path}/vgpu/libvgpu.so and {tmp_path}/vgpu/ld.so.preload, missing" in out.error.reason
+    # an unshared GPU takes no HAMi-core: not refused
+    assert chain_run(node, hooks, pod(allocated(3), labels=HAMI)).error is None
+    # with the memo: the answer is remembered, and HAMi-core installed afterwards is seen
+    hook = gpu_factory(node)(hooks.table("gpu", GpuOptions)[1], node.config)
+    hook.memo = FsMemo()
+    assert "libvgpu.so and" in refusal(hook, pod(SHARED, labels=HAMI)).reason
+    assert "libvgpu.so and" in refusal(hook, pod(SHARED, labels=HAMI)).reason
+    hami_files(tmp_path)
+    edit = handle(hook, pod(SHARED, labels=HAMI))
+    assert edit is not None and edit.env["CUDA_DEVICE_SM_LIMIT"] == "100"
+    hook.close()
+
+
+def test_hami_core_files_are_looked_for_under_host_root(node: Node, tmp_path: Path) -> None:
+    host = tmp_path / "host"
+    host.mkdir()
+    hami = {**hami_files(host), "cache_root": f"{tmp_path}/c", "lock_dir": ""}
+    # configured as the host names them; seen under host_root (the node pod's mount of the host's /)
+    named = {k: v.removeprefix(str(host)) for k, v in hami.items() if k in ("library", "preload_file")}
+    hooks = HooksConfig(options={"gpu": {"hami_core": {**hami, **named, "host_root": str(host)}}})
+    out = chain_run(node, hooks, pod(SHARED, labels=HAMI))
+    assert out.error is None
+    assert (named["library"], named["library"], True) in {
+        (m.container_path, m.host_path, m.readonly) for m in out.ctx.container.mounts
+    }
+    (host / "vgpu" / "libvgpu.so").unlink()
+    out = chain_run(node, hooks, pod(SHARED, labels=HAMI))
+    assert out.error is not None and f"needs {named['library']}, missing" in out.error.reason
+    # host_root not there at all (not mounted): nothing can be told, nothing is refused
+    hooks = HooksConfig(options={"gpu": {"hami_core": {**hami, **named, "host_root": f"{tmp_path}/unmounted"}}})
+    assert chain_run(node, hooks, pod(SHARED, labels=HAMI)).error is None
 
 
 # -- the registered hook, with NVML answered by the fake library -----------------------------------

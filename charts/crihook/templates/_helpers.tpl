@@ -191,3 +191,10 @@ nodeAffinity of its own: the labels NVIDIA's device-plugin and GPU-operator char
 {{- end }}
 {{- $affinity | toJson }}
 {{- end }}
+
+{{- /* Where the node pod sees the host's /, for the check that HAMi-core's library and preload file
+exist on the node: the driver's mount when driverRoot is the host's root, else a mount of its own.
+Both are type Directory: "/" always exists, so nothing is made on the host and nothing blocks the pod. */}}
+{{- define "crihook.hostRoot" -}}
+{{- if eq .Values.node.driverRoot "/" }}/run/crihook/driver{{ else }}/run/crihook/host{{ end }}
+{{- end }}
