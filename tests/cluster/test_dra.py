@@ -81,8 +81,7 @@ def dra_values(cluster: Cluster) -> dict[str, Any]:
         return values
     cdi = str(cluster.containerd.cdi_spec_dir)
     values["node"]["config"]["reporter"] = {"partition_table": f"{DRIVER_MOUNT}/partitions.json"}
-    # namespaces labelled gpu.crihook.io/dra=on have their GPU requests turned into claims
-    values["dra"] = {"enabled": True, "cdiDir": cdi, "convert": {"enabled": True}}
+    values["dra"] = {"enabled": True, "cdiDir": cdi}
     return values
 
 
@@ -365,11 +364,15 @@ def test_an_opted_in_namespaces_gpu_request_becomes_a_claim_and_gets_exactly_its
     driver prepares; the container sees exactly the allocated GPU, and crihook's allocator gave none."""
     if dra_cluster.mode != "nri":
         pytest.skip("the chart's DRA driver runs in NRI mode (proxy mode's driver is the host's)")
+    values = dra_values(dra_cluster)
+    values["dra"]["convert"] = {"enabled": True}
+    upgrade(dra_cluster, values)  # the scheduler restarts with --dra-convert
     core = dra_cluster.core()
     core.create_namespace({"metadata": {"name": CONVERTED_NS, "labels": {"gpu.crihook.io/dra": "on"}}})
     try:
         eventually(lambda: bool(core.list_namespaced_service_account(CONVERTED_NS).items), True)
-        core.create_namespaced_pod(CONVERTED_NS, pod("converted", gpus=1))
+        created = eventually(lambda: admitted(dra_cluster, CONVERTED_NS, pod("converted", gpus=1)), True, timeout=120)
+        assert created, "the webhooks did not answer within 120 s"
         running = dra_cluster.wait_pod_running(CONVERTED_NS, "converted", timeout=120)
         (ref,) = running.spec.resource_claims
         assert ref.resource_claim_template_name.startswith("crihook-gpu-")
@@ -385,6 +388,18 @@ def test_an_opted_in_namespaces_gpu_request_becomes_a_claim_and_gets_exactly_its
     finally:
         dra_cluster.delete_pod(CONVERTED_NS, "converted")
         core.delete_namespace(CONVERTED_NS)
+        upgrade(dra_cluster, dra_values(dra_cluster))
+
+
+def admitted(cluster: Cluster, ns: str, p: dict[str, Any]) -> bool:
+    """Create the pod; False while the webhooks do not answer (the scheduler just restarted)."""
+    try:
+        cluster.core().create_namespaced_pod(ns, p)
+    except ApiException as e:
+        if e.status == 500 and "failed calling webhook" in str(e.body):
+            return False
+        raise
+    return True
 
 
 def node_without_gpu_resource(cluster: Cluster) -> None:
