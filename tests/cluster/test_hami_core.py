@@ -112,3 +112,31 @@ def test_two_half_gpu_pods_share_one_gpu_each_with_its_hami_core_limits(installe
         done = kubectl(cluster, "exec", "-n", NS, pod.metadata.name, "--", "sh", "-c", script)
         assert done.returncode == 0, done.stderr
         assert done.stdout.split() == ["50", seen["mem"], str(library), pod.metadata.name]
+
+
+def test_a_share_is_refused_while_hami_core_is_missing_and_starts_once_installed(
+    installed: Cluster, halves: list[str]
+) -> None:
+    """Without HAMi-core's library on the node the share would run unlimited (CRI mounts an empty
+    directory in its place) or fail on runc's mount error: crihook refuses it, naming the path, and
+    kubelet's next try after the library is back starts it."""
+    cluster = installed
+    name = halves[0]
+    library, _ = hami_paths(cluster)
+    away = library.with_name(f"{library.name}.away")
+    library.rename(away)
+    try:
+        cluster.create_pod(NS, half_pod(name))
+
+        def waiting() -> str:
+            pod = cluster.core().read_namespaced_pod(name, NS)
+            states = [s.state.waiting for s in pod.status.container_statuses or [] if s.state and s.state.waiting]
+            return " ".join(w.message or "" for w in states)
+
+        message = eventually(waiting, None, timeout=120, compare=lambda got, _: "missing on this node" in got)
+        assert f"pod {NS}/{name} container main: HAMi-core isolation needs {library}, missing" in message
+        assert not library.exists()  # nothing made in its place on the host
+    finally:
+        away.rename(library)
+    cluster.wait_pod_running(NS, name, timeout=180)
+    assert report(cluster, name)["preload"] == str(library)
