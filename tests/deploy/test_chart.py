@@ -857,6 +857,7 @@ def test_node_metrics_served_to_prometheus_with_each_scrape_checked() -> None:
     assert {p["name"]: p["containerPort"] for p in nri["ports"]} == {"metrics": 9317}
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert nri[probe]["httpGet"] == {"path": "/healthz", "port": "metrics", "scheme": "HTTPS"}, probe
+        assert nri[probe]["timeoutSeconds"] >= 5, probe  # a TLS handshake on a busy node, not 1 s
     assert parsed.proxy.metrics_tls_cert == ""  # each pod makes its own certificate
     docs = helm.rendered("service-monitor")
     bindings = {b["metadata"]["name"]: b for b in helm.of_kind(docs, "ClusterRoleBinding")}
