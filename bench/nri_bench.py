@@ -2,7 +2,7 @@
 every pod is given all 8 GPUs, so the gpu hook does its whole job.
 
     TMPDIR=/dev/shm python bench/nri_bench.py [--runtime 1.7|2] [--rounds 300] [--creates 100] [--pods 50]
-    python bench/nri_bench.py --handler-only [--creates 1000]
+    TMPDIR=/dev/shm python bench/nri_bench.py --handler-only [--creates 1000] [--gap 0.01] [--profile FILE]
 
 Needs root, containerd and runc, as bench/proxy_bench.py does, and Go for the Go plugin (built on
 first use from bench/nriplugin, the `github.com/containerd/nri` module at the version its go.mod
@@ -20,9 +20,14 @@ target and what each adds over direct, for Version, CreateContainer into a runni
 (RunPodSandbox, the pod's CreateContainer, StartContainer), then crihook's added p50 over the Go
 plugin's, and the daemons' resident memory.
 
-`--handler-only`: no containerd; crihook's NRI handler in this process, on the same node, for a
-kubelet-shaped CreateContainer request (decoded, hooks run, the adjustment encoded): crihook's own
-share of what NRI mode adds, without the socket hops and containerd's side of NRI.
+`--handler-only`: no containerd; `crihook nri`'s plugin side in this process, on the same node, made
+as the daemon makes it (its store in TMPDIR), sent containerd's CreateContainer for a kubelet
+container over the plugin's socket, with `--gap` seconds of idle event loop between calls as the
+daemon has between the runtime's calls (the store's writes run there). Prints p50/p99 of the round
+trip and of each phase inside it (ttrpc, views, hooks, what the runtime can not apply, the
+adjustment, the GPU check, the store's record): crihook's own share of what NRI mode adds, without
+containerd's side of NRI. `--gap 0` runs the calls back to back, on caches the last call left warm;
+`--profile FILE` writes cProfile's stats of the timed calls there and prints the top of them.
 """
 
 from __future__ import annotations
@@ -31,9 +36,12 @@ import argparse
 import asyncio
 import atexit
 import contextlib
+import cProfile
 import os
+import pstats
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -49,12 +57,17 @@ import grpc
 import proxy_bench as pb
 
 from crihook.base import config as cfgmod
+from crihook.base import log
 from crihook.hooks.registry import build_chain
+from crihook.node.daemon import attach_store
 from crihook.node.lifecycle import Lifecycle
 from crihook.node.store import Store
-from crihook.nri.handler import HookHandler
+from crihook.nri import handler as nri_handler
+from crihook.nri import mux, stub, ttrpc
+from crihook.nri.serve import hook_handler
 from crihook.proto import nri_v1alpha1_pb2 as nri
 from crihook.proto import runtime_v1_pb2 as api
+from crihook.proto import ttrpc_pb2
 from crihook.simnode import fakenvml
 from crihook.simnode.daemon import Crihook
 from crihook.simnode.node import make_sim_node
@@ -77,6 +90,8 @@ def main() -> None:
     ap.add_argument("--creates", type=int, default=100, help="CreateContainers per target")
     ap.add_argument("--pods", type=int, default=50, help="pod starts per target")
     ap.add_argument("--handler-only", action="store_true", help="time crihook's NRI handler in this process")
+    ap.add_argument("--gap", type=float, default=0.01, help="--handler-only: seconds idle between calls")
+    ap.add_argument("--profile", default="", help="--handler-only: cProfile the creates into this file")
     ap.add_argument("--no-go", action="store_true", help="leave out the Go plugin and its containerd")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # the containerds and daemons stop on the way out
@@ -88,7 +103,8 @@ def main() -> None:
     env = {fakenvml.CONFIG_ENV: str(sim.config)}
     os.environ.update(env)  # the rewriter's hooks read the same node
     if args.handler_only:
-        asyncio.run(handler_alone(pb.crihook_config(tmp, node, "handler-state"), annotations, args.creates))
+        config = pb.crihook_config(tmp, node, "handler-state")
+        asyncio.run(handler_alone(config, annotations, args.creates, args.gap, args.profile))
         return
     rt = runtime(args.runtime)
     if (why := rt.unavailable()) is not None:
@@ -268,36 +284,218 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}" if b > 0 else "n/a (the Go plugin added nothing measurable)"
 
 
-async def handler_alone(config_text: str, annotations: dict[str, str], creates: int) -> None:
-    """HookHandler.create_container on kubelet-shaped NRI messages: a pod given every GPU, a
-    container with a service account's mounts, some env and containerd's default device rules."""
-    cfg = cfgmod.parse(tomllib.loads(config_text))
-    handler = HookHandler(Lifecycle(build_chain(cfg.hooks, cfg.node), Store(cfg.proxy.state_dir)))
-    await handler.configure(nri.ConfigureRequest(runtime_name="containerd", runtime_version="1.7.24"))
-    pod = nri.PodSandbox(id="bench-pod", name="bench", uid="bench-uid", namespace="default")
-    pod.annotations.update(annotations)
-    await handler.state_change(nri.StateChangeEvent(event=nri.RUN_POD_SANDBOX, pod=pod))
-    requests = []
-    for i in range(creates + creates // 5):
-        c = nri.Container(id=f"c{i}", pod_sandbox_id=pod.id, name="app", env=[f"ENV_{j}=value{j}" for j in range(15)])
-        c.annotations["io.kubernetes.container.restartCount"] = "0"
-        for dest in ("/etc/hosts", "/dev/termination-log", "/etc/hostname", "/dev/shm", "/var/run/secrets/sa"):
-            c.mounts.add(destination=dest, source=f"/var/lib/kubelet{dest}", type="bind", options=["rbind", "rw"])
-        for minor in (3, 5, 7, 8, 9):  # /dev/null, zero, full, random, urandom
-            rule = c.linux.resources.devices.add(allow=True, type="c", access="rwm")
-            rule.major.value, rule.minor.value = 1, minor
-        requests.append(nri.CreateContainerRequest(pod=pod, container=c).SerializeToString())
-    took = []
-    for raw in requests:
-        began = time.perf_counter()
-        (await handler.create_container(nri.CreateContainerRequest.FromString(raw))).SerializeToString()
-        took.append(time.perf_counter() - began)
-    took = took[creates // 5 :]  # the first ones warm the caches
-    print(
-        f"crihook nri handler in this process, CreateContainer with 8 GPUs [n={len(took)}]:"
-        f" p50 {statistics.median(took) * 1000:.3f} ms p99 {pb.pct(took, 0.99) * 1000:.3f} ms",
-        flush=True,
+# the mounts of containerd's default spec and kubelet's, as NRI shows them: (destination, type, source, options)
+MOUNTS = (
+    ("/proc", "proc", "proc", ("nosuid", "noexec", "nodev")),
+    ("/dev", "tmpfs", "tmpfs", ("nosuid", "strictatime", "mode=755", "size=65536k")),
+    ("/dev/pts", "devpts", "devpts", ("nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5")),
+    ("/dev/mqueue", "mqueue", "mqueue", ("nosuid", "noexec", "nodev")),
+    ("/sys", "sysfs", "sysfs", ("nosuid", "noexec", "nodev", "ro")),
+    ("/sys/fs/cgroup", "cgroup", "cgroup", ("nosuid", "noexec", "nodev", "relatime", "ro")),
+    ("/etc/hosts", "bind", "/var/lib/kubelet/pods/u/etc-hosts", ("rbind", "rprivate", "rw")),
+    ("/dev/termination-log", "bind", "/var/lib/kubelet/pods/u/containers/app/0", ("rbind", "rprivate", "rw")),
+    ("/etc/hostname", "bind", "/var/lib/containerd/sandboxes/s/hostname", ("rbind", "rprivate", "rw")),
+    ("/etc/resolv.conf", "bind", "/var/lib/containerd/sandboxes/s/resolv.conf", ("rbind", "rprivate", "rw")),
+    ("/dev/shm", "bind", "/run/containerd/sandboxes/s/shm", ("rbind", "rprivate", "rw")),
+    (
+        "/var/run/secrets/kubernetes.io/serviceaccount",
+        "bind",
+        "/var/lib/kubelet/pods/u/sa",
+        ("rbind", "rprivate", "ro"),
+    ),
+)
+
+
+def spec_container(cid: str, pod: nri.PodSandbox) -> nri.Container:
+    """A container as containerd's NRI shows a kubelet container's finished spec: the image's and
+    kubelet's env, containerd's and kubelet's mounts, containerd's default device-cgroup rules and
+    the CRI annotations; no device node of its own (the gpu hook adds them)."""
+    env = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", f"HOSTNAME={pod.name}"]
+    env += [f"ENV_{j}=value{j}" for j in range(8)]
+    for svc in ("KUBERNETES", "DNS"):
+        env += [f"{svc}_SERVICE_HOST=10.96.0.1", f"{svc}_SERVICE_PORT=443", f"{svc}_PORT=tcp://10.96.0.1:443"]
+    c = nri.Container(id=cid, pod_sandbox_id=pod.id, name="app", env=env, pid=4242)
+    c.labels.update({"io.kubernetes.container.name": "app", "io.kubernetes.pod.name": pod.name})
+    c.annotations.update(
+        {
+            "io.kubernetes.container.hash": "5d3ac2b1",
+            "io.kubernetes.container.restartCount": "0",
+            "io.kubernetes.container.terminationMessagePath": "/dev/termination-log",
+            "io.kubernetes.container.terminationMessagePolicy": "File",
+            "io.kubernetes.cri.container-name": "app",
+            "io.kubernetes.cri.container-type": "container",
+            "io.kubernetes.cri.image-name": "registry.example/train:1",
+            "io.kubernetes.cri.sandbox-id": pod.id,
+            "io.kubernetes.cri.sandbox-name": pod.name,
+            "io.kubernetes.cri.sandbox-namespace": pod.namespace,
+            "io.kubernetes.cri.sandbox-uid": pod.uid,
+        }
     )
+    for dest, kind, source, options in MOUNTS:
+        c.mounts.add(destination=dest, type=kind, source=source, options=options)
+    devices = c.linux.resources.devices
+    devices.add(allow=False, access="rwm")
+    for kind in ("c", "b"):
+        devices.add(allow=True, type=kind, access="m")
+    for major, minor in ((1, 3), (1, 8), (1, 7), (5, 0), (1, 5), (1, 9), (5, 1), (136, None), (5, 2), (10, 200)):
+        rule = devices.add(allow=True, type="c", access="rwm")
+        rule.major.value = major
+        if minor is not None:
+            rule.minor.value = minor
+    c.linux.resources.memory.limit.value = 8 << 30
+    c.linux.resources.cpu.shares.value, c.linux.resources.cpu.quota.value = 2048, 200000
+    c.linux.resources.cpu.period.value = 100000
+    c.linux.cgroups_path = f"kubepods-pod{pod.uid}.slice:cri-containerd:{cid}"
+    return c
+
+
+class Phases:
+    """Nanoseconds spent in wrapped calls, summed per phase over one CreateContainer: what the bench
+    wraps in this process (nothing shipped is instrumented)."""
+
+    def __init__(self) -> None:
+        self.now: dict[str, int] = {}
+        self.calls: list[dict[str, int]] = []
+
+    def wrap(self, owner: Any, attr: str, phase: str) -> None:
+        fn = getattr(owner, attr)
+        add = self._add
+        if asyncio.iscoroutinefunction(fn):
+
+            async def timed_async(*args: Any, **kwargs: Any) -> Any:
+                began = time.perf_counter_ns()
+                try:
+                    return await fn(*args, **kwargs)
+                finally:
+                    add(phase, time.perf_counter_ns() - began)
+
+            setattr(owner, attr, timed_async)
+        else:
+
+            def timed(*args: Any, **kwargs: Any) -> Any:
+                began = time.perf_counter_ns()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    add(phase, time.perf_counter_ns() - began)
+
+            setattr(owner, attr, timed)
+
+    def _add(self, phase: str, ns: int) -> None:
+        self.now[phase] = self.now.get(phase, 0) + ns
+
+    def done(self) -> None:
+        self.calls.append(self.now)
+        self.now = {}
+
+
+# what the handler's phases are, in the order printed: (phase, what it holds)
+PHASES = (
+    ("round trip", "the request written to the plugin's socket to its answer read back, both ends in this process"),
+    ("call", "ttrpc request decoded, the deadline, the handler, the answer encoded (nri.stub)"),
+    ("handler", "HookHandler.create_container"),
+    ("views", "the pod's and the container's views of NRI's messages"),
+    ("hooks", "the hook chain (Lifecycle.create_container)"),
+    ("unapplied", "what the runtime can not apply"),
+    ("adjustment", "the ContainerAdjustment"),
+    ("gpu check", "what GPU the adjusted container would still reach"),
+    ("record", "the store's record (Lifecycle.container_created)"),
+)
+
+
+async def handler_alone(config_text: str, annotations: dict[str, str], creates: int, gap: float, profile: str) -> None:
+    """`crihook nri`'s plugin side in this process as the daemon runs it, without containerd: the
+    handler made as `crihook nri` makes it (its gpu hook attached to the store, the store in TMPDIR,
+    the daemon's log setup), the runtime's ttrpc frames (kubelet-shaped: a pod given every GPU, a
+    container with a service account's mounts, some env and containerd's default device rules)
+    written to the plugin's socket and read back, `gap` seconds of idle event loop between calls
+    (the store's writes run there, as between the runtime's calls) and each container removed again
+    after its answer, untimed. Prints the round trip and the phases inside it, p50 and p99."""
+    cfg = cfgmod.parse(tomllib.loads(config_text))
+    log.setup(cfg.proxy.log_level)
+    store = Store(cfg.proxy.state_dir)
+    chain = build_chain(cfg.hooks, cfg.node)
+    attach_store(chain, store)
+    handler = hook_handler(cfg, Lifecycle(chain, store))
+    ours, theirs = socket.socketpair()
+    reader, writer = await asyncio.open_unix_connection(sock=ours)
+    conn = stub.Connection(reader, writer, stub._Service(handler, lambda _: None))
+    serving = asyncio.create_task(conn.serve())
+    runtime_reader, runtime_writer = await asyncio.open_unix_connection(sock=theirs)
+    demux, frames = mux.Decoder(), ttrpc.Decoder()
+    streams = iter(range(1, 10**9, 2))
+
+    async def call(method: str, message: Any) -> bytes:
+        """`method` of the plugin called as the runtime calls it; the answer's payload."""
+        request = ttrpc_pb2.Request(
+            service=stub.PLUGIN_SERVICE, method=method, payload=message.SerializeToString(), timeout_nano=2 * 10**9
+        )
+        frame = ttrpc.Frame(next(streams), ttrpc.MessageType.REQUEST, request.SerializeToString())
+        runtime_writer.write(mux.encode(mux.PLUGIN_CONN, ttrpc.encode(frame)))
+        while True:
+            for _, data in demux.feed(await runtime_reader.read(stub.READ_SIZE)):
+                for answer in frames.feed(data):
+                    response = ttrpc_pb2.Response.FromString(answer.payload)
+                    if response.status.code:
+                        raise SystemExit(f"{method} failed: {response.status.message}")
+                    return bytes(response.payload)
+
+    await call("Configure", nri.ConfigureRequest(runtime_name="containerd", runtime_version="1.7.24"))
+    await call("Synchronize", nri.SynchronizeRequest())
+    pod = nri.PodSandbox(id="b" * 64, name="bench-0", uid="bench-uid", namespace="default", runtime_handler="runc")
+    pod.labels.update({"app": "bench", "io.kubernetes.pod.name": pod.name, "io.kubernetes.pod.namespace": "default"})
+    pod.annotations.update(annotations | {"kubernetes.io/config.source": "api", "kubernetes.io/config.seen": "now"})
+    pod.linux.cgroup_parent = f"kubepods-pod{pod.uid}.slice"
+    await call("StateChange", nri.StateChangeEvent(event=nri.RUN_POD_SANDBOX, pod=pod))
+    phases = Phases()
+    phases.wrap(conn.service, "respond", "call")
+    phases.wrap(handler, "create_container", "handler")
+    phases.wrap(handler, "_left", "gpu check")
+    phases.wrap(handler.lifecycle, "create_container", "hooks")
+    phases.wrap(handler.lifecycle, "container_created", "record")
+    for fn, phase in (
+        ("nri_pod_view", "views"),
+        ("nri_container_view", "views"),
+        ("unapplied", "unapplied"),
+        ("nri_adjustment", "adjustment"),
+    ):
+        phases.wrap(nri_handler, fn, phase)
+    profiler = cProfile.Profile() if profile else None
+    warm = creates // 5  # the first ones warm the caches
+    for i in range(creates + warm):
+        c = spec_container(f"{i:064x}", pod)
+        request = nri.CreateContainerRequest(pod=pod, container=c)
+        await asyncio.sleep(gap)
+        if profiler is not None and i >= warm:
+            profiler.enable()
+        began = time.perf_counter_ns()
+        await call("CreateContainer", request)
+        phases.now["round trip"] = time.perf_counter_ns() - began
+        if profiler is not None:
+            profiler.disable()
+        phases.done()
+        await call("StateChange", nri.StateChangeEvent(event=nri.REMOVE_CONTAINER, pod=pod, container=c))
+    runtime_writer.close()
+    with contextlib.suppress(stub.ConnectionLost):
+        await serving
+    await conn.close()
+    await handler.close()
+    print(f"crihook nri handler in this process, CreateContainer with 8 GPUs [n={creates}], gap {gap * 1000:g} ms:")
+    calls = phases.calls[warm:]
+    handler_ns = [c.get("handler", 0) for c in calls]
+    for phase, what in (*PHASES, ("rest of the handler", "the handler less the phases above")):
+        if phase == "rest of the handler":
+            named = [p for p, _ in PHASES[3:]]
+            ns = [h - sum(c.get(p, 0) for p in named) for h, c in zip(handler_ns, calls, strict=True)]
+        else:
+            ns = [c.get(phase, 0) for c in calls]
+        print(
+            f"  {phase}: p50 {statistics.median(ns) / 1e6:.3f} ms p99 {pb.pct(ns, 0.99) / 1e6:.3f} ms ({what})",
+            flush=True,
+        )
+    if profiler is not None:
+        profiler.dump_stats(profile)
+        pstats.Stats(profile).sort_stats("tottime").print_stats(25)
 
 
 def report(results: dict[str, dict[str, list[float]]], names: dict[str, str]) -> None:

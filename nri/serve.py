@@ -55,10 +55,7 @@ class NriDoor:
 
     async def serve(self, lifecycle: Lifecycle, ready: Callable[[str], None]) -> int:
         cfg = self.cfg
-        inject = cfg.hooks.options.get("gpu", {}).get("inject")
-        self.handler = handler = HookHandler(
-            lifecycle, synchronize_action=cfg.nri.synchronize, cdi_inject=inject == "cdi"
-        )
+        self.handler = handler = hook_handler(cfg, lifecycle)
         endpoint = cfg.node.runtime_endpoint
 
         async def evict(evictions: Sequence[api.ContainerEviction]) -> None:
@@ -132,6 +129,13 @@ class NriDoor:
     async def close(self) -> None:
         if self.handler is not None:
             await self.handler.close()
+
+
+def hook_handler(cfg: cfgmod.Config, lifecycle: Lifecycle) -> HookHandler:
+    """The handler `crihook nri` serves the runtime's calls with, as `cfg` sets it up (the runtime
+    calls it back over CRI once `evict` and `relist` are set)."""
+    inject = cfg.hooks.options.get("gpu", {}).get("inject")
+    return HookHandler(lifecycle, synchronize_action=cfg.nri.synchronize, cdi_inject=inject == "cdi")
 
 
 def plugin_from(names: PluginName, handler: HookHandler) -> Plugin:
