@@ -3,7 +3,7 @@ installed on it with helm as a user would (tests/support/clusterchart.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import pytest
 
@@ -29,3 +29,18 @@ def installed(cluster: Cluster) -> Cluster:
     install(cluster, user_values(cluster))
     wait_node_plugin(cluster)
     return cluster
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed cluster test's report carries the cluster's state as it failed: in CI that output
+    is all there is to go on."""
+    report = yield
+    if report.when == "call" and report.failed:
+        args = getattr(item, "funcargs", {})
+        running = next((v for v in args.values() if isinstance(v, Cluster)), None)
+        if running is not None:
+            report.sections.append(("cluster at the failure", running.diagnosis()))
+    return report

@@ -5,6 +5,7 @@ teardown check below starts its cluster while no session cluster runs."""
 from __future__ import annotations
 
 import ipaddress
+import subprocess
 
 import pytest
 
@@ -49,3 +50,20 @@ def test_pod_runs_with_its_own_address(cluster: Cluster) -> None:
         assert cluster.started_in > 0
     finally:
         cluster.delete_pod("default", "smoke")
+
+
+def test_the_nodes_address_keeps_its_mac_as_pods_come_and_go(cluster: Cluster) -> None:
+    """A port with a lower MAC than the bridge's joins and leaves: the bridge keeps its own, so the
+    pods' ARP entries for the node stay right (else webhook calls and probes time out)."""
+    before = cluster.network.mac()
+    port = f"crihook-t{cluster.network.index}"
+    subprocess.run(
+        ["ip", "link", "add", port, "address", "02:00:00:00:00:01", "type", "veth", "peer", "name", f"{port}p"],
+        check=True,
+    )
+    try:
+        subprocess.run(["ip", "link", "set", port, "master", cluster.network.bridge], check=True)
+        assert cluster.network.mac() == before
+    finally:
+        subprocess.run(["ip", "link", "del", port], check=True)
+    assert cluster.network.mac() == before

@@ -159,9 +159,18 @@ class Network:
 
     def create(self) -> None:
         subprocess.run(["ip", "link", "add", self.bridge, "type", "bridge"], check=True, capture_output=True)
+        # a bridge takes the lowest MAC of its ports unless one was set: when the pod of that port goes,
+        # the node's address moves to another MAC while the other pods' ARP caches keep the old one,
+        # and what they send the node (the API server's watches, a bind, a Lease renewal) is lost
+        # until the node next sends to them (measured: 30 s in a row of failed connects). Setting
+        # its own MAC pins it, as CNI's bridge plugin does for a gateway.
+        subprocess.run(["ip", "link", "set", self.bridge, "address", self.mac()], check=True, capture_output=True)
         for address in (f"{self.node_ip}/{self.pods.prefixlen}", f"{self.api_ip}/32"):
             subprocess.run(["ip", "addr", "add", address, "dev", self.bridge], check=True, capture_output=True)
         subprocess.run(["ip", "link", "set", self.bridge, "up"], check=True, capture_output=True)
+
+    def mac(self) -> str:
+        return Path("/sys/class/net", self.bridge, "address").read_text().strip()
 
     def delete(self) -> None:
         """The bridge, and with it the veths of any pod left."""
@@ -778,6 +787,28 @@ class Cluster:
 
     def logs(self) -> str:
         return "\n".join(f"--- {c.name}\n{c.tail()}" for c in self.components.values())
+
+    def diagnosis(self, lines: int = 20) -> str:
+        """What a failed test's report shows: the node's processes' logs, the last events, the pods
+        and their restarts, crihook's pods' logs (last: a report cut short keeps its end). Best
+        effort: the API server may be what failed."""
+        parts = [f"--- {c.name}\n{c.tail(lines)}" for c in self.components.values()]
+        try:
+            core = self.core()
+            events = sorted(core.list_event_for_all_namespaces().items, key=lambda e: str(e.last_timestamp))
+            parts += [
+                f"event {e.last_timestamp} {e.involved_object.name}: {e.reason} {e.message}" for e in events[-lines:]
+            ]
+            for p in core.list_pod_for_all_namespaces().items:
+                restarts = sum(c.restart_count for c in p.status.container_statuses or [])
+                parts.append(f"pod {p.metadata.namespace}/{p.metadata.name} {p.status.phase} restarts={restarts}")
+            for p in core.list_namespaced_pod("crihook").items:
+                for c in p.spec.containers:
+                    text = core.read_namespaced_pod_log(p.metadata.name, "crihook", container=c.name, tail_lines=lines)
+                    parts.append(f"--- pod crihook/{p.metadata.name} {c.name}\n{text}")
+        except Exception as e:  # a report of what could be read
+            parts.append(f"(the API server did not answer: {e})")
+        return "\n".join(parts)
 
     # teardown
     def close(self) -> None:
