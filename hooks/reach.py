@@ -79,7 +79,8 @@ class DeviceRule:
     @property
     def opens(self) -> bool:
         """Whether an allow rule lets the device be read or written (mknod alone opens nothing)."""
-        return self.allow and bool({"r", "w"} & set(self.access or "rwm"))
+        access = self.access or "rwm"
+        return self.allow and ("r" in access or "w" in access)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ ContainerRecord share carry the same names, and are copied by that list (`_SHARE
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Container, Iterable, Sequence
@@ -240,19 +241,24 @@ def nri_container_view(c: nri.Container) -> ContainerInfo:
         labels=plain(c.labels),
         annotations=annotations,
         envs=tuple((k, v) for k, _, v in (e.partition("=") for e in c.env)),
-        mounts=tuple(
-            Mount(
-                m.destination,
-                m.source,
-                readonly="ro" in m.options,
-                propagation=next((_PROPAGATION_OF[o] for o in m.options if o in _PROPAGATION_OF), 0),
-            )
-            for m in c.mounts
-        ),
+        mounts=tuple(map(_nri_mount, c.mounts)),
         devices=tuple(Device(d.path, d.path, _access(d), (d.type, d.major, d.minor)) for d in linux.devices),
         cdi_devices=tuple(d.name for d in c.CDI_devices),
         resources=nri_resources_view(linux.resources, linux.HasField("resources"), linux.oom_score_adj.value),
     )
+
+
+def _nri_mount(m: nri.Mount) -> Mount:
+    """A mount of the spec: read-only with option "ro", its propagation the first option that names
+    one (private when none). One pass over the options: each read of a repeated field goes through
+    protobuf's Python-level sequence methods, a dozen mounts a container."""
+    readonly, propagation = False, None
+    for option in m.options:
+        if option == "ro":
+            readonly = True
+        elif propagation is None and option in _PROPAGATION_OF:
+            propagation = _PROPAGATION_OF[option]
+    return Mount(m.destination, m.source, readonly, False, propagation or 0)
 
 
 def _access(d: nri.LinuxDevice) -> str:
@@ -283,16 +289,23 @@ def nri_rules(c: nri.Container) -> tuple[DeviceRule, ...]:
     return _rules(c.linux.resources.devices)
 
 
+# the rules of NRI's messages, each made once: containerd gives every container the same dozen
+# (deny all, its default devices), and a frozen dataclass costs more to make than to look up
+_rule = functools.lru_cache(maxsize=1024)(DeviceRule)
+
+
 def _rules(rules: Iterable[nri.LinuxDeviceCgroup]) -> tuple[DeviceRule, ...]:
     return tuple(
-        DeviceRule(
-            r.allow,
-            r.type or "a",
-            r.major.value if r.HasField("major") else None,
-            r.minor.value if r.HasField("minor") else None,
-            r.access,
-        )
-        for r in rules
+        [
+            _rule(
+                r.allow,
+                r.type or "a",
+                r.major.value if r.HasField("major") else None,
+                r.minor.value if r.HasField("minor") else None,
+                r.access,
+            )
+            for r in rules
+        ]
     )
 
 

@@ -30,6 +30,7 @@ from crihook.hooks.base import ContainerInfo, HookContext, HookError, JudgesGpus
 from crihook.hooks.chain import HookChain, HookRecord
 from crihook.hooks.fscache import FsMemo, NotCached
 from crihook.hooks.reach import (
+    GPU_MAJOR,
     VISIBLE,
     DeviceRule,
     Reach,
@@ -127,7 +128,7 @@ def may_reach_gpus(reach: Reach) -> bool:
     nothing), a GPU-kind CDI device, NVIDIA_VISIBLE_DEVICES."""
     return bool(
         any(gpu_minor(n.kind, n.major, n.minor) is not None for n in reach.nodes)
-        or any(r.opens and r.kind in ("", "a", "c") and r.major in (None, 195) for r in reach.rules or ())
+        or any(r.major in (None, GPU_MAJOR) and r.kind in ("", "a", "c") and r.opens for r in reach.rules or ())
         or any(gpu_cdi_name(n) is not None for n in reach.cdi_devices)
         or visible_names(reach.visible)
     )

@@ -111,6 +111,8 @@ def test_container_view() -> None:
     msg.annotations.update({"io.kubernetes.container.restartCount": "2", "io.kubernetes.cri.image-name": "cuda:12"})
     msg.labels["io.kubernetes.container.name"] = "cuda"
     msg.mounts.add(destination="/data", source="/srv/data", options=["rbind", "rslave", "ro"])
+    msg.mounts.add(destination="/cache", source="/srv/cache", options=["rprivate", "rshared", "rw"])  # the first
+    msg.mounts.add(destination="/proc", source="proc", type="proc")
     dev = msg.linux.devices.add(path="/dev/nvidia3", type="c", major=195, minor=3)
     dev.file_mode.value = 0o644
     msg.linux.resources.devices.add(allow=True, type="c", access="rw").major.value = 195
@@ -121,7 +123,11 @@ def test_container_view() -> None:
     view = nri_container_view(msg)
     assert (view.name, view.attempt, view.id, view.image) == ("cuda", 2, "c1", "cuda:12")
     assert view.envs == (("PATH", "/bin"), ("OPTS", "a=b"), ("EMPTY", ""))
-    assert view.mounts == (Mount("/data", "/srv/data", readonly=True, propagation=1),)
+    assert view.mounts == (
+        Mount("/data", "/srv/data", readonly=True, propagation=1),
+        Mount("/cache", "/srv/cache", propagation=0),
+        Mount("/proc", "proc"),
+    )
     assert view.devices == (Device("/dev/nvidia3", "/dev/nvidia3", "rw", ("c", 195, 3)),)
     assert view.resources == LinuxResources(memory_limit_in_bytes=1 << 30, oom_score_adj=900)
     reach = nri_reach(msg)
