@@ -160,10 +160,11 @@ class Network:
     def create(self) -> None:
         subprocess.run(["ip", "link", "add", self.bridge, "type", "bridge"], check=True, capture_output=True)
         # a bridge takes the lowest MAC of its ports unless one was set: when the pod of that port goes,
-        # the node's address moves to another MAC while the other pods' ARP caches keep the old one,
-        # and what they send the node (the API server's watches, a bind, a Lease renewal) is lost
-        # until the node next sends to them (measured: 30 s in a row of failed connects). Setting
-        # its own MAC pins it, as CNI's bridge plugin does for a gateway.
+        # the node's address moves to another MAC while the other pods' ARP entries for it keep the
+        # old one. What they send the node is then lost (their API calls, and their answers to the
+        # API server's webhook calls once the node has re-learnt their MAC from an ARP sent from the
+        # Service address) until the entries expire, tens of seconds. Setting its own MAC pins it,
+        # as CNI's bridge plugin does for a gateway.
         subprocess.run(["ip", "link", "set", self.bridge, "address", self.mac()], check=True, capture_output=True)
         for address in (f"{self.node_ip}/{self.pods.prefixlen}", f"{self.api_ip}/32"):
             subprocess.run(["ip", "addr", "add", address, "dev", self.bridge], check=True, capture_output=True)
