@@ -372,7 +372,8 @@ def nri_adjustment(
     old_devices = {d.container_path: d for d in before.devices}
     kept: set[DeviceNumber] = set()  # the numbers of the nodes `after` keeps or is given
     for d in after.devices:
-        if old_devices.get(d.container_path) != d:
+        old = old_devices.get(d.container_path)
+        if old is None or old != d:  # None first: comparing it with a dataclass takes three calls
             (kind, major, minor), mode = node_of(d.host_path)
             dev = adj.linux.devices.add(path=d.container_path, type=kind, major=major, minor=minor)
             dev.file_mode.value = mode
