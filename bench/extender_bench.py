@@ -4,7 +4,8 @@
 
 Filter+prioritize is timed three ways: the verbs on dicts (the allocator and the extender logic),
 with the JSON encoding and decoding kube-scheduler's bodies need, and over HTTP on loopback through
-`crihook scheduler`'s server (one kept-alive connection, as kube-scheduler holds one). The cluster is
+`crihook scheduler`'s server (one kept-alive connection, as kube-scheduler holds one); then, over
+HTTP, the scoring-only entry's prioritize-claims for a plain pod and for a pod with a claim. The cluster is
 half used: about half of the GPUs carry shares of earlier pods, so nodes differ. Binds go through
 the bind path's API client against the fake API server in tests/ (GET pod, PATCH claim, LIST the
 node's claims twice, POST binding): binds/s is bounded by that fake, not by a real API server; the
@@ -28,6 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from crihook.scheduler import server, webhook
+from crihook.scheduler.claims import ClaimAsk
 from crihook.scheduler.devices import node_from_device
 from crihook.scheduler.extender import Extender
 from crihook.scheduler.plugin import DeviceShare
@@ -148,7 +150,33 @@ def bench_filter_prioritize(nodes: int, gpus: int, requests: int) -> None:
         call("/prioritize", {**b, "NodeNames": fit["NodeNames"]})
         over_http.append(time.perf_counter() - t0)
     report("over HTTP (loopback, kept alive)", over_http)
+    # the scoring-only entry (kubeScheduler.scoreClaimPods), which kube-scheduler sends every pod
+    ext.claim_asks = {f"bench/gpus-{i}": ClaimAsk(1 + i % 2) for i in range(requests)}
+    for label, body in (("plain pod", plain_pod), ("claim pod", claim_pod)):
+        verbs, samples = [], []
+        for i in range(requests):
+            args = {"Pod": body(i), "Nodes": None, "NodeNames": names}
+            t0 = time.perf_counter()
+            ext.prioritize_claims(args).json()
+            verbs.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            call("/prioritize-claims", args)
+            samples.append(time.perf_counter() - t0)
+        report(f"prioritize-claims, {label}: verb", verbs)
+        report("  the same over HTTP", samples)
     srv.shutdown()
+
+
+def plain_pod(i: int) -> dict[str, Any]:
+    """A pod with neither our resources nor claims: what most of a cluster's pods are."""
+    return pod(f"plain-{i}", {"cpu": "1"})
+
+
+def claim_pod(i: int) -> dict[str, Any]:
+    """A pod whose one ResourceClaim asks for GPUs (ext.claim_asks holds what it asks)."""
+    out = pod(f"claim-{i}", {"cpu": "1"})
+    out["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": f"gpus-{i}"}]
+    return out
 
 
 def bench_binds(binds: int, threads: int) -> None:

@@ -322,16 +322,35 @@ class Extender:
         return filter_result(c, fit, {n: why for n, why in failed.items() if n not in helped}, "", resolvable)
 
     def prioritize(self, args: Any) -> HostPriorityList:
+        """The binding entry's scores: the pods that ask crihook for devices (kube-scheduler sends
+        only those to an entry with managedResources), and any pod with claims sent to it."""
+        return self._prioritize(args, claims_only=False)
+
+    def prioritize_claims(self, args: Any) -> HostPriorityList:
+        """The scores of the scoring-only entry (the chart's `kubeScheduler.scoreClaimPods`), which has
+        no managedResources, so kube-scheduler sends it every pod it scores: a pod's ResourceClaims
+        are scored as prioritize scores them. Every other pod gets zeros: a pod without claims at once,
+        before the pod is parsed or the allocator's lock taken, and a pod asking for devices through
+        our resources too, because the binding entry scores it and kube-scheduler adds the scores of
+        every entry interested in a pod (prioritizeNodes)."""
+        return self._prioritize(args, claims_only=True)
+
+    def _prioritize(self, args: Any, claims_only: bool) -> HostPriorityList:
         if not isinstance(args, dict):
             raise BadRequest("expected ExtenderArgs (a JSON object)")
         c = candidates(args)
+        pod = args.get("Pod")
+        if claims_only and not (isinstance(pod, dict) and claims.claim_refs(pod)):
+            return HostPriorityList(c.names, [0] * len(c.names))
         if not self.ready():
             return host_priorities(c.names, {})
         try:
-            req = self._request(args.get("Pod"))
+            req = self._request(pod)
         except (PodError, RequestError):
             return host_priorities(c.names, {})  # filter has said why; every node scores 0
         dra = not req.wants_devices
+        if claims_only and not dra:
+            return host_priorities(c.names, {})
         with self.lock:
             if dra:  # a pod with claims: kube-scheduler's DRA allocator picks its GPUs, crihook its node
                 refs = claims.claim_refs(args["Pod"])

@@ -1,6 +1,6 @@
 """`crihook scheduler`: the extender and the admission webhook over HTTP(S).
 
-POST /filter, /prioritize, /preempt, /bind (kube-scheduler), POST /mutate, /validate (the API
+POST /filter, /prioritize, /prioritize-claims, /preempt, /bind (kube-scheduler), POST /mutate, /validate (the API
 server's admission webhooks), GET /healthz (the process serves), /readyz (this replica leads and
 its cluster cache is loaded: scheduler/ha.py) and /metrics (Prometheus: requests by path and
 status, time to answer).
@@ -70,7 +70,7 @@ IDLE_TIMEOUT = 120.0  # a kept-alive connection with no request for this long is
 Answer = tuple[int, bytes, str]  # HTTP status, body, content type
 # kube-scheduler's verbs, which the leader alone answers (the others refuse them); the webhooks keep
 # no state and every replica answers them
-EXTENDER_PATHS = frozenset({"/filter", "/prioritize", "/preempt", "/bind"})
+EXTENDER_PATHS = frozenset({"/filter", "/prioritize", "/prioritize-claims", "/preempt", "/bind"})
 TEXT = "text/plain"
 JSON_TYPE = "application/json"
 REASONS = {
@@ -138,6 +138,7 @@ class App:
         return {
             "/filter": self.extender.filter,
             "/prioritize": self.extender.prioritize,
+            "/prioritize-claims": self.extender.prioritize_claims,
             "/preempt": self.extender.preempt,
             "/bind": self.extender.bind,
             "/mutate": lambda r: webhook.mutate(r, self.webhook_config),

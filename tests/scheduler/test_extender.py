@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from crihook.scheduler import server as srv
 from crihook.scheduler import webhook
+from crihook.scheduler.claims import ClaimAsk
 from crihook.scheduler.extender import (
     MAX_EXTENDER_PRIORITY,
     BadRequest,
@@ -103,6 +104,76 @@ def test_prioritize(ext: Extender) -> None:
     # a node that can not take the pod scores 0
     args["NodeNames"].append("cpu-node-1")
     assert ext.prioritize(args)[-1] == {"Host": "cpu-node-1", "Score": 0}
+
+
+def as_claim_pod(args: dict[str, Any], claim: str = "gpus") -> dict[str, Any]:
+    """The fixture's pod with its GPU requests turned into one ResourceClaim named `claim`."""
+    out = copy.deepcopy(args)
+    spec = out["Pod"]["spec"]
+    spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+    for c in spec["containers"]:
+        c["resources"] = {"requests": {"cpu": "1"}, "claims": [{"name": "gpu"}]}
+    return out
+
+
+class Untouchable:
+    """A lock that fails the test when taken: the allocator is not to be consulted."""
+
+    def __enter__(self) -> None:
+        raise AssertionError("the allocator's lock was taken")
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+
+def test_prioritize_claims_answers_a_plain_pod_zeros_without_the_allocator() -> None:
+    """The scoring-only entry is sent every pod: one with neither our resources nor claims gets a
+    zero for every node, in the order sent, before the pod is read or the allocator's lock taken."""
+    ext = Extender(cluster_plugin())
+    ext.lock = Untouchable()  # type: ignore[assignment]
+    args = fixture("prioritize_node_names.json")
+    for c in args["Pod"]["spec"]["containers"]:
+        c["resources"] = {"requests": {"cpu": "1"}}
+    args["NodeNames"] = [*args["NodeNames"], "cpu-node-1"]
+    out = ext.prioritize_claims(args)
+    assert list(out) == [{"Host": n, "Score": 0} for n in args["NodeNames"]]
+    assert out.json() == json.dumps(list(out), separators=(",", ":")).encode()
+    assert list(ext.prioritize_claims({"Pod": None, "NodeNames": ["a"]})) == [{"Host": "a", "Score": 0}]
+    with pytest.raises(BadRequest):
+        ext.prioritize_claims([])
+
+
+def test_prioritize_claims_scores_a_claim_pod_as_prioritize_does() -> None:
+    """A pod whose claims ask for GPUs: the same scores as the binding entry's prioritize gives it,
+    and nothing held (kube-scheduler's DRA allocator picks the GPUs)."""
+    args = as_claim_pod(fixture("prioritize_node_names.json"))
+    args["NodeNames"] = [*args["NodeNames"], "cpu-node-1"]
+
+    def scored(verb: str) -> tuple[list[int], Extender]:
+        ext = Extender(cluster_plugin())
+        ext.claim_asks = {"team-a/gpus": ClaimAsk(1, 50)}
+        return [p["Score"] for p in getattr(ext, verb)(args)], ext
+
+    (got, ext), (want, _) = scored("prioritize_claims"), scored("prioritize")
+    assert got == want and MAX_EXTENDER_PRIORITY in got and got[-1] == 0
+    assert not ext.plugin.held
+
+
+def test_prioritize_claims_leaves_our_resources_to_the_binding_entry() -> None:
+    """kube-scheduler adds the scores of every entry interested in a pod: a pod asking for our
+    resources is scored by the binding entry's prioritize, so the scoring-only entry gives it zeros,
+    claims or not. A standby (not ready) gives every pod zeros."""
+    ext = Extender(cluster_plugin())
+    ext.claim_asks = {"team-a/gpus": ClaimAsk(1)}
+    args = fixture("prioritize_node_names.json")
+    both = copy.deepcopy(args)
+    both["Pod"]["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "gpus"}]
+    assert any(p["Score"] for p in Extender(cluster_plugin()).prioritize(args))
+    for pod in (args, both):
+        assert all(p["Score"] == 0 for p in ext.prioritize_claims(pod))
+    standby = Extender(cluster_plugin(), ready=lambda: False)
+    standby.claim_asks = ext.claim_asks
+    assert all(p["Score"] == 0 for p in standby.prioritize_claims(as_claim_pod(args)))
 
 
 def test_an_outlook_due_is_derived_on_a_thread_and_installed() -> None:
