@@ -570,6 +570,26 @@ def test_second_kube_scheduler_is_the_clusters_and_gets_the_gpu_pods() -> None:
     assert [d["metadata"]["name"] for d in extender_only] == ["crihook-scheduler"]
 
 
+def test_score_claim_pods_adds_a_scoring_only_entry() -> None:
+    """kubeScheduler.scoreClaimPods off: the binding entry alone, which kube-scheduler sends only pods
+    asking for its managedResources. On, in either mode: a second entry with no managedResources
+    (HTTPExtender.IsInterested: every pod), prioritize only, ignorable, its own weight and timeout;
+    the stanza still passes kube-scheduler's validateExtenders (one binder, each managed resource
+    once, a positive weight wherever a prioritizeVerb is)."""
+    for name in ("defaults", "extender-stanza"):
+        ((only,),) = [c["extenders"] for c in helm.scheduler_configs(helm.rendered(name))]
+        assert only["bindVerb"] and only["managedResources"]
+    wanted = {"extender-score-claim-pods": (3, "500ms"), "everything-set": (5, "1s")}
+    for name, (weight, timeout) in wanted.items():
+        ((first, second),) = [c["extenders"] for c in helm.scheduler_configs(helm.rendered(name))]
+        assert second["prioritizeVerb"] == "prioritize-claims" and second["ignorable"] is True
+        assert (second["weight"], second["httpTimeout"]) == (weight, timeout)
+        assert "managedResources" not in second and not {"filterVerb", "bindVerb", "preemptVerb"} & second.keys()
+        assert second["urlPrefix"] == first["urlPrefix"] and second["tlsConfig"] == first["tlsConfig"]
+        assert len([e for e in (first, second) if e.get("bindVerb")]) == 1
+        assert all(e["weight"] > 0 for e in (first, second) if e.get("prioritizeVerb"))
+
+
 def test_service_monitor_only_where_the_cluster_has_it() -> None:
     assert not helm.of_kind(helm.rendered("defaults"), "ServiceMonitor")
     docs = helm.rendered("service-monitor")

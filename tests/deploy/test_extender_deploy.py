@@ -428,7 +428,7 @@ def test_rbac_is_exactly_what_the_scheduler_uses(manifests: Docs) -> None:
 
 
 def test_scheduler_config_extender_stanza(manifests: Docs) -> None:
-    ((ext,),) = [c["extenders"] for c in helm.scheduler_configs(manifests)]
+    ((ext, *scoring),) = [c["extenders"] for c in helm.scheduler_configs(manifests)]
     svc = scheduler_objects(manifests).service
     assert ext["urlPrefix"] == (
         f"https://{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc:{svc['spec']['ports'][0]['port']}"
@@ -442,6 +442,13 @@ def test_scheduler_config_extender_stanza(manifests: Docs) -> None:
     assert ext["nodeCacheCapable"] is True and ext["enableHTTPS"] is True and 1 <= ext["weight"] <= 100
     assert [m["name"] for m in ext["managedResources"]] == list(DEVICE_RESOURCES)
     assert all(m["ignoredByScheduler"] is True for m in ext["managedResources"])
+    # kubeScheduler.scoreClaimPods: the same server and connection, scoring only, sent every pod
+    for entry in scoring:
+        assert "/" + entry["prioritizeVerb"] in routes and entry["prioritizeVerb"] != ext["prioritizeVerb"]
+        assert not entry.keys() & {"filterVerb", "preemptVerb", "bindVerb", "managedResources"}
+        assert entry["ignorable"] is True and 1 <= entry["weight"] <= 100
+        same = ("urlPrefix", "enableHTTPS", "tlsConfig", "nodeCacheCapable")
+        assert {k: entry[k] for k in same} == {k: ext[k] for k in same}
 
 
 def test_webhooks_point_at_the_server(manifests: Docs) -> None:

@@ -86,6 +86,15 @@ COMBOS: dict[str, Combo] = {
         {"tls": {"mode": "secret", "secret": {"name": "corp-tls", "clientSecretName": "corp-ks"}}}
     ),
     "extender-stanza": Combo({"kubeScheduler": {"mode": "extender"}}),
+    # extender mode with the scoring-only entry that claim pods reach crihook through
+    "extender-score-claim-pods": Combo(
+        {
+            "kubeScheduler": {
+                "mode": "extender",
+                "scoreClaimPods": {"enabled": True, "weight": 3, "httpTimeout": "500ms"},
+            }
+        }
+    ),
     "network-policy": Combo({"networkPolicy": {"enabled": True}}),
     "no-node": Combo({"node": {"enabled": False}}),
     "dra": Combo({"dra": {"enabled": True, "extendedResourceName": "nvidia.com/gpu", "consumableCapacity": "on"}}),
@@ -136,7 +145,10 @@ COMBOS: dict[str, Combo] = {
                 "namespaceSelector": [{"key": "gpu", "operator": "In", "values": ["yes"]}],
                 "objectSelector": {"matchLabels": {"gpu": "yes"}},
             },
-            "kubeScheduler": {"deployment": {"image": {"tag": "v1.33.2"}, "tolerations": [{"operator": "Exists"}]}},
+            "kubeScheduler": {
+                "deployment": {"image": {"tag": "v1.33.2"}, "tolerations": [{"operator": "Exists"}]},
+                "scoreClaimPods": {"enabled": True},
+            },
             "node": {"runtimeClassName": "nvidia", "config": {"proxy": {"log_level": "debug"}}},
             "metrics": {"podAnnotations": False, "serviceMonitor": {"labels": {"release": "prom"}}},
             "networkPolicy": {

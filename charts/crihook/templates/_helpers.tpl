@@ -88,6 +88,21 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- .Values.kubeScheduler.urlPrefix | default (printf "https://%s.%s.svc:443" (include "crihook.schedulerLeader" .) .Release.Namespace) }}
 {{- end }}
 
+{{/* How kube-scheduler reaches the extender, the same for each of its entries: HTTPS to the
+certificate's name with kube-scheduler's client certificate, node names only. */}}
+{{- define "crihook.extenderConnection" -}}
+{{- $deployment := eq .Values.kubeScheduler.mode "deployment" -}}
+enableHTTPS: true
+tlsConfig:
+  caFile: {{ ternary "/etc/kubernetes/crihook/ca.crt" .Values.kubeScheduler.caFile $deployment }}
+  # the name the certificate holds, whichever address urlPrefix gives
+  serverName: {{ include "crihook.scheduler" . }}.{{ .Release.Namespace }}.svc
+  # the client certificate the extender verbs require
+  certFile: {{ ternary "/etc/kubernetes/crihook/client.crt" .Values.kubeScheduler.certFile $deployment }}
+  keyFile: {{ ternary "/etc/kubernetes/crihook/client.key" .Values.kubeScheduler.keyFile $deployment }}
+nodeCacheCapable: true
+{{- end }}
+
 {{/* The resources crihook schedules (scheduler/request.py DEVICE_RESOURCES): kube-scheduler sends
 the pods asking for one to the extender, and the webhooks see only those pods. */}}
 {{- define "crihook.deviceResources" -}}
