@@ -15,21 +15,35 @@ give the driver one of NVLink-linked pairs, as an operator of such a node would.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import ssl
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes.client import RbacAuthorizationV1Api, ResourceV1Api
 from kubernetes.client.exceptions import ApiException
 
 from crihook.base import dra
+from crihook.scheduler.ha import LEADER_LABEL
+from tests.cluster.test_failsafe import scale, scheduler_url
 from tests.support.cluster import NODE_NAME, Cluster, ClusterError, Component, eventually, kubeconfig
-from tests.support.clusterchart import DRIVER_MOUNT, RELEASE, upgrade, user_values
+from tests.support.clusterchart import (
+    DRIVER_MOUNT,
+    NAMESPACE,
+    RELEASE,
+    extender_values,
+    upgrade,
+    use_extender,
+    user_values,
+)
 from tests.support.containerd import BUSYBOX_IMAGE
 
 pytestmark = pytest.mark.cluster
@@ -442,3 +456,90 @@ def test_a_plain_gpu_request_is_served_through_the_extended_resource_class(
     finally:
         dra_cluster.delete_pod(NS, "extended")
         upgrade(dra_cluster, dra_values(dra_cluster))
+
+
+PEER = "crihook-score-peer"  # a second Node object, so kube-scheduler has nodes to score
+PRIORITIZE_CLAIMS = re.compile(r'^crihook_scheduler_requests_total\{(?=[^}]*path="/prioritize-claims")[^}]*\} (\S+)$')
+
+
+def prioritize_claims_answered(cluster: Cluster) -> float:
+    """crihook_scheduler_requests_total of /prioritize-claims, summed over the status codes, read
+    from the leader through its Service (once the Service's relay has the leader's pod)."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # GET /metrics needs no client
+
+    def scrape() -> str | None:
+        try:
+            with urllib.request.urlopen(scheduler_url(cluster, "/metrics"), timeout=10, context=context) as reply:
+                return str(reply.read().decode())
+        except OSError:
+            return None
+
+    text = eventually(scrape, None, compare=lambda got, _: got is not None)
+    if text is None:
+        raise ClusterError(f"crihook's scheduler did not answer GET /metrics\n{cluster.logs()}")
+    return sum(float(m[1]) for line in text.splitlines() if (m := PRIORITIZE_CLAIMS.match(line)))
+
+
+@contextlib.contextmanager
+def peer_node(cluster: Cluster) -> Iterator[None]:
+    """A Node with no kubelet behind it, with room for a pod and a slice of gpu.crihook.io holding one
+    device: a second node every test pod below fits (they tolerate its not-ready taints), so
+    kube-scheduler scores nodes for them; a pod alone on one feasible node is never scored."""
+    core, resource = cluster.core(), ResourceV1Api(cluster.api())
+    core.create_node({"metadata": {"name": PEER, "labels": {"kubernetes.io/hostname": PEER}}})
+    room = {"cpu": "1", "memory": "1Gi", "pods": "10"}
+    core.patch_node_status(PEER, {"status": {"capacity": room, "allocatable": room}})
+    pool = {"name": PEER, "generation": 1, "resourceSliceCount": 1}
+    spec = {"driver": dra.DRIVER, "nodeName": PEER, "pool": pool, "devices": [{"name": "gpu-0"}]}
+    resource.create_resource_slice({"metadata": {"name": f"{PEER}-{dra.DRIVER}"}, "spec": spec})
+    try:
+        yield
+    finally:
+        resource.delete_resource_slice(f"{PEER}-{dra.DRIVER}")
+        core.delete_node(PEER)
+
+
+def placed_here(p: dict[str, Any]) -> dict[str, Any]:
+    """The pod, fitting the peer as well (every taint tolerated) but preferring the real node (node
+    affinity's score, weight 2 times 100), which it alone can run on."""
+    term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE_NAME]}]}
+    p["spec"]["tolerations"] = [{"operator": "Exists"}]
+    p["spec"]["affinity"] = {
+        "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": term}]}
+    }
+    return p
+
+
+def test_claim_pods_are_scored_by_crihook_and_plain_pods_placed_without_it(
+    dra_cluster: Cluster, made: list[tuple[str, str]]
+) -> None:
+    """kubeScheduler.scoreClaimPods in extender mode: the cluster's own kube-scheduler, configured by
+    the stanza, sends a claim pod (no extended resources) to crihook's /prioritize-claims and the pod
+    runs with its claim; with crihook's scheduler scaled to zero, a plain pod is still scheduled and
+    runs (the entry is ignorable, and a failed prioritize costs nothing but its score)."""
+    values = extender_values(dra_cluster, dra_values(dra_cluster))
+    values["kubeScheduler"]["scoreClaimPods"] = {"enabled": True}
+    use_extender(dra_cluster, values)
+    try:
+        stanza = Path(values["kubeScheduler"]["caFile"]).with_name("config.yaml")  # what kube-scheduler runs with
+        (_, second) = yaml.safe_load(stanza.read_text())["extenders"]
+        assert second["prioritizeVerb"] == "prioritize-claims" and second["ignorable"] is True
+        dra_cluster.wait_selected_pod_running(NAMESPACE, f"{LEADER_LABEL}=true", timeout=120)
+        with peer_node(dra_cluster):
+            before = prioritize_claims_answered(dra_cluster)
+            running = run(dra_cluster, made, placed_here(pod("dra-scored", "scored")), claim("scored", {}))
+            assert running.spec.node_name == NODE_NAME and running.spec.scheduler_name == "default-scheduler"
+            assert prioritize_claims_answered(dra_cluster) > before
+            (result,) = allocated(dra_cluster, "scored")
+            assert result["pool"] == dra.pool_name(NODE_NAME)
+            assert seen(reported(dra_cluster, "dra-scored"))[0] == [uuid_of(dra_cluster, result["device"])]
+            scale(dra_cluster, 0)
+            try:
+                running = run(dra_cluster, made, placed_here(pod("plain-unscored")))
+                assert running.spec.node_name == NODE_NAME
+            finally:
+                scale(dra_cluster, 1)
+    finally:
+        upgrade(dra_cluster, dra_values(dra_cluster))
+        dra_cluster.start_scheduler()

@@ -176,10 +176,10 @@ def upgrade(cluster: Cluster, values: dict[str, Any]) -> None:
     )  # fmt: skip
 
 
-def extender_values(cluster: Cluster) -> dict[str, Any]:
-    """The user's values for extender mode: their own kube-scheduler (the cluster's) reads the
-    extender stanza from the chart's ConfigMap, with the CA copied to `caFile` on its host."""
-    values = user_values(cluster)
+def extender_values(cluster: Cluster, values: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The user's values (or `values`) for extender mode: their own kube-scheduler (the cluster's)
+    reads the extender stanza from the chart's ConfigMap, with the CA copied to `caFile` on its host."""
+    values = user_values(cluster) if values is None else values
     files = cluster.base / "extender"
     values["kubeScheduler"] = {
         "mode": "extender",
@@ -191,10 +191,11 @@ def extender_values(cluster: Cluster) -> dict[str, Any]:
     return values
 
 
-def use_extender(cluster: Cluster) -> None:
-    """Switch the release to extender mode and restart the cluster's kube-scheduler with the stanza,
-    its CA and its client certificate copied from the chart's Secret, as docs/helm.md tells a user to."""
-    values = extender_values(cluster)
+def use_extender(cluster: Cluster, values: dict[str, Any] | None = None) -> None:
+    """Switch the release to extender mode (with `values`, from extender_values) and restart the
+    cluster's kube-scheduler with the stanza, its CA and its client certificate copied from the
+    chart's Secret, as docs/helm.md tells a user to."""
+    values = extender_values(cluster) if values is None else values
     upgrade(cluster, values)
     core = cluster.core()
     stanza = core.read_namespaced_config_map(f"{RELEASE}-kube-scheduler", NAMESPACE).data["config.yaml"]
