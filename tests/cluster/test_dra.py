@@ -8,7 +8,9 @@ kube-scheduler allocates from the driver's ResourceSlices, kubelet prepares the 
 bring. The container sees exactly the claimed GPUs; two claims share one GPU by
 capacity with HAMi-core's limits; `matchAttribute` on the NVLink partition attribute gives an NVLink
 pair; a deleted pod's claim is unprepared and its CDI spec removed; a claim's GPU is never given to a
-pod of crihook's own allocator and the reverse.
+pod of crihook's own allocator and the reverse; with `kubeScheduler.scoreClaimPods` in extender mode
+the cluster's kube-scheduler asks crihook to score a claim pod's nodes, and places pods without it
+while crihook's scheduler is down.
 
 The simulated node is NVLink's hybrid cube mesh, which has no built-in partition table: the values
 give the driver one of NVLink-linked pairs, as an operator of such a node would."""
