@@ -51,7 +51,7 @@ from crihook.node.container import (
     nri_rules,
     reach_of,
 )
-from crihook.node.lifecycle import Lifecycle, log_refusal
+from crihook.node.lifecycle import POD_VIEWS, Lifecycle, log_refusal
 from crihook.node.nriruntime import (
     Answer,
     NriRuntime,
@@ -211,6 +211,9 @@ class HookHandler:
     _starting: dict[str, list[HookRecord]] = field(default_factory=dict)
     # PostStartContainer subscribed (a hook runs at a start stage): else a start is recorded at StartContainer
     _post_start: bool = False
+    # sandbox id -> the runtime's message of the pod and the view made of it: a pod's every event
+    # carries the same message, converted once (at RunPodSandbox, or Synchronize)
+    _pod_views: dict[str, tuple[api.PodSandbox, PodInfo]] = field(default_factory=dict)
 
     # -- registration --------------------------------------------------------------------------
 
@@ -256,7 +259,8 @@ class HookHandler:
         self._barred = {cid: why for cid, why in self._barred.items() if cid in listed}
         self._cleared &= listed
         self._starting = {cid: r for cid, r in self._starting.items() if cid in listed}
-        by_id = {p.id: nri_pod_view(p) for p in pods}
+        self._pod_views = {}
+        by_id = {p.id: self._pod_view(p) for p in pods}
         for pod in by_id.values():
             self.lifecycle.chain.prepare_pod(pod)
         check = asyncio.ensure_future(self._check(by_id, containers))
@@ -485,7 +489,7 @@ class HookHandler:
     # -- CreateContainer -----------------------------------------------------------------------
 
     async def create_container(self, request: api.CreateContainerRequest) -> api.CreateContainerResponse:
-        pod, before = nri_pod_view(request.pod), nri_container_view(request.container)
+        pod, before = self._pod_view(request.pod), nri_container_view(request.container)
         ctx = HookContext(Stage.PRE_CREATE_CONTAINER, pod, before, self._deadline())
         decided = await self._in_time(ctx, self.lifecycle.create_container(pod, before, ctx.deadline))
         after = decided.after.container
@@ -620,11 +624,12 @@ class HookHandler:
         """Views are made only for the events whose hooks see them; the others need the ids alone."""
         kind, cid = event.event, event.container.id
         if kind == api.RUN_POD_SANDBOX:
-            await self._pod_started(nri_pod_view(event.pod))
+            await self._pod_started(self._pod_view(event.pod))
         elif kind == api.STOP_POD_SANDBOX:
             self.lifecycle.pod_stopped(event.pod.id)
         elif kind == api.REMOVE_POD_SANDBOX:
             self._removed_pods.add(event.pod.id)
+            self._pod_views.pop(event.pod.id, None)
             self.lifecycle.pod_removed(event.pod.id)
         elif kind == api.START_CONTAINER and event.HasField("container"):
             await self._starts(event.pod, event.container)
@@ -644,7 +649,7 @@ class HookHandler:
         if cid in self._cleared and cid not in self._barred and not self.lifecycle.wants(Stage.PRE_START_CONTAINER):
             self._started(cid, [])  # judged at its CreateContainer and no start hook: nothing to decode
             return
-        pod, container = nri_pod_view(msg_pod), nri_container_view(msg)
+        pod, container = self._pod_view(msg_pod), nri_container_view(msg)
         ctx = HookContext(Stage.PRE_START_CONTAINER, pod, container, self._deadline())
         if cid not in self._cleared and cid not in self._barred:
             try:
@@ -690,7 +695,7 @@ class HookHandler:
         asked = nri_resources_view(request.linux_resources, request.HasField("linux_resources"))
         ctx = HookContext(
             Stage.PRE_UPDATE_CONTAINER_RESOURCES,
-            nri_pod_view(request.pod),
+            self._pod_view(request.pod),
             nri_container_view(request.container),
             self._deadline(),
         )
@@ -729,6 +734,20 @@ class HookHandler:
             return found
         except NotCached:
             return self.nodes.answer(path, lambda: self.node_of(path), inode=True)
+
+    def _pod_view(self, msg: api.PodSandbox) -> PodInfo:
+        """The view of the pod `msg` describes: the one made before while the runtime's message is
+        the same (hooks never change a view in place), else made now and kept."""
+        kept = self._pod_views.get(msg.id)
+        if kept is not None and kept[0] == msg:
+            return kept[1]
+        if len(self._pod_views) >= POD_VIEWS:  # more than a node runs: removals were missed
+            self._pod_views.clear()
+        copy = api.PodSandbox()
+        copy.CopyFrom(msg)  # not `msg` itself, which would keep the whole request it came in alive
+        view = nri_pod_view(msg)
+        self._pod_views[msg.id] = (copy, view)
+        return view
 
     def _deadline(self) -> float:
         return time.monotonic() + max(self.request_timeout - MARGIN, 0.1)

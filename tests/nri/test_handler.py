@@ -116,6 +116,31 @@ async def test_events_keep_the_store_and_run_post_hooks(tmp_path: Path) -> None:
     assert all(c.container is None or c.container.env("HOOKED") == "1" for c in post)
 
 
+async def test_a_pod_is_converted_once_while_the_runtime_describes_it_alike(tmp_path: Path) -> None:
+    hook = Recorder()
+    h = await handler(tmp_path, hook)
+
+    async def create(pod: api.PodSandbox) -> PodInfo:
+        """The pod as the CreateContainer hook saw it."""
+        copy = api.PodSandbox()
+        copy.CopyFrom(pod)  # the runtime's message is another each time
+        await h.create_container(api.CreateContainerRequest(pod=copy, container=container()))
+        return [c.pod for c in hook.seen if c.stage is Stage.PRE_CREATE_CONTAINER][-1]
+
+    await h.state_change(api.StateChangeEvent(event=api.RUN_POD_SANDBOX, pod=POD))
+    first = await create(POD)
+    assert first == POD_VIEW and await create(POD) is first
+    relabeled = api.PodSandbox()
+    relabeled.CopyFrom(POD)
+    relabeled.labels["tier"] = "gold"
+    again = await create(relabeled)  # a message that differs is converted again
+    assert again.labels == {"tier": "gold"} and await create(relabeled) is again
+    await h.state_change(api.StateChangeEvent(event=api.REMOVE_POD_SANDBOX, pod=POD))
+    after_removal = await create(relabeled)
+    assert after_removal == again and after_removal is not again
+    await h.close()
+
+
 async def test_a_hook_refusal_fails_the_creation_once_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     h = await handler(tmp_path, Recorder(refuse=True))
     await h.state_change(api.StateChangeEvent(event=api.RUN_POD_SANDBOX, pod=POD))
