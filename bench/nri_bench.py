@@ -411,6 +411,7 @@ PHASES = (
     ("pod view", "the pod's view of NRI's message"),
     ("container view", "the container's view of NRI's message"),
     ("hooks", "the hook chain (Lifecycle.create_container)"),
+    ("device rules", "the spec's device-cgroup rules"),
     ("unapplied", "what the runtime can not apply"),
     ("adjustment", "the ContainerAdjustment"),
     ("gpu check", "what GPU the adjusted container would still reach"),
@@ -471,6 +472,7 @@ async def handler_alone(config_text: str, annotations: dict[str, str], creates: 
     for fn, phase in (
         ("nri_pod_view", "pod view"),
         ("nri_container_view", "container view"),
+        ("nri_rules", "device rules"),
         ("unapplied", "unapplied"),
         ("nri_adjustment", "adjustment"),
     ):
