@@ -485,19 +485,33 @@ def prioritize_claims_answered(cluster: Cluster) -> float:
 
 @contextlib.contextmanager
 def peer_node(cluster: Cluster) -> Iterator[None]:
-    """A Node with no kubelet behind it, with room for a pod and a slice of gpu.crihook.io holding one
-    device: a second node every test pod below fits (they tolerate its not-ready taints), so
-    kube-scheduler scores nodes for them; a pod alone on one feasible node is never scored."""
+    """A Node with no kubelet behind it, with room for pods and a slice of gpu.crihook.io holding two
+    devices: a second node every test pod below fits (they tolerate its not-ready taints), so
+    kube-scheduler scores nodes for them; a pod alone on one feasible node is never scored.
+    kube-scheduler's watches of nodes, slices and pods are apart, so a pod made at once may be
+    scheduled before it knows the peer: a probe pod whose claim can only be met there is bound
+    there first, and holds one device while the other stays free for the tests' claims."""
     core, resource = cluster.core(), ResourceV1Api(cluster.api())
     core.create_node({"metadata": {"name": PEER, "labels": {"kubernetes.io/hostname": PEER}}})
     room = {"cpu": "1", "memory": "1Gi", "pods": "10"}
     core.patch_node_status(PEER, {"status": {"capacity": room, "allocatable": room}})
     pool = {"name": PEER, "generation": 1, "resourceSliceCount": 1}
-    spec = {"driver": dra.DRIVER, "nodeName": PEER, "pool": pool, "devices": [{"name": "gpu-0"}]}
+    devices = [{"name": "gpu-0"}, {"name": "gpu-1"}]
+    spec = {"driver": dra.DRIVER, "nodeName": PEER, "pool": pool, "devices": devices}
     resource.create_resource_slice({"metadata": {"name": f"{PEER}-{dra.DRIVER}"}, "spec": spec})
+    probe = pod("peer-probe", "peer-probe")
+    probe["spec"]["nodeSelector"] = {"kubernetes.io/hostname": PEER}
+    probe["spec"]["tolerations"] = [{"operator": "Exists"}]
+    resource.create_namespaced_resource_claim(NS, claim("peer-probe", {}))
     try:
+        cluster.create_pod(NS, probe)
+        bound = eventually(lambda: core.read_namespaced_pod("peer-probe", NS).spec.node_name, PEER)
+        assert bound == PEER, f"kube-scheduler did not place the probe on {PEER}: {bound}"
         yield
     finally:
+        cluster.delete_pod(NS, "peer-probe")
+        with contextlib.suppress(ApiException):
+            resource.delete_namespaced_resource_claim("peer-probe", NS)
         resource.delete_resource_slice(f"{PEER}-{dra.DRIVER}")
         core.delete_node(PEER)
 
