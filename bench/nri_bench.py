@@ -408,7 +408,7 @@ PHASES = (
     ("round trip", "the request written to the plugin's socket to its answer read back, both ends in this process"),
     ("call", "ttrpc request decoded, the deadline, the handler, the answer encoded (nri.stub)"),
     ("handler", "HookHandler.create_container"),
-    ("pod view", "the pod's view of NRI's message"),
+    ("pod view", "the pod's view of NRI's message, made at RunPodSandbox"),
     ("container view", "the container's view of NRI's message"),
     ("hooks", "the hook chain (Lifecycle.create_container)"),
     ("device rules", "the spec's device-cgroup rules"),
@@ -467,10 +467,10 @@ async def handler_alone(config_text: str, annotations: dict[str, str], creates: 
     phases.wrap(conn.service, "respond", "call")
     phases.wrap(handler, "create_container", "handler")
     phases.wrap(handler, "_left", "gpu check")
+    phases.wrap(handler, "_pod_view", "pod view")
     phases.wrap(handler.lifecycle, "create_container", "hooks")
     phases.wrap(handler.lifecycle, "container_created", "record")
     for fn, phase in (
-        ("nri_pod_view", "pod view"),
         ("nri_container_view", "container view"),
         ("nri_rules", "device rules"),
         ("unapplied", "unapplied"),
