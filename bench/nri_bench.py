@@ -122,8 +122,8 @@ def main() -> None:
         c = stack.enter_context(running_containerd(runtime=rt, nri=True)) if go is not None else None
         proxy = quiet(Crihook(tmp / "proxy", a.address, node, env))
         plugin = quiet(Crihook(tmp / "nri", b.address, node, env, b.nri_socket))
+        stack.callback(proxy.stop)  # before the start: a daemon that fails to start is stopped too
         proxy.start()
-        stack.callback(proxy.stop)
         chans = {
             "direct": grpc.insecure_channel(a.address),
             "proxy": grpc.insecure_channel(proxy.address),
@@ -221,8 +221,8 @@ def main() -> None:
         print("A/A, no plugin: B (and C) straight beside A straight, all sent the rewritten request", flush=True)
         calibration = measure(straight)
         report(calibration, {"direct": "A", "nri": "B", "go": "C"})
-        plugin.start()  # registered with B and synchronized
         stack.callback(plugin.stop)
+        plugin.start()  # registered with B and synchronized
         if c is not None and go is not None:
             stack.enter_context(go_registered(go, c))
         print("direct (A) | proxy (crihook serve in front of A) | nri (B, crihook nri) | go (C, Go plugin)", flush=True)
