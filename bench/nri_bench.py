@@ -26,10 +26,11 @@ and the target.
 as the daemon makes it (its store in TMPDIR), sent containerd's CreateContainer for a kubelet
 container over the plugin's socket, with `--gap` seconds of idle event loop between calls as the
 daemon has between the runtime's calls (the store's writes run there). Prints p50/p99 of the round
-trip and of each phase inside it (ttrpc, views, hooks, what the runtime can not apply, the
-adjustment, the GPU check, the store's record): crihook's own share of what NRI mode adds, without
-containerd's side of NRI. `--gap 0` runs the calls back to back, on caches the last call left warm;
-`--profile FILE` writes cProfile's stats of the timed calls there and prints the top of them.
+trip and of each phase inside it (ttrpc, the views, the hooks, the spec's device rules, what the
+runtime can not apply, the adjustment, the GPU check, the store's record): crihook's own share of
+what NRI mode adds, without containerd's side of NRI. `--gap 0` runs the calls back to back, on
+caches the last call left warm; `--profile FILE` writes cProfile's stats of the timed calls there
+and prints the top of them.
 """
 
 from __future__ import annotations
