@@ -193,6 +193,11 @@ def to_extender_scores(scores: np.ndarray) -> np.ndarray:
     return np.clip(scaled, 0, MAX_EXTENDER_PRIORITY).astype(np.int64)
 
 
+def no_scores(names: Sequence[str]) -> HostPriorityList:
+    """Every node 0: what a pod crihook does not score gets, without the arrays of host_priorities."""
+    return HostPriorityList(names, [0] * len(names))
+
+
 def host_priorities(names: Sequence[str], scores: Mapping[str, float]) -> HostPriorityList:
     """HostPriorityList in `names` order. The allocator's best node (the first among equals, as
     `crihook simulate` picks) alone gets MaxExtenderPriority, every other node at most one less:
@@ -341,23 +346,23 @@ class Extender:
         c = candidates(args)
         pod = args.get("Pod")
         if claims_only and not (isinstance(pod, dict) and claims.claim_refs(pod)):
-            return HostPriorityList(c.names, [0] * len(c.names))
+            return no_scores(c.names)
         if not self.ready():
-            return host_priorities(c.names, {})
+            return no_scores(c.names)
         try:
             req = self._request(pod)
         except (PodError, RequestError):
-            return host_priorities(c.names, {})  # filter has said why; every node scores 0
+            return no_scores(c.names)  # filter has said why; every node scores 0
         dra = not req.wants_devices
         if claims_only and not dra:
-            return host_priorities(c.names, {})
+            return no_scores(c.names)
         with self.lock:
             if dra:  # a pod with claims: kube-scheduler's DRA allocator picks its GPUs, crihook its node
                 refs = claims.claim_refs(args["Pod"])
                 asks = [a for ns, name in refs if (a := self.claim_asks.get(f"{ns}/{name}")) is not None]
                 req = claims.dra_request(req, asks)
                 if not req.wants_devices:
-                    return host_priorities(c.names, {})
+                    return no_scores(c.names)
                 self.plugin.learn(req.uid, req)  # part of the workload the policy scores for
             self._let_go(req.uid)
             out = host_priorities(c.names, self.plugin.score_nodes(req, c.names))
