@@ -27,8 +27,10 @@ as the daemon makes it (its store in TMPDIR), sent containerd's CreateContainer 
 container over the plugin's socket, with `--gap` seconds of idle event loop between calls as the
 daemon has between the runtime's calls (the store's writes run there). Prints p50/p99 of the round
 trip and of each phase inside it (ttrpc, the views, the hooks, the spec's device rules, what the
-runtime can not apply, the adjustment, the GPU check, the store's record): crihook's own share of
-what NRI mode adds, without containerd's side of NRI. `--gap 0` runs the calls back to back, on
+runtime can not apply, the adjustment, the GPU check), and of the store's record, made once the
+answer is written (the round trip holds it: the runtime's end here shares the plugin's event loop,
+which runs it before reading the answer; containerd reads it at once): crihook's own share of what
+NRI mode adds, without containerd's side of NRI. `--gap 0` runs the calls back to back, on
 caches the last call left warm; `--profile FILE` writes cProfile's stats of the timed calls there
 and prints the top of them.
 """
@@ -281,18 +283,42 @@ def go_registered(binary: Path, c: Any) -> Iterator[None]:
 
 
 def against_floor(attached: dict[str, dict[str, list[float]]], calibration: dict[str, dict[str, list[float]]]) -> None:
-    """crihook's added p50 beside the Go plugin's, both over direct, and the same less each
-    containerd's own offset over A in the A/A run (noisier: two runs' medians)."""
+    """crihook's added p50 beside the Go plugin's, both over direct, with the ratio's 95 % interval;
+    crihook's p50 over the Go plugin's, with its interval and as a share of the Go plugin's (the
+    pod start target's terms); and the added p50s less each containerd's own offset over A in the
+    A/A run (noisier: two runs' medians)."""
     for title, samples in attached.items():
         d50, base = statistics.median(samples["direct"]), statistics.median(calibration[title]["direct"])
         raw = {t: statistics.median(samples[t]) - d50 for t in ("nri", "go")}
         less = {t: raw[t] - (statistics.median(calibration[title][t]) - base) for t in ("nri", "go")}
+        lo, hi = ratio_interval(samples["nri"], samples["go"], samples["direct"])
+        go50 = statistics.median(samples["go"])
+        over, (olo, ohi) = raw["nri"] - raw["go"], pb.added_interval(samples["nri"], samples["go"], 0.5)
         print(
             f"{title}: added p50 crihook nri {raw['nri'] * 1000:+.3f} ms, Go plugin {raw['go'] * 1000:+.3f} ms,"
-            f" ratio {ratio(raw['nri'], raw['go'])}; less A/A {less['nri'] * 1000:+.3f} ms,"
-            f" {less['go'] * 1000:+.3f} ms, ratio {ratio(less['nri'], less['go'])}",
+            f" ratio {ratio(raw['nri'], raw['go'])} [{lo:.2f}, {hi:.2f}];"
+            f" nri over go {over * 1000:+.3f} ms [{olo * 1000:+.3f}, {ohi * 1000:+.3f}]"
+            f" ({over / go50 * 100:+.2f} % [{olo / go50 * 100:+.2f}, {ohi / go50 * 100:+.2f}]);"
+            f" less A/A {less['nri'] * 1000:+.3f} ms, {less['go'] * 1000:+.3f} ms,"
+            f" ratio {ratio(less['nri'], less['go'])}",
             flush=True,
         )
+
+
+def ratio_interval(
+    nri: list[float], go: list[float], direct: list[float], resamples: int = 2000
+) -> tuple[float, float]:
+    """95 % bootstrap interval of (nri p50 - direct p50) / (go p50 - direct p50), resampling whole
+    rounds so the three calls of a round stay together (as proxy_bench.added_interval)."""
+    import numpy as np  # here: only the report needs it
+
+    rng = np.random.default_rng(0)
+    n, g, d = np.asarray(nri), np.asarray(go), np.asarray(direct)
+    picks = rng.integers(0, len(d), size=(resamples, len(d)))
+    base = np.median(d[picks], axis=1)
+    ratios = (np.median(n[picks], axis=1) - base) / (np.median(g[picks], axis=1) - base)
+    lo, hi = np.quantile(ratios, [0.025, 0.975])
+    return float(lo), float(hi)
 
 
 def ratio(a: float, b: float) -> str:
@@ -416,8 +442,9 @@ PHASES = (
     ("unapplied", "what the runtime can not apply"),
     ("adjustment", "the ContainerAdjustment"),
     ("gpu check", "what GPU the adjusted container would still reach"),
-    ("record", "the store's record (Lifecycle.container_created)"),
 )
+# timed within the call but after the answer is written: the runtime no longer waits for it
+AFTER = (("record", "the store's record (Lifecycle.container_created), once the answer is written"),)
 
 
 async def handler_alone(config_text: str, annotations: dict[str, str], creates: int, gap: float, profile: str) -> None:
@@ -501,7 +528,7 @@ async def handler_alone(config_text: str, annotations: dict[str, str], creates: 
     print(f"crihook nri handler in this process, CreateContainer with 8 GPUs [n={creates}], gap {gap * 1000:g} ms:")
     calls = phases.calls[warm:]
     handler_ns = [c.get("handler", 0) for c in calls]
-    for phase, what in (*PHASES, ("rest of the handler", "the handler less the phases above")):
+    for phase, what in (*PHASES, ("rest of the handler", "the handler less the phases above"), *AFTER):
         if phase == "rest of the handler":
             named = [p for p, _ in PHASES[3:]]
             ns = [h - sum(c.get(p, 0) for p in named) for h, c in zip(handler_ns, calls, strict=True)]

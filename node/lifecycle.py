@@ -8,7 +8,8 @@ a `Decided`, or raises HookError when a hook with policy "fail" refused. Once th
 what was decided, the front door reports it with the id the runtime gave (`pod_started`,
 `container_created`, `container_started`, `container_updated`), so the store keeps what was really
 made. The CRI proxy reports after containerd's answer; in NRI mode CreateContainer already carries
-the container's id and there is no answer to wait for, so the plugin reports at once. Stops and
+the container's id, so the plugin reports right after its own answer, the runtime waiting for none
+of it. Stops and
 removals (`container_stopped`, ...) only record, and run post hooks in the background: they never
 delay or change a call.
 """

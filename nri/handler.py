@@ -522,7 +522,8 @@ class HookHandler:
             )
             self.lifecycle.create_failed(pod, after)
             self._refuse(ctx, decided.records, grpc.StatusCode.FAILED_PRECONDITION, why)
-        self.lifecycle.container_created(pod, after, decided.records)  # its id is NRI's, kept from `before`
+        # its id is NRI's, kept from `before`
+        self._after_answer(self.lifecycle.container_created, pod, after, decided.records)
         self._cleared.add(request.container.id)
         if self.runtime.device_rules:
             if len(self._answers) >= ANSWERS_KEPT:  # a creation another plugin failed is never validated
@@ -624,7 +625,7 @@ class HookHandler:
         """Views are made only for the events whose hooks see them; the others need the ids alone."""
         kind, cid = event.event, event.container.id
         if kind == api.RUN_POD_SANDBOX:
-            await self._pod_started(self._pod_view(event.pod))
+            await self._pod_started(event.pod)
         elif kind == api.STOP_POD_SANDBOX:
             self.lifecycle.pod_stopped(event.pod.id)
         elif kind == api.REMOVE_POD_SANDBOX:
@@ -634,7 +635,7 @@ class HookHandler:
         elif kind == api.START_CONTAINER and event.HasField("container"):
             await self._starts(event.pod, event.container)
         elif kind == api.POST_START_CONTAINER and event.HasField("container"):
-            self.lifecycle.container_started(cid, self._starting.pop(cid, []))
+            self._after_answer(self.lifecycle.container_started, cid, self._starting.pop(cid, []))
         elif kind == api.REMOVE_CONTAINER and event.HasField("container"):
             self._removed.add(cid)
             self._forget(cid)
@@ -668,23 +669,27 @@ class HookHandler:
         self._started(cid, records)
 
     def _started(self, cid: str, records: list[HookRecord]) -> None:
-        """The start let through: recorded at PostStartContainer when subscribed, else now."""
+        """The start let through: recorded at PostStartContainer when subscribed, else once the
+        answer is written."""
         if self._post_start:
             self._starting[cid] = records
         else:
-            self.lifecycle.container_started(cid, records)
+            self._after_answer(self.lifecycle.container_started, cid, records)
 
-    async def _pod_started(self, pod: PodInfo) -> None:
-        """RunPodSandbox: NRI takes no answer but an error, so a hook may refuse the pod, not change it."""
-        records: list[HookRecord] = []
-        if self.lifecycle.wants(Stage.PRE_RUN_POD_SANDBOX):
-            ctx = HookContext(Stage.PRE_RUN_POD_SANDBOX, pod, None, self._deadline())
-            decided = await self._in_time(ctx, self.lifecycle.run_pod_sandbox(pod, ctx.deadline))
-            records = decided.records
-            if decided.after.pod != pod:
-                why = f"crihook: a hook changed pod {pod.ref} at RunPodSandbox, which NRI can not apply; use proxy mode"
-                self._refuse(ctx, records, grpc.StatusCode.FAILED_PRECONDITION, why)
-        self.lifecycle.pod_started(pod, records)
+    async def _pod_started(self, msg: api.PodSandbox) -> None:
+        """RunPodSandbox: NRI takes no answer but an error, so a hook may refuse the pod, not change
+        it. Without such a hook the runtime waits for nothing: the pod is recorded, and the hooks
+        prepare for its containers, once the answer is written."""
+        if not self.lifecycle.wants(Stage.PRE_RUN_POD_SANDBOX):
+            self._after_answer(lambda: self.lifecycle.pod_started(self._pod_view(msg), []))
+            return
+        pod = self._pod_view(msg)
+        ctx = HookContext(Stage.PRE_RUN_POD_SANDBOX, pod, None, self._deadline())
+        decided = await self._in_time(ctx, self.lifecycle.run_pod_sandbox(pod, ctx.deadline))
+        if decided.after.pod != pod:
+            why = f"crihook: a hook changed pod {pod.ref} at RunPodSandbox, which NRI can not apply; use proxy mode"
+            self._refuse(ctx, decided.records, grpc.StatusCode.FAILED_PRECONDITION, why)
+        self._after_answer(self.lifecycle.pod_started, pod, decided.records)
 
     async def update_container(self, request: api.UpdateContainerRequest) -> api.UpdateContainerResponse:
         """UpdateContainerResources through the core as in proxy mode; what the hooks change of the
@@ -748,6 +753,19 @@ class HookHandler:
         view = nri_pod_view(msg)
         self._pod_views[msg.id] = (copy, view)
         return view
+
+    def _after_answer(self, fn: Callable[..., None], *args: Any) -> None:
+        """`fn(*args)` right after the answer being made is written, before any later call of the
+        runtime is read: bookkeeping (the store's record, the hooks' per-pod work) the runtime need
+        not wait for. A failure there is logged; the call was answered already."""
+
+        def run() -> None:
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("bookkeeping after an answer failed", extra={"what": getattr(fn, "__name__", "")})
+
+        asyncio.get_running_loop().call_soon(run)
 
     def _deadline(self) -> float:
         return time.monotonic() + max(self.request_timeout - MARGIN, 0.1)

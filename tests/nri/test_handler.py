@@ -8,9 +8,10 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 import pytest
@@ -29,6 +30,7 @@ from crihook.nri.handler import EVICTIONS_FILE, MARGIN, HookHandler, make_source
 from crihook.nri.stub import RpcError, event_mask
 from crihook.proto import nri_v1alpha1_pb2 as api
 
+T = TypeVar("T")
 STAGES = {
     Stage.PRE_CREATE_CONTAINER,
     Stage.PRE_START_CONTAINER,
@@ -75,18 +77,26 @@ def container() -> api.Container:
     return api.Container(id="c-1", pod_sandbox_id=POD.id, name="main", env=["PATH=/bin"])
 
 
+async def answered(work: Awaitable[T]) -> T:
+    """A call of the runtime's, answered, and the loop let run on as the stub lets it once the
+    answer is written: what the handler does after its answer (the store's records) is done."""
+    result = await work
+    await asyncio.sleep(0)
+    return result
+
+
 async def event(h: HookHandler, kind: int) -> None:
-    await h.state_change(api.StateChangeEvent(event=kind, pod=POD, container=container()))
+    await answered(h.state_change(api.StateChangeEvent(event=kind, pod=POD, container=container())))
 
 
 async def test_events_keep_the_store_and_run_post_hooks(tmp_path: Path) -> None:
     hook = Recorder()
     h = await handler(tmp_path, hook)
     store = h.lifecycle.store
-    await h.state_change(api.StateChangeEvent(event=api.RUN_POD_SANDBOX, pod=POD))
+    await answered(h.state_change(api.StateChangeEvent(event=api.RUN_POD_SANDBOX, pod=POD)))
     assert store.pods["sb-1"].state == "ready"
 
-    answer = await h.create_container(api.CreateContainerRequest(pod=POD, container=container()))
+    answer = await answered(h.create_container(api.CreateContainerRequest(pod=POD, container=container())))
     assert ("HOOKED", "1") in [(kv.key, kv.value) for kv in answer.adjust.env]
     rec = store.containers["c-1"]
     assert (rec.pod_id, rec.state, rec.envs.get("HOOKED")) == ("sb-1", "created", "1")
@@ -114,6 +124,45 @@ async def test_events_keep_the_store_and_run_post_hooks(tmp_path: Path) -> None:
     ]
     # post hooks see the container as the store keeps it: after the hooks, as in proxy mode
     assert all(c.container is None or c.container.env("HOOKED") == "1" for c in post)
+
+
+async def test_the_runtime_waits_for_no_bookkeeping(tmp_path: Path) -> None:
+    """RunPodSandbox (no hook takes it), CreateContainer and StartContainer are answered before the
+    store records them: the record is made once the answer is written, before the next call."""
+    h = HookHandler(Lifecycle(build_chain(HooksConfig(), NodeConfig()), Store(tmp_path)))
+    await h.configure(api.ConfigureRequest(runtime_name="containerd", runtime_version="2.1.9"))
+    await h.synchronize([], [])
+    store = h.lifecycle.store
+    await h.state_change(api.StateChangeEvent(event=api.RUN_POD_SANDBOX, pod=POD))
+    assert "sb-1" not in store.pods
+    await asyncio.sleep(0)
+    assert store.pods["sb-1"].state == "ready"
+    await h.create_container(api.CreateContainerRequest(pod=POD, container=container()))
+    assert "c-1" not in store.containers
+    await asyncio.sleep(0)
+    assert store.containers["c-1"].state == "created"
+    await h.state_change(api.StateChangeEvent(event=api.START_CONTAINER, pod=POD, container=container()))
+    assert store.containers["c-1"].state == "created"
+    await asyncio.sleep(0)
+    assert store.containers["c-1"].state == "running"
+    await h.close()
+
+
+async def test_a_failed_record_after_the_answer_is_logged_and_the_next_call_served(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    hook = Recorder()
+    h = await handler(tmp_path, hook)
+
+    def broken(*_: object) -> None:
+        raise OSError("no space left on device")
+
+    h.lifecycle.container_created = broken  # type: ignore[method-assign]
+    answer = await answered(h.create_container(api.CreateContainerRequest(pod=POD, container=container())))
+    assert ("HOOKED", "1") in [(kv.key, kv.value) for kv in answer.adjust.env]
+    assert "bookkeeping after an answer failed" in caplog.text and "no space left" in caplog.text
+    await event(h, api.START_CONTAINER)  # the next call of the runtime is served as ever
+    await h.close()
 
 
 async def test_a_pod_is_converted_once_while_the_runtime_describes_it_alike(tmp_path: Path) -> None:
@@ -191,7 +240,7 @@ async def resizing(tmp_path: Path, hook: Resizer) -> HookHandler:
     assert events & event_mask(api.UPDATE_CONTAINER)
     await h.synchronize([], [])
     await h.state_change(api.StateChangeEvent(event=api.RUN_POD_SANDBOX, pod=POD))
-    await h.create_container(api.CreateContainerRequest(pod=POD, container=container()))
+    await answered(h.create_container(api.CreateContainerRequest(pod=POD, container=container())))
     return h
 
 
@@ -239,7 +288,7 @@ async def test_without_start_hooks_post_start_is_not_subscribed_and_start_record
     assert events & event_mask(api.START_CONTAINER)
     await h.synchronize([], [])
     await h.state_change(api.StateChangeEvent(event=api.RUN_POD_SANDBOX, pod=POD))
-    await h.create_container(api.CreateContainerRequest(pod=POD, container=container()))
+    await answered(h.create_container(api.CreateContainerRequest(pod=POD, container=container())))
     store = h.lifecycle.store
     assert store.containers["c-1"].state == "created"
     await event(h, api.START_CONTAINER)
@@ -253,7 +302,7 @@ async def test_with_a_start_hook_post_start_is_subscribed_and_records_the_state(
     events = await h.configure(api.ConfigureRequest(runtime_name="containerd", runtime_version="2.1.9"))
     assert events & event_mask(api.POST_START_CONTAINER)
     await h.state_change(api.StateChangeEvent(event=api.RUN_POD_SANDBOX, pod=POD))
-    await h.create_container(api.CreateContainerRequest(pod=POD, container=container()))
+    await answered(h.create_container(api.CreateContainerRequest(pod=POD, container=container())))
     await event(h, api.START_CONTAINER)
     assert h.lifecycle.store.containers["c-1"].state == "created"  # started only once PostStartContainer says so
     await event(h, api.POST_START_CONTAINER)
