@@ -2,6 +2,8 @@
 every pod is given all 8 GPUs, so the gpu hook does its whole job.
 
     TMPDIR=/dev/shm python bench/nri_bench.py [--runtime 1.7|2] [--rounds 300] [--creates 100] [--pods 50]
+                                              [--samples FILE]
+    python bench/nri_bench.py --pool FILE [FILE ...]
     TMPDIR=/dev/shm python bench/nri_bench.py --handler-only [--creates 1000] [--gap 0.01] [--profile FILE]
 
 Needs root, containerd and runc, as bench/proxy_bench.py does, and Go for the Go plugin (built on
@@ -42,6 +44,7 @@ import asyncio
 import atexit
 import contextlib
 import cProfile
+import json
 import os
 import pstats
 import shutil
@@ -99,7 +102,12 @@ def main() -> None:
     ap.add_argument("--gap", type=float, default=0.01, help="--handler-only: seconds idle between calls")
     ap.add_argument("--profile", default="", help="--handler-only: cProfile the creates into this file")
     ap.add_argument("--no-go", action="store_true", help="leave out the Go plugin and its containerd")
+    ap.add_argument("--samples", default="", help="write every timed call's seconds to this JSON file")
+    ap.add_argument("--pool", nargs="+", default=[], metavar="FILE", help="report --samples files together")
     args = ap.parse_args()
+    if args.pool:
+        pooled(args.pool)
+        return
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # the containerds and daemons stop on the way out
     tmp = Path(tempfile.mkdtemp(prefix="nri-bench-"))
     atexit.register(shutil.rmtree, tmp, True)
@@ -233,6 +241,8 @@ def main() -> None:
         report(attached, {})
         if c is not None:
             against_floor(attached, calibration)
+        if args.samples:
+            Path(args.samples).write_text(json.dumps({"calibration": calibration, "attached": attached}))
         print(
             f"resident memory: crihook nri {plugin.rss_bytes() / 2**20:.1f} MiB,"
             f" crihook serve {proxy.rss_bytes() / 2**20:.1f} MiB",
@@ -280,6 +290,27 @@ def go_registered(binary: Path, c: Any) -> Iterator[None]:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def pooled(files: list[str]) -> None:
+    """Sittings written by --samples reported as one: each target's calls of every sitting together,
+    the rounds of each kept together (they are resampled as units), so a target more precise than
+    one sitting can measure (pod start) is seen with the intervals of all the sittings' calls."""
+    runs = [json.loads(Path(f).read_text()) for f in files]
+    merged: dict[str, dict[str, dict[str, list[float]]]] = {}
+    for phase in ("calibration", "attached"):
+        merged[phase] = {}
+        for run in runs:
+            for title, samples in run[phase].items():
+                into = merged[phase].setdefault(title, {})
+                for target, s in samples.items():
+                    into.setdefault(target, []).extend(s)
+    print(f"{len(files)} sittings pooled: {', '.join(files)}", flush=True)
+    print("A/A, no plugin: B (and C) straight beside A straight, all sent the rewritten request", flush=True)
+    report(merged["calibration"], {"direct": "A", "nri": "B", "go": "C"})
+    print("direct (A) | proxy (crihook serve in front of A) | nri (B, crihook nri) | go (C, Go plugin)", flush=True)
+    report(merged["attached"], {})
+    against_floor(merged["attached"], merged["calibration"])
 
 
 def against_floor(attached: dict[str, dict[str, list[float]]], calibration: dict[str, dict[str, list[float]]]) -> None:
