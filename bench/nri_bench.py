@@ -171,10 +171,26 @@ def main() -> None:
             ).SerializeToString()
             return rewrite(req) if rewritten else req
 
-        def measure(targets: dict[str, bool]) -> dict[str, dict[str, list[float]]]:
-            """`targets`: target -> whether it is sent the rewritten request."""
+        def measure(targets: dict[str, bool], pids: dict[str, int]) -> dict[str, dict[str, list[float]]]:
+            """`targets`: target -> whether it is sent the rewritten request. `pids`: the processes
+            whose CPU per round (its removals included) is printed after each measure."""
+            out: dict[str, dict[str, list[float]]] = {}
+
+            def timed(title: str, rounds: int, run: Callable[[], dict[str, list[float]]]) -> None:
+                before = pb.cpu_now(pids)
+                out[title] = run()
+                used = ", ".join(
+                    f"{name} {(pb.cpu_seconds(pid)[0] - before[name][0]) / rounds * 1000:.3f}"
+                    for name, pid in pids.items()
+                )
+                print(f"  CPU per {title} round, ms (removal included): {used}", flush=True)
+
             version = api.VersionRequest(version="v1").SerializeToString()
-            out = {"Version": pb.interleaved({t: partial(call, t, "Version", version) for t in targets}, args.rounds)}
+            timed(
+                "Version",
+                args.rounds,
+                lambda: pb.interleaved({t: partial(call, t, "Version", version) for t in targets}, args.rounds),
+            )
             running = {t: run_pod(t) for t in targets}
             made: list[tuple[str, str]] = []
 
@@ -195,7 +211,11 @@ def main() -> None:
                     call(t, "RemoveContainer", api.RemoveContainerRequest(container_id=cid).SerializeToString())
                 made.clear()
 
-            out["CreateContainer (8 GPUs)"] = pb.interleaved({t: create(t) for t in targets}, args.creates, remove)
+            timed(
+                "CreateContainer (8 GPUs)",
+                args.creates,
+                lambda: pb.interleaved({t: create(t) for t in targets}, args.creates, remove),
+            )
 
             def start(target: str) -> Callable[[], float]:
                 def fn() -> float:
@@ -224,20 +244,29 @@ def main() -> None:
                         call(t, "RemovePodSandbox", api.RemovePodSandboxRequest(pod_sandbox_id=p).SerializeToString())
                     ids.clear()
 
-            out["pod start (run+create+start)"] = pb.interleaved({t: start(t) for t in targets}, args.pods, remove_pods)
+            timed(
+                "pod start (run+create+start)",
+                args.pods,
+                lambda: pb.interleaved({t: start(t) for t in targets}, args.pods, remove_pods),
+            )
             remove_pods()
             return out
 
         straight = {"direct": True, "nri": True} | ({"go": True} if c is not None else {})
         print("A/A, no plugin: B (and C) straight beside A straight, all sent the rewritten request", flush=True)
-        calibration = measure(straight)
+        runtimes = {"containerd B": b.pid} | ({"containerd C": c.pid} if c is not None else {})
+        calibration = measure(straight, {k: v for k, v in runtimes.items() if v is not None})
         report(calibration, {"direct": "A", "nri": "B", "go": "C"})
         stack.callback(plugin.stop)
         plugin.start()  # registered with B and synchronized
+        plugins = {"crihook nri": plugin.pid}
         if c is not None and go is not None:
-            stack.enter_context(go_registered(go, c))
+            plugins["Go plugin"] = stack.enter_context(go_registered(go, c)).pid
         print("direct (A) | proxy (crihook serve in front of A) | nri (B, crihook nri) | go (C, Go plugin)", flush=True)
-        attached = measure({"direct": True, "proxy": False, "nri": False} | ({"go": True} if c is not None else {}))
+        attached = measure(
+            {"direct": True, "proxy": False, "nri": False} | ({"go": True} if c is not None else {}),
+            {k: v for k, v in (runtimes | plugins).items() if v is not None},
+        )
         report(attached, {})
         if c is not None:
             against_floor(attached, calibration)
@@ -272,7 +301,7 @@ def go_plugin(tmp: Path) -> Path:
 
 
 @contextlib.contextmanager
-def go_registered(binary: Path, c: Any) -> Iterator[None]:
+def go_registered(binary: Path, c: Any) -> Iterator[subprocess.Popen[bytes]]:
     """The Go plugin running against containerd `c`, until it has registered there."""
     proc = subprocess.Popen(
         [str(binary), "-socket", str(c.nri_socket), "-name", "gobench", "-idx", "10"],
@@ -286,7 +315,7 @@ def go_registered(binary: Path, c: Any) -> Iterator[None]:
             if time.monotonic() > deadline or proc.poll() is not None:
                 raise SystemExit("the Go NRI plugin did not register")
             time.sleep(0.05)
-        yield
+        yield proc
     finally:
         proc.terminate()
         proc.wait(10)

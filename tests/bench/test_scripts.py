@@ -91,14 +91,17 @@ def test_the_proxy_bench_runs_every_section_briefly() -> None:
 
 
 @pytest.mark.containerd
-def test_the_nri_bench_runs_every_mode_briefly() -> None:
-    """Two containerd 2.x (NRI on): straight, through `crihook serve`, with `crihook nri`; a few calls each."""
+def test_the_nri_bench_runs_every_mode_briefly(tmp_path: Path) -> None:
+    """Two containerd 2.x (NRI on): straight, through `crihook serve`, with `crihook nri`; a few calls
+    each; its samples pooled as two sittings."""
     if (why := missing_requirements()) is not None:
         pytest.skip(why)
     if (why := runtime("2").unavailable()) is not None:
         pytest.skip(why)
     go = shutil.which("go") or shutil.which("/usr/local/go/bin/go")
-    args = ("--runtime", "2", "--rounds", "3", "--creates", "2", "--pods", "2", *(() if go else ("--no-go",)))
+    samples = tmp_path / "sitting.json"
+    args = ("--runtime", "2", "--rounds", "3", "--creates", "2", "--pods", "2", "--samples", str(samples))
+    args += () if go else ("--no-go",)
     done = run(sys.executable, BENCH / "nri_bench.py", *args, timeout=900)  # the Go plugin's first build
     assert done.returncode == 0, done.stderr[-2000:]
     for section in ("Version", "CreateContainer (8 GPUs)", "pod start (run+create+start)"):
@@ -108,7 +111,13 @@ def test_the_nri_bench_runs_every_mode_briefly() -> None:
         if go:  # the A/A line has the Go plugin's containerd too; then crihook beside the Go plugin
             assert "| C p50" in calibration and "| go p50" in measured, (calibration, measured)
             assert "added p50 crihook nri" in floor[0] and "Go plugin" in floor[0], floor
+            assert "nri over go" in floor[0], floor
     assert "resident memory: crihook nri" in done.stdout
+    if go:
+        pooled = run(sys.executable, BENCH / "nri_bench.py", "--pool", str(samples), str(samples))
+        assert pooled.returncode == 0, pooled.stderr[-2000:]
+        assert pooled.stdout.startswith("2 sittings pooled"), pooled.stdout
+        assert "pod start (run+create+start) [n=4 each]" in pooled.stdout and "nri over go" in pooled.stdout
     alone = run(sys.executable, BENCH / "nri_bench.py", "--handler-only", "--creates", "5")
     assert alone.returncode == 0, alone.stderr[-2000:]
     assert "crihook nri handler in this process, CreateContainer with 8 GPUs [n=5]" in alone.stdout
