@@ -20,9 +20,12 @@ go (C, sent the rewritten request). Before the plugins register, the same calls 
 straight: the A/A lines, what B and C cost over A by themselves, printed first. Prints p50/p99 per
 target and what each adds over direct, for Version, CreateContainer into a running pod and pod start
 (RunPodSandbox, the pod's CreateContainer, StartContainer; each round's pods stopped and removed
-after it, untimed), then crihook's added p50 over the Go plugin's, and the daemons' resident
-memory. A CRI call that fails, or gets no answer within a minute, ends the bench naming the call
-and the target.
+after it, untimed), with the CPU each containerd and plugin used per round; then crihook's added
+p50 beside the Go plugin's (their ratio, and crihook's p50 over the Go plugin's in ms and %, with
+95 % intervals), and the daemons' resident memory. A CRI call that fails, or gets no answer within
+a minute, ends the bench naming the call and the target. `--samples FILE` writes every timed
+call's seconds there; `--pool` reports such files of several sittings together (each figure worked
+out per sitting and averaged, weighted by rounds), for what one sitting can not resolve.
 
 `--handler-only`: no containerd; `crihook nri`'s plugin side in this process, on the same node, made
 as the daemon makes it (its store in TMPDIR), sent containerd's CreateContainer for a kubelet
@@ -269,7 +272,7 @@ def main() -> None:
         )
         report(attached, {})
         if c is not None:
-            against_floor(attached, calibration)
+            against_floor([(attached, calibration)])
         if args.samples:
             Path(args.samples).write_text(json.dumps({"calibration": calibration, "attached": attached}))
         print(
@@ -322,63 +325,65 @@ def go_registered(binary: Path, c: Any) -> Iterator[subprocess.Popen[bytes]]:
 
 
 def pooled(files: list[str]) -> None:
-    """Sittings written by --samples reported as one: each target's calls of every sitting together,
-    the rounds of each kept together (they are resampled as units), so a target more precise than
-    one sitting can measure (pod start) is seen with the intervals of all the sittings' calls."""
+    """Sittings written by --samples reported as one (against_floor over all of them), for what one
+    sitting can not resolve (pod start)."""
     runs = [json.loads(Path(f).read_text()) for f in files]
-    merged: dict[str, dict[str, dict[str, list[float]]]] = {}
-    for phase in ("calibration", "attached"):
-        merged[phase] = {}
-        for run in runs:
-            for title, samples in run[phase].items():
-                into = merged[phase].setdefault(title, {})
-                for target, s in samples.items():
-                    into.setdefault(target, []).extend(s)
     print(f"{len(files)} sittings pooled: {', '.join(files)}", flush=True)
-    print("A/A, no plugin: B (and C) straight beside A straight, all sent the rewritten request", flush=True)
-    report(merged["calibration"], {"direct": "A", "nri": "B", "go": "C"})
-    print("direct (A) | proxy (crihook serve in front of A) | nri (B, crihook nri) | go (C, Go plugin)", flush=True)
-    report(merged["attached"], {})
-    against_floor(merged["attached"], merged["calibration"])
+    against_floor([(run["attached"], run["calibration"]) for run in runs])
 
 
-def against_floor(attached: dict[str, dict[str, list[float]]], calibration: dict[str, dict[str, list[float]]]) -> None:
-    """crihook's added p50 beside the Go plugin's, both over direct, with the ratio's 95 % interval;
-    crihook's p50 over the Go plugin's, with its interval and as a share of the Go plugin's (the
-    pod start target's terms); and the added p50s less each containerd's own offset over A in the
-    A/A run (noisier: two runs' medians)."""
-    for title, samples in attached.items():
-        d50, base = statistics.median(samples["direct"]), statistics.median(calibration[title]["direct"])
-        raw = {t: statistics.median(samples[t]) - d50 for t in ("nri", "go")}
-        less = {t: raw[t] - (statistics.median(calibration[title][t]) - base) for t in ("nri", "go")}
-        lo, hi = ratio_interval(samples["nri"], samples["go"], samples["direct"])
-        go50 = statistics.median(samples["go"])
-        over, (olo, ohi) = raw["nri"] - raw["go"], pb.added_interval(samples["nri"], samples["go"], 0.5)
+Samples = dict[str, dict[str, list[float]]]  # measure -> target -> seconds per call, round by round
+
+
+def against_floor(sittings: list[tuple[Samples, Samples]]) -> None:
+    """crihook's added p50 over direct beside the Go plugin's, and their ratio; crihook's p50 over
+    the Go plugin's, in ms and as a share of the Go plugin's (the pod start target's terms); the
+    added p50s less each containerd's own offset over A in the A/A run. `sittings`: (attached,
+    calibration) of one run or several; each figure is worked out in each sitting and averaged,
+    weighted by its rounds (a sitting's machine is not another's, so their calls are not mixed),
+    with a 95 % bootstrap interval that resamples whole rounds within each sitting."""
+    import numpy as np  # here: only the report needs it
+
+    rng = np.random.default_rng(0)
+    for title in sittings[0][0]:
+        weights = np.array([len(attached[title]["direct"]) for attached, _ in sittings], dtype=float)
+        weights /= weights.sum()
+        point = {k: 0.0 for k in ("nri", "go", "go50", "nri_aa", "go_aa")}
+        draws = {k: np.zeros(BOOTSTRAP) for k in ("nri", "go", "go50")}
+        for w, (attached, calibration) in zip(weights, sittings, strict=True):
+            n, g, d = (np.asarray(attached[title][t]) for t in ("nri", "go", "direct"))
+            med = {t: float(np.median(a)) for t, a in (("nri", n), ("go", g), ("direct", d))}
+            aa = {
+                t: float(np.median(calibration[title][t]) - np.median(calibration[title]["direct"]))
+                for t in ("nri", "go")
+            }
+            point["nri"] += w * (med["nri"] - med["direct"])
+            point["go"] += w * (med["go"] - med["direct"])
+            point["go50"] += w * med["go"]
+            point["nri_aa"] += w * (med["nri"] - med["direct"] - aa["nri"])
+            point["go_aa"] += w * (med["go"] - med["direct"] - aa["go"])
+            picks = rng.integers(0, len(d), size=(BOOTSTRAP, len(d)))
+            base = np.median(d[picks], axis=1)
+            draws["nri"] += w * (np.median(n[picks], axis=1) - base)
+            go50 = np.median(g[picks], axis=1)
+            draws["go"] += w * (go50 - base)
+            draws["go50"] += w * go50
+        lo, hi = np.quantile(draws["nri"] / draws["go"], [0.025, 0.975])
+        over = point["nri"] - point["go"]
+        olo, ohi = np.quantile(draws["nri"] - draws["go"], [0.025, 0.975])
+        plo, phi = np.quantile((draws["nri"] - draws["go"]) / draws["go50"] * 100, [0.025, 0.975])
         print(
-            f"{title}: added p50 crihook nri {raw['nri'] * 1000:+.3f} ms, Go plugin {raw['go'] * 1000:+.3f} ms,"
-            f" ratio {ratio(raw['nri'], raw['go'])} [{lo:.2f}, {hi:.2f}];"
+            f"{title}: added p50 crihook nri {point['nri'] * 1000:+.3f} ms, Go plugin {point['go'] * 1000:+.3f} ms,"
+            f" ratio {ratio(point['nri'], point['go'])} [{lo:.2f}, {hi:.2f}];"
             f" nri over go {over * 1000:+.3f} ms [{olo * 1000:+.3f}, {ohi * 1000:+.3f}]"
-            f" ({over / go50 * 100:+.2f} % [{olo / go50 * 100:+.2f}, {ohi / go50 * 100:+.2f}]);"
-            f" less A/A {less['nri'] * 1000:+.3f} ms, {less['go'] * 1000:+.3f} ms,"
-            f" ratio {ratio(less['nri'], less['go'])}",
+            f" ({over / point['go50'] * 100:+.2f} % [{plo:+.2f}, {phi:+.2f}]);"
+            f" less A/A {point['nri_aa'] * 1000:+.3f} ms, {point['go_aa'] * 1000:+.3f} ms,"
+            f" ratio {ratio(point['nri_aa'], point['go_aa'])}",
             flush=True,
         )
 
 
-def ratio_interval(
-    nri: list[float], go: list[float], direct: list[float], resamples: int = 2000
-) -> tuple[float, float]:
-    """95 % bootstrap interval of (nri p50 - direct p50) / (go p50 - direct p50), resampling whole
-    rounds so the three calls of a round stay together (as proxy_bench.added_interval)."""
-    import numpy as np  # here: only the report needs it
-
-    rng = np.random.default_rng(0)
-    n, g, d = np.asarray(nri), np.asarray(go), np.asarray(direct)
-    picks = rng.integers(0, len(d), size=(resamples, len(d)))
-    base = np.median(d[picks], axis=1)
-    ratios = (np.median(n[picks], axis=1) - base) / (np.median(g[picks], axis=1) - base)
-    lo, hi = np.quantile(ratios, [0.025, 0.975])
-    return float(lo), float(hi)
+BOOTSTRAP = 2000  # resamples for against_floor's intervals
 
 
 def ratio(a: float, b: float) -> str:
