@@ -293,6 +293,10 @@ class Reflector:
                     self.event(kind, obj)
         finally:
             self._resp = None
+            # closed, never handed back to the pool open: a watch left before its end (stop() or
+            # relist() as its request was under way) goes on streaming, and the next request given
+            # that connection would wait behind it until its read timeout
+            resp.close()
             resp.release_conn()
         return rv
 

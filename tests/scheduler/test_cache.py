@@ -12,10 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from crihook.base import metrics
 from crihook.base.allocation import CONTAINER_DEVICES, DEVICE_ALLOCATED, GPU, GPU_CORE, parse_device_allocated
-from crihook.scheduler.cache import ClusterCache
+from crihook.scheduler.cache import ClusterCache, Reflector
 from crihook.scheduler.extender import ApiFailure
 from crihook.scheduler.plugin import DeviceShare
 from tests.support.bindrun import Scheduler, start_scheduler
@@ -475,3 +476,26 @@ def test_the_webhooks_claim_template_is_written_once_per_content(kube: FakeKube)
         with pytest.raises(ApiFailure) as e:
             KubeApi(old.api_client()).create_template(tpl)
         assert e.value.code == 404
+
+
+def test_a_watch_left_as_its_request_was_under_way_holds_up_no_later_request(kube: FakeKube) -> None:
+    """stop() between a watch's request and its first read: the API server goes on streaming on that
+    connection, so it must not go back to the client's pool open, where the next request (a term's
+    last label write, at SIGTERM) would wait behind the stream until its own timeout."""
+    core = client.CoreV1Api(kube.api_client())
+    reflector: Reflector
+
+    def list_node(**kwargs: Any) -> Any:
+        answer = core.list_node(**kwargs)
+        if kwargs.get("watch"):
+            reflector._stop.set()  # as stop() does, once the watch's request is answered
+        return answer
+
+    reflector = Reflector("nodes", list_node, lambda items: None, lambda kind, obj: None)
+    reflector.start()
+    reflector._thread.join(10)
+    assert not reflector._thread.is_alive() and reflector.synced.is_set()
+    name = fixture("cluster_nodes.json")["items"][0]["metadata"]["name"]
+    began = time.monotonic()
+    core.patch_node(name, {"metadata": {"labels": {"leader": "no"}}}, _preload_content=False, _request_timeout=3)
+    assert time.monotonic() - began < 2
