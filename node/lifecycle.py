@@ -9,9 +9,8 @@ what was decided, the front door reports it with the id the runtime gave (`pod_s
 `container_created`, `container_started`, `container_updated`), so the store keeps what was really
 made. The CRI proxy reports after containerd's answer; in NRI mode CreateContainer already carries
 the container's id, so the plugin reports right after its own answer, the runtime waiting for none
-of it. Stops and
-removals (`container_stopped`, ...) only record, and run post hooks in the background: they never
-delay or change a call.
+of it. Stops and removals (`container_stopped`, ...) only record, and run post hooks in the
+background: they never delay or change a call.
 """
 
 from __future__ import annotations

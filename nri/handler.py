@@ -681,7 +681,7 @@ class HookHandler:
         it. Without such a hook the runtime waits for nothing: the pod is recorded, and the hooks
         prepare for its containers, once the answer is written."""
         if not self.lifecycle.wants(Stage.PRE_RUN_POD_SANDBOX):
-            self._after_answer(lambda: self.lifecycle.pod_started(self._pod_view(msg), []))
+            self._after_answer(self._pod_recorded, msg)
             return
         pod = self._pod_view(msg)
         ctx = HookContext(Stage.PRE_RUN_POD_SANDBOX, pod, None, self._deadline())
@@ -690,6 +690,9 @@ class HookHandler:
             why = f"crihook: a hook changed pod {pod.ref} at RunPodSandbox, which NRI can not apply; use proxy mode"
             self._refuse(ctx, decided.records, grpc.StatusCode.FAILED_PRECONDITION, why)
         self._after_answer(self.lifecycle.pod_started, pod, decided.records)
+
+    def _pod_recorded(self, msg: api.PodSandbox) -> None:
+        self.lifecycle.pod_started(self._pod_view(msg), [])
 
     async def update_container(self, request: api.UpdateContainerRequest) -> api.UpdateContainerResponse:
         """UpdateContainerResources through the core as in proxy mode; what the hooks change of the
@@ -757,15 +760,16 @@ class HookHandler:
     def _after_answer(self, fn: Callable[..., None], *args: Any) -> None:
         """`fn(*args)` right after the answer being made is written, before any later call of the
         runtime is read: bookkeeping (the store's record, the hooks' per-pod work) the runtime need
-        not wait for. A failure there is logged; the call was answered already."""
+        not wait for."""
+        asyncio.get_running_loop().call_soon(self._bookkeep, fn, args)
 
-        def run() -> None:
-            try:
-                fn(*args)
-            except Exception:
-                log.exception("bookkeeping after an answer failed", extra={"what": getattr(fn, "__name__", "")})
-
-        asyncio.get_running_loop().call_soon(run)
+    @staticmethod
+    def _bookkeep(fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+        """A failure is logged: the call was answered already."""
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("bookkeeping after an answer failed", extra={"what": fn.__name__})
 
     def _deadline(self) -> float:
         return time.monotonic() + max(self.request_timeout - MARGIN, 0.1)

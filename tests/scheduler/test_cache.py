@@ -496,6 +496,5 @@ def test_a_watch_left_as_its_request_was_under_way_holds_up_no_later_request(kub
     reflector._thread.join(10)
     assert not reflector._thread.is_alive() and reflector.synced.is_set()
     name = fixture("cluster_nodes.json")["items"][0]["metadata"]["name"]
-    began = time.monotonic()
+    # behind an open watch (the fake's last 300 s) this times out; on a connection of its own it is answered
     core.patch_node(name, {"metadata": {"labels": {"leader": "no"}}}, _preload_content=False, _request_timeout=3)
-    assert time.monotonic() - began < 2
