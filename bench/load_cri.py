@@ -408,9 +408,9 @@ def loaded_crihook(containerd: Containerd, work: Path) -> Iterator[Crihook]:
 
 
 def store_settled(proxy: Crihook, quiet: float = 0.3, limit: float = 15.0) -> Path:
-    """The store file once crihook's coalesced writes have happened: the snapshot and its journal
-    unchanged for `quiet` seconds (the store writes 50 ms after the last change, on a thread that
-    fsyncs: a loaded machine takes longer than any fixed wait), or `limit` seconds at most."""
+    """The store file once crihook's writes have happened: the snapshot and its journal unchanged
+    for `quiet` seconds (the store writes on a thread that fsyncs: a loaded machine takes longer
+    than any fixed wait), or `limit` seconds at most."""
     snapshot = proxy.state_dir / "store.json"
     files = (snapshot, snapshot.with_suffix(".journal"))
 

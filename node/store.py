@@ -3,16 +3,19 @@
 The runtime is the source of truth for which pods and containers exist; the store adds what only
 crihook knows (what each hook did) and lets post hooks of Stop/Remove calls, which carry only an
 id, see the pod. At start it is reconciled against ListPodSandbox/ListContainers before crihook
-serves. It owns the records in memory, when they are written (a burst of calls shares one write,
-encoded on the event loop, written on a worker thread) and whether a write is a journal line or a
-new snapshot; the bytes of both files are node/storefile.py's.
+serves. It owns the records in memory, when they are written (the changes of one turn of the event
+loop are encoded there, at the end of the turn, and written by the store's writer thread, which
+puts the lines queued meanwhile in one append) and whether a write is a journal line or a new
+snapshot; the bytes of both files are node/storefile.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
+import queue
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -26,7 +29,6 @@ from crihook.node.storefile import StoreFileError
 
 log = logging.getLogger("crihook.store")
 
-FLUSH_DELAY = 0.05  # seconds: lifecycle bursts coalesce into one write
 COMPACT_RATIO = 4  # a new snapshot once the journal is this many times the snapshot's size,
 COMPACT_FLOOR = 64 << 10  # the snapshot counted as at least this many bytes (a journal of 256 KiB at least)
 
@@ -40,6 +42,43 @@ class _Write:
     snapshot: bool
 
 
+class _Writer:
+    """The store's writer thread. The event loop hands it encodings and hears back only of a
+    failure: a write wakes the loop for nothing, and a slow or stalled disk never holds it up. The
+    encodings queued while a write is under way are written together next (one append, one fsync)."""
+
+    def __init__(self, store: Store, loop: asyncio.AbstractEventLoop) -> None:
+        self._store = store
+        self._loop = loop
+        self._queue: queue.SimpleQueue[_Write | concurrent.futures.Future[None] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="crihook-store-writer", daemon=True)
+        self._thread.start()
+
+    def put(self, item: _Write | concurrent.futures.Future[None] | None) -> None:
+        """An encoding to write, a future set once what was put before it is written (or failed),
+        or None: the thread ends after what was put before."""
+        self._queue.put(item)
+
+    def _run(self) -> None:
+        while True:
+            items = [self._queue.get()]
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    items.append(self._queue.get_nowait())
+            writes = [i for i in items if isinstance(i, _Write)]
+            if writes:
+                try:
+                    self._store._put(writes)
+                except OSError as e:
+                    log.error("store write failed", extra={"path": str(self._store.path), "error": str(e)})
+                    self._loop.call_soon_threadsafe(self._store._write_failed)
+            for item in items:
+                if isinstance(item, concurrent.futures.Future):
+                    item.set_result(None)
+            if None in items:
+                return
+
+
 class Store:
     """The records, in memory and on disk; every change goes through its methods."""
 
@@ -49,7 +88,9 @@ class Store:
         self.pods: dict[str, PodRecord] = {}
         self.containers: dict[str, ContainerRecord] = {}
         self._dirty = False
-        self._flush_task: asyncio.Task[None] | None = None
+        self._handing_over = False  # a hand-over to the writer is due at the end of this loop turn
+        self._writer: _Writer | None = None  # started with the first hand-over
+        self._failed = False  # a write failed: journal lines wait for the next snapshot (writer thread)
         self._write_lock = threading.Lock()
         self._encoded = 0  # encodings made
         self._rows: dict[tuple[str, str], bytes] = {}  # ("pods" | "containers", id) -> encoded record
@@ -150,50 +191,72 @@ class Store:
             return self._encode(reuse=True)
         return self._encode_changes()
 
-    def _write(self, write: _Write) -> None:
-        """Put an encoding on disk: may block on the disk, so the event loop calls it through a
-        worker thread."""
+    def _put(self, writes: list[_Write]) -> None:
+        """Put encodings on disk, in order: the newest snapshot among them and the journal lines
+        after it (what it holds is not written again), the lines in one append. Blocks on the disk:
+        the writer thread's, or this thread's at start and stop. Raises OSError; after a failure
+        the journal may end in a torn line, so lines wait for the next snapshot."""
         with self._write_lock:
-            if write.seq <= self._written:
+            writes = [w for w in writes if w.seq > self._written]
+            newest = max((i for i, w in enumerate(writes) if w.snapshot), default=None)
+            if newest is not None:
+                writes = writes[newest:]
+            if not writes or (self._failed and not writes[0].snapshot):
                 return
-            if write.snapshot:
-                storefile.write_snapshot(self.path, write.pieces)
-            else:
-                storefile.append(self.journal, write.pieces)
-            self._written = write.seq
+            if writes[0].snapshot:
+                self._failed = True  # until the snapshot is on disk
+                storefile.write_snapshot(self.path, writes[0].pieces)
+                self._written, self._failed = writes[0].seq, False
+                writes = writes[1:]
+            if writes:
+                self._failed = True
+                storefile.append(self.journal, [w.pieces for w in writes])
+                self._written, self._failed = writes[-1].seq, False
+
+    def _write_failed(self) -> None:
+        """On the event loop: the next write is a snapshot of everything (made with the next change)."""
+        self._dirty = self._snapshot_due = True
 
     def save(self) -> None:
         """Write a snapshot now, on this thread (start, reconciliation, shutdown)."""
-        self._write(self._encode())
+        self._put([self._encode()])
 
     def changed(self, row: tuple[str, str]) -> None:
-        """Schedule a write (calls in one burst share it); `row`'s encoding is stale."""
+        """`row`'s encoding is stale; the changes of this turn of the event loop are handed to the
+        writer at its end, together."""
         self._rows.pop(row, None)
         self._pending.add(row)
         self._dirty = True
         STORE_OBJECTS.set(len(self.pods), "pods")
         STORE_OBJECTS.set(len(self.containers), "containers")
-        if self._flush_task is None or self._flush_task.done():
-            self._flush_task = asyncio.get_running_loop().create_task(self._flush())
+        if not self._handing_over:
+            self._handing_over = True
+            asyncio.get_running_loop().call_soon(self._hand_over)
 
-    async def _flush(self) -> None:
-        """Encode on the event loop (a consistent state, no copies), write and fsync on a worker
-        thread: a slow or stalled disk must not hold up CRI calls. Changes made meanwhile go in the
-        next round."""
-        while self._dirty:
-            await asyncio.sleep(FLUSH_DELAY)
-            write = self._next_write()
-            try:
-                await asyncio.to_thread(self._write, write)
-            except OSError as e:
-                self._dirty = self._snapshot_due = True  # the journal may end in a torn line now
-                log.error("store write failed", extra={"path": str(self.path), "error": str(e)})
-                return
+    def _hand_over(self) -> None:
+        """Encode on the event loop (a consistent state, no copies) and queue it for the writer."""
+        self._handing_over = False
+        if not self._dirty:
+            return
+        if self._writer is None:
+            self._writer = _Writer(self, asyncio.get_running_loop())
+        self._writer.put(self._next_write())
+
+    async def flushed(self) -> None:
+        """Once every change made so far is on disk, or its write failed."""
+        self._hand_over()
+        if self._writer is not None:
+            done: concurrent.futures.Future[None] = concurrent.futures.Future()
+            self._writer.put(done)
+            await asyncio.wrap_future(done)
 
     async def close(self) -> None:
-        if self._flush_task is not None:
-            self._flush_task.cancel()
-        if self._dirty or self._written < self._encoded:  # a write still on its thread is redone here
+        """The writer ends after what it was handed; what it has not written yet is written here, a
+        snapshot (waiting for a write under way)."""
+        if self._writer is not None:
+            self._writer.put(None)
+            self._writer = None
+        if self._dirty or self._written < self._encoded:
             self.save()
 
     # -- reconciliation ----------------------------------------------------------------------

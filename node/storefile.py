@@ -248,13 +248,15 @@ def write_snapshot(path: Path, pieces: list[bytes]) -> None:
         fsync_dir(path.parent)  # appends are fsynced to a file whose name is on disk
 
 
-def append(journal: Path, pieces: list[bytes]) -> None:
-    """Append one checksummed line to the journal and fsync it."""
-    payload = b"".join(pieces)
-    line = hashlib.sha256(payload).hexdigest().encode() + b" " + payload + b"\n"
+def append(journal: Path, lines: Iterable[list[bytes]]) -> None:
+    """Append checksummed lines to the journal, one per line's pieces, in one write, and fsync it."""
+    out = bytearray()
+    for pieces in lines:
+        payload = b"".join(pieces)
+        out += hashlib.sha256(payload).hexdigest().encode() + b" " + payload + b"\n"
     fd = os.open(journal, os.O_WRONLY | os.O_APPEND)  # no O_CREAT: a journal gone means a snapshot
     try:
-        if os.write(fd, line) != len(line):
+        if os.write(fd, out) != len(out):
             raise OSError(errno.EIO, "short write", str(journal))
         os.fsync(fd)
     finally:

@@ -70,8 +70,9 @@ from crihook.proto import nri_v1alpha1_pb2 as api
 
 log = logging.getLogger("crihook.nri")
 
+# RunPodSandbox only when a hook runs there: the runtime waits for its answer inside every pod
+# start, and the pod is recorded at its first CreateContainer (or Synchronize) all the same
 EVENTS = event_mask(
-    api.RUN_POD_SANDBOX,
     api.STOP_POD_SANDBOX,
     api.REMOVE_POD_SANDBOX,
     api.CREATE_CONTAINER,
@@ -226,6 +227,8 @@ class HookHandler:
             self.refused = StartRefused(why)
             raise RpcError(_code(grpc.StatusCode.FAILED_PRECONDITION), why)
         events = EVENTS
+        if self.lifecycle.wants(Stage.PRE_RUN_POD_SANDBOX):
+            events |= event_mask(api.RUN_POD_SANDBOX)
         if self.lifecycle.wants(Stage.PRE_UPDATE_CONTAINER_RESOURCES):  # else each update's trip saved
             events |= event_mask(api.UPDATE_CONTAINER)
         # the runtime waits for PostStartContainer within StartContainer: a trip on every pod start
@@ -523,7 +526,7 @@ class HookHandler:
             self.lifecycle.create_failed(pod, after)
             self._refuse(ctx, decided.records, grpc.StatusCode.FAILED_PRECONDITION, why)
         # its id is NRI's, kept from `before`
-        self._after_answer(self.lifecycle.container_created, pod, after, decided.records)
+        self._after_answer(self._created, pod, after, decided.records)
         self._cleared.add(request.container.id)
         if self.runtime.device_rules:
             if len(self._answers) >= ANSWERS_KEPT:  # a creation another plugin failed is never validated
@@ -531,6 +534,13 @@ class HookHandler:
             own = (*rules, *adjusted_rules(adjust))
             self._answers[request.container.id] = answer(own, after.env(VISIBLE), after.cdi_devices)
         return api.CreateContainerResponse(adjust=adjust)
+
+    def _created(self, pod: PodInfo, container: ContainerInfo, records: list[HookRecord]) -> None:
+        """The container recorded, and its pod first when this is the pod's first container crihook
+        sees (RunPodSandbox is subscribed only when a hook runs there)."""
+        if pod.id not in self.lifecycle.store.pods:
+            self.lifecycle.pod_started(pod, [])
+        self.lifecycle.container_created(pod, container, records)
 
     async def validate_adjustment(
         self, request: api.ValidateContainerAdjustmentRequest

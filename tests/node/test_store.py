@@ -3,9 +3,11 @@ appends what changed to the journal, and a crash at any byte of it loses at most
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -186,9 +188,8 @@ def test_reconcile_takes_the_cgroup_parent_from_the_runtime_else_keeps_its_own(t
 
 
 async def settle(s: Store) -> None:
-    """Wait for the store's pending write (its flush task) to be on disk."""
-    if s._flush_task is not None:
-        await s._flush_task
+    """Wait for the store's pending write to be on disk."""
+    await s.flushed()
 
 
 async def journaled(tmp_path: Path) -> tuple[Store, list[bytes]]:
@@ -300,7 +301,6 @@ async def test_a_version_1_file_is_read_and_rewritten_as_a_snapshot(tmp_path: Pa
 
 async def test_the_journal_is_compacted_into_a_snapshot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(storemod, "COMPACT_FLOOR", 500)
-    monkeypatch.setattr(storemod, "FLUSH_DELAY", 0)
     s = Store(tmp_path)
     s.save()
     sizes = []
@@ -351,3 +351,34 @@ async def test_a_journal_without_its_snapshot_is_never_applied(tmp_path: Path) -
     t.save()  # generation 1 again: no line of the old journal may ever apply to it
     u = Store(tmp_path)
     assert u.load() == "ok" and u.pods == {} and u.containers == {}
+
+
+async def test_changes_handed_over_while_a_write_is_under_way_go_in_one_append(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer thread takes every line queued during a write, and appends and fsyncs them once."""
+    s = Store(tmp_path)
+    s.save()
+    release, syncs, real_fsync = threading.Event(), [], os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        syncs.append(fd)
+        release.wait(10)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    s.put_pod(pod("p1"))
+    for _ in range(200):  # the first line is being fsynced
+        await asyncio.sleep(0.005)
+        if syncs:
+            break
+    for name in ("p2", "p3"):  # each in a turn of its own: a line each
+        s.put_pod(pod(name))
+        await asyncio.sleep(0)
+    release.set()
+    await s.flushed()
+    assert len(syncs) == 2
+    assert len(s.journal.read_bytes().splitlines()) == 3
+    t = Store(tmp_path)
+    assert t.load() == "ok" and state(t) == state(s)
+    await s.close()

@@ -297,6 +297,42 @@ async def test_without_start_hooks_post_start_is_not_subscribed_and_start_record
     await h.close()
 
 
+class PodGate(Recorder):
+    """A hook that takes PreRunPodSandbox."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stages = frozenset({*STAGES, Stage.PRE_RUN_POD_SANDBOX})
+
+
+async def test_without_pod_hooks_run_pod_sandbox_is_not_subscribed_and_create_records_the_pod(tmp_path: Path) -> None:
+    """The runtime waits for RunPodSandbox's answer inside every pod start: without a hook there it
+    is not asked, and the pod's first CreateContainer records the pod before its container."""
+    h = HookHandler(Lifecycle(build_chain(HooksConfig(), NodeConfig()), Store(tmp_path)))
+    events = await h.configure(api.ConfigureRequest(runtime_name="containerd", runtime_version="2.1.9"))
+    assert not events & event_mask(api.RUN_POD_SANDBOX)
+    assert events & event_mask(api.STOP_POD_SANDBOX, api.REMOVE_POD_SANDBOX) == event_mask(
+        api.STOP_POD_SANDBOX, api.REMOVE_POD_SANDBOX
+    )
+    await h.synchronize([], [])
+    store = h.lifecycle.store
+    await answered(h.create_container(api.CreateContainerRequest(pod=POD, container=container())))
+    assert (store.pods["sb-1"].name, store.pods["sb-1"].namespace, store.pods["sb-1"].state) == ("train", "ml", "ready")
+    assert store.containers["c-1"].pod_id == "sb-1"
+    first = store.pods["sb-1"]
+    second = api.Container(id="c-2", pod_sandbox_id="sb-1", name="side")
+    await answered(h.create_container(api.CreateContainerRequest(pod=POD, container=second)))
+    assert store.pods["sb-1"] is first  # recorded once
+    await h.close()
+
+
+async def test_with_a_pod_hook_run_pod_sandbox_is_subscribed(tmp_path: Path) -> None:
+    h = await handler(tmp_path, PodGate())
+    events = await h.configure(api.ConfigureRequest(runtime_name="containerd", runtime_version="2.1.9"))
+    assert events & event_mask(api.RUN_POD_SANDBOX)
+    await h.close()
+
+
 async def test_with_a_start_hook_post_start_is_subscribed_and_records_the_state(tmp_path: Path) -> None:
     h = await handler(tmp_path, Recorder())
     events = await h.configure(api.ConfigureRequest(runtime_name="containerd", runtime_version="2.1.9"))

@@ -202,8 +202,7 @@ def _journaled() -> tuple[bytes, bytes, list[tuple[set[str], set[str]]]]:
 
     async def write(change: Callable[[], object]) -> None:
         change()
-        assert store._flush_task is not None
-        await store._flush_task
+        await store.flushed()
 
     for change in (
         lambda: store.put_container(ContainerRecord("c1", "p1", "main", hooks=[{"hook": "gpu"}])),
