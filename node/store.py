@@ -3,10 +3,10 @@
 The runtime is the source of truth for which pods and containers exist; the store adds what only
 crihook knows (what each hook did) and lets post hooks of Stop/Remove calls, which carry only an
 id, see the pod. At start it is reconciled against ListPodSandbox/ListContainers before crihook
-serves. It owns the records in memory, when they are written (the changes of one turn of the event
-loop are encoded there, at the end of the turn, and written by the store's writer thread, which
-puts the lines queued meanwhile in one append) and whether a write is a journal line or a new
-snapshot; the bytes of both files are node/storefile.py's.
+serves. It owns the records in memory, when they are written (the changes of a burst are encoded
+on the event loop FLUSH_DELAY after its first, and written by the store's writer thread, which puts
+the lines queued meanwhile in one append) and whether a write is a journal line or a new snapshot;
+the bytes of both files are node/storefile.py's.
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ from crihook.node.storefile import StoreFileError
 
 log = logging.getLogger("crihook.store")
 
+# seconds: the changes of a burst (a pod's start, its teardown) are encoded and written together,
+# after the calls that made them
+FLUSH_DELAY = 0.05
 COMPACT_RATIO = 4  # a new snapshot once the journal is this many times the snapshot's size,
 COMPACT_FLOOR = 64 << 10  # the snapshot counted as at least this many bytes (a journal of 256 KiB at least)
 
@@ -88,7 +91,7 @@ class Store:
         self.pods: dict[str, PodRecord] = {}
         self.containers: dict[str, ContainerRecord] = {}
         self._dirty = False
-        self._handing_over = False  # a hand-over to the writer is due at the end of this loop turn
+        self._hand_over_at: asyncio.TimerHandle | None = None  # when the changes go to the writer
         self._writer: _Writer | None = None  # started with the first hand-over
         self._failed = False  # a write failed: journal lines wait for the next snapshot (writer thread)
         self._write_lock = threading.Lock()
@@ -222,20 +225,21 @@ class Store:
         self._put([self._encode()])
 
     def changed(self, row: tuple[str, str]) -> None:
-        """`row`'s encoding is stale; the changes of this turn of the event loop are handed to the
-        writer at its end, together."""
+        """`row`'s encoding is stale; it goes to the writer FLUSH_DELAY after the first change not
+        handed over yet, with every change made meanwhile."""
         self._rows.pop(row, None)
         self._pending.add(row)
         self._dirty = True
         STORE_OBJECTS.set(len(self.pods), "pods")
         STORE_OBJECTS.set(len(self.containers), "containers")
-        if not self._handing_over:
-            self._handing_over = True
-            asyncio.get_running_loop().call_soon(self._hand_over)
+        if self._hand_over_at is None:
+            self._hand_over_at = asyncio.get_running_loop().call_later(FLUSH_DELAY, self._hand_over)
 
     def _hand_over(self) -> None:
         """Encode on the event loop (a consistent state, no copies) and queue it for the writer."""
-        self._handing_over = False
+        if self._hand_over_at is not None:
+            self._hand_over_at.cancel()
+            self._hand_over_at = None
         if not self._dirty:
             return
         if self._writer is None:
@@ -253,6 +257,9 @@ class Store:
     async def close(self) -> None:
         """The writer ends after what it was handed; what it has not written yet is written here, a
         snapshot (waiting for a write under way)."""
+        if self._hand_over_at is not None:
+            self._hand_over_at.cancel()
+            self._hand_over_at = None
         if self._writer is not None:
             self._writer.put(None)
             self._writer = None

@@ -432,7 +432,7 @@ async def test_a_stalled_disk_never_freezes_the_event_loop(
     store.put_pod(PodRecord("s1", "p", "ns", POD, annotations={"a": "1"}))
     try:
         t = time.perf_counter()
-        await asyncio.sleep(0.3)  # the write is handed over at once and hangs in fsync
+        await asyncio.sleep(0.3)  # the write is due after 50 ms and hangs in fsync
         assert time.perf_counter() - t < 0.6
         assert store._written < store._encoded  # the write hangs ...
         assert write == "journal" or not store.path.exists()  # ... before the snapshot's rename

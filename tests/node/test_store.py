@@ -357,6 +357,7 @@ async def test_changes_handed_over_while_a_write_is_under_way_go_in_one_append(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The writer thread takes every line queued during a write, and appends and fsyncs them once."""
+    monkeypatch.setattr(storemod, "FLUSH_DELAY", 0.001)
     s = Store(tmp_path)
     s.save()
     release, syncs, real_fsync = threading.Event(), [], os.fsync
@@ -372,9 +373,9 @@ async def test_changes_handed_over_while_a_write_is_under_way_go_in_one_append(
         await asyncio.sleep(0.005)
         if syncs:
             break
-    for name in ("p2", "p3"):  # each in a turn of its own: a line each
+    for name in ("p2", "p3"):  # each handed over on its own: a line each
         s.put_pod(pod(name))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0.02)
     release.set()
     await s.flushed()
     assert len(syncs) == 2
