@@ -500,7 +500,7 @@ PHASES = (
     ("round trip", "the request written to the plugin's socket to its answer read back, both ends in this process"),
     ("call", "ttrpc request decoded, the deadline, the handler, the answer encoded (nri.stub)"),
     ("handler", "HookHandler.create_container"),
-    ("pod view", "the pod's view of NRI's message, made at RunPodSandbox"),
+    ("pod view", "the pod's view of NRI's message, made at its first CreateContainer"),
     ("container view", "the container's view of NRI's message"),
     ("hooks", "the hook chain (Lifecycle.create_container)"),
     ("device rules", "the spec's device-cgroup rules"),
@@ -549,13 +549,16 @@ async def handler_alone(config_text: str, annotations: dict[str, str], creates: 
                         raise SystemExit(f"{method} failed: {response.status.message}")
                     return bytes(response.payload)
 
-    await call("Configure", nri.ConfigureRequest(runtime_name="containerd", runtime_version="1.7.24"))
+    configured = nri.ConfigureResponse.FromString(
+        await call("Configure", nri.ConfigureRequest(runtime_name="containerd", runtime_version="1.7.24"))
+    )
     await call("Synchronize", nri.SynchronizeRequest())
     pod = nri.PodSandbox(id="b" * 64, name="bench-0", uid="bench-uid", namespace="default", runtime_handler="runc")
     pod.labels.update({"app": "bench", "io.kubernetes.pod.name": pod.name, "io.kubernetes.pod.namespace": "default"})
     pod.annotations.update(annotations | {"kubernetes.io/config.source": "api", "kubernetes.io/config.seen": "now"})
     pod.linux.cgroup_parent = f"kubepods-pod{pod.uid}.slice"
-    await call("StateChange", nri.StateChangeEvent(event=nri.RUN_POD_SANDBOX, pod=pod))
+    if configured.events & stub.event_mask(nri.RUN_POD_SANDBOX):  # as the runtime: only when subscribed
+        await call("StateChange", nri.StateChangeEvent(event=nri.RUN_POD_SANDBOX, pod=pod))
     phases = Phases()
     phases.wrap(conn.service, "respond", "call")
     phases.wrap(handler, "create_container", "handler")
