@@ -72,9 +72,14 @@ class _Writer:
             if writes:
                 try:
                     self._store._put(writes)
-                except OSError as e:
-                    log.error("store write failed", extra={"path": str(self._store.path), "error": str(e)})
-                    self._loop.call_soon_threadsafe(self._store._write_failed)
+                except Exception as e:  # the thread goes on: the next write is a snapshot
+                    log.error(
+                        "store write failed",
+                        extra={"path": str(self._store.path), "error": str(e)},
+                        exc_info=not isinstance(e, OSError),
+                    )
+                    with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: close() saves
+                        self._loop.call_soon_threadsafe(self._store._write_failed)
             for item in items:
                 if isinstance(item, concurrent.futures.Future):
                     item.set_result(None)

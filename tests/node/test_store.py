@@ -335,6 +335,29 @@ async def test_a_failed_append_makes_the_next_write_a_snapshot(tmp_path: Path, m
     assert t.load() == "ok" and set(t.pods) == {"p1", "p2"}
 
 
+async def test_a_writer_that_fails_unexpectedly_goes_on_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not only an OSError: whatever fails a write is logged, and the writer thread lives on."""
+    s = Store(tmp_path)
+    s.save()
+    real_append = storemod.storefile.append
+
+    def broken(journal: Path, lines: object) -> None:
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(storemod.storefile, "append", broken)
+    s.put_pod(pod("p1"))
+    await asyncio.wait_for(settle(s), 10)  # a dead writer would never answer
+    assert s._snapshot_due and "store write failed" in caplog.text
+    monkeypatch.setattr(storemod.storefile, "append", real_append)
+    s.put_pod(pod("p2"))
+    await settle(s)
+    t = Store(tmp_path)
+    assert t.load() == "ok" and set(t.pods) == {"p1", "p2"}
+    await s.close()
+
+
 async def test_a_damaged_snapshot_sets_its_journal_aside_too(tmp_path: Path) -> None:
     s, _ = await journaled(tmp_path)
     s.path.write_bytes(s.path.read_bytes()[:-5])
