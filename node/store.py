@@ -83,7 +83,7 @@ class _Writer:
             for item in items:
                 if isinstance(item, concurrent.futures.Future):
                     item.set_result(None)
-            if None in items:
+            if any(item is None for item in items):
                 return
 
 
@@ -98,7 +98,7 @@ class Store:
         self._dirty = False
         self._hand_over_at: asyncio.TimerHandle | None = None  # when the changes go to the writer
         self._writer: _Writer | None = None  # started with the first hand-over
-        self._failed = False  # a write failed: journal lines wait for the next snapshot (writer thread)
+        self._failed = False  # a write failed: journal lines wait for the next snapshot
         self._write_lock = threading.Lock()
         self._encoded = 0  # encodings made
         self._rows: dict[tuple[str, str], bytes] = {}  # ("pods" | "containers", id) -> encoded record
@@ -211,15 +211,17 @@ class Store:
                 writes = writes[newest:]
             if not writes or (self._failed and not writes[0].snapshot):
                 return
-            if writes[0].snapshot:
-                self._failed = True  # until the snapshot is on disk
-                storefile.write_snapshot(self.path, writes[0].pieces)
-                self._written, self._failed = writes[0].seq, False
-                writes = writes[1:]
-            if writes:
+            try:
+                if writes[0].snapshot:
+                    storefile.write_snapshot(self.path, writes[0].pieces)
+                    self._written, writes = writes[0].seq, writes[1:]
+                if writes:
+                    storefile.append(self.journal, [w.pieces for w in writes])
+                    self._written = writes[-1].seq
+            except BaseException:
                 self._failed = True
-                storefile.append(self.journal, [w.pieces for w in writes])
-                self._written, self._failed = writes[-1].seq, False
+                raise
+            self._failed = False
 
     def _write_failed(self) -> None:
         """On the event loop: the next write is a snapshot of everything (made with the next change)."""

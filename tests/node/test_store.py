@@ -392,10 +392,11 @@ async def test_changes_handed_over_while_a_write_is_under_way_go_in_one_append(
 
     monkeypatch.setattr(os, "fsync", slow_fsync)
     s.put_pod(pod("p1"))
-    for _ in range(200):  # the first line is being fsynced
+    for _ in range(2000):  # the first line is being fsynced
         await asyncio.sleep(0.005)
         if syncs:
             break
+    assert syncs
     for name in ("p2", "p3"):  # each handed over on its own: a line each
         s.put_pod(pod(name))
         await asyncio.sleep(0.02)
